@@ -1,0 +1,196 @@
+"""pyxis.conf: where it is found, what it may hold, and the built-in defaults.
+
+The file is TOML.  It is validated against `schemas/pyxis-conf.schema.json`
+by a small interpreter of the schema subset we use (type, enum, pattern,
+items, uniqueItems, additionalProperties) so that the per-container path never
+imports jsonschema; the tests check that jsonschema itself agrees.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+
+from pyxis_hook.errors import ConfigError
+
+DEFAULT_CONFIG_PATH = "/etc/pyxis-hook/pyxis.conf"
+ENV_CONFIG = "PYXIS_HOOK_CONFIG"
+
+ALL_CAPABILITIES = ("compute", "compat32", "graphics", "utility", "video", "display", "ngx")
+
+
+@dataclass(frozen=True)
+class Config:
+    """The effective configuration; attribute names are the TOML keys with '_' for '-'."""
+
+    driver_root: str = "/"
+    dev_root: str = "/"
+    proc_root: str = "/proc"
+    ldconfig: str = "@/sbin/ldconfig"
+    ldcache: str = "ldconfig"
+    no_cgroups: bool = False
+    log_file: str = ""
+    log_level: str = "info"
+    default_capabilities: tuple[str, ...] = ("utility", "compute")
+    supported_capabilities: tuple[str, ...] = ALL_CAPABILITIES
+    disable_require: bool = False
+    slurm_policy: str = "allocation"
+    snapshot_dir: str = "/var/cache/pyxis-hook"
+    path: tuple[str, ...] = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
+    mps_pipe_dir: str = "/tmp/nvidia-mps"
+    graphics_config_files: bool = False
+    cuda_compat: str = "ldconfig"
+    cdi_kind: str = "nvidia.com/gpu"
+    #: where the values came from: a file path, or "<defaults>"
+    source: str = field(default="<defaults>", compare=False)
+
+    def host_ldconfig(self) -> tuple[bool, str]:
+        """Return (is_host_binary, path) for the `ldconfig` key.
+
+        `@/sbin/ldconfig` names a host binary.  Ubuntu's /sbin/ldconfig is a
+        shell wrapper around ldconfig.real, so a sibling `.real` is preferred
+        when the host has one (apptainer#2028).
+        """
+        value = self.ldconfig
+        if value.startswith("@"):
+            path = value[1:]
+            real = path + ".real"
+            if not path.endswith(".real") and os.path.isfile(real):
+                return True, real
+            return True, path
+        return False, value
+
+
+def schema_dir() -> Path:
+    """The directory holding our JSON schemas (source tree or installed data files)."""
+    here = Path(__file__).resolve().parent.parent / "schemas"
+    if here.is_dir():
+        return here
+    return Path(sys.prefix) / "share" / "pyxis-hook" / "schemas"
+
+
+def load_schema(name: str) -> dict:
+    import json
+
+    path = schema_dir() / name
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def find_config_path(explicit: str | None, environ: dict[str, str] | None = None) -> str | None:
+    """--config, else $PYXIS_HOOK_CONFIG, else the default path if it exists, else None."""
+    environ = os.environ if environ is None else environ
+    if explicit:
+        return explicit
+    if environ.get(ENV_CONFIG):
+        return environ[ENV_CONFIG]
+    if os.path.exists(DEFAULT_CONFIG_PATH):
+        return DEFAULT_CONFIG_PATH
+    return None
+
+
+def load_config(explicit: str | None = None, environ: dict[str, str] | None = None) -> Config:
+    """Find, parse and validate pyxis.conf; built-in defaults when there is none."""
+    path = find_config_path(explicit, environ)
+    if path is None:
+        return Config()
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read configuration: {e.strerror}") from None
+    return parse_config(raw, path)
+
+
+def parse_config(raw: bytes, path: str = "<string>") -> Config:
+    """Parse TOML bytes into a Config, with one-line errors naming file and key."""
+    import tomllib
+
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    problem = validate(data, load_schema("pyxis-conf.schema.json"))
+    if problem:
+        raise ConfigError(f"{path}: {problem}")
+    values = {}
+    for key, value in data.items():
+        name = key.replace("-", "_")
+        values[name] = tuple(value) if isinstance(value, list) else value
+    return replace(Config(), source=path, **values)
+
+
+_TYPES = {
+    "string": (str,),
+    "boolean": (bool,),
+    "array": (list,),
+    "object": (dict,),
+    "integer": (int,),
+}
+
+
+def _type_ok(value: object, typ: str) -> bool:
+    if typ == "integer" and isinstance(value, bool):
+        return False
+    return isinstance(value, _TYPES[typ])
+
+
+def _describe(sub: dict) -> str:
+    if "enum" in sub:
+        return "one of " + ", ".join(map(str, sub["enum"]))
+    if sub.get("type") == "array":
+        items = sub.get("items", {})
+        return "a list of " + (_describe(items) if items else "values")
+    if "pattern" in sub:
+        hint = {"^/": "an absolute path", "^@?/": "an absolute path, '@' first for a host binary",
+                "^(/.*)?$": "an absolute path or \"\""}.get(sub["pattern"])
+        return f"a {sub.get('type', 'value')} ({hint or 'matching ' + sub['pattern']})"
+    return f"a {sub.get('type', 'value')}"
+
+
+def validate(value: object, schema: dict, where: str = "") -> str | None:
+    """Check `value` against the schema subset we use; return one line or None.
+
+    The line names the key (`key 'log-level'`), the bad value and what is
+    allowed.  Kept tiny on purpose: it runs on the hook's hot path.
+    """
+    label = f"key '{where}'" if where else "top level"
+    typ = schema.get("type")
+    if typ and not _type_ok(value, typ):
+        return f"{label}: {value!r} is not {_describe(schema)}"
+    if "enum" in schema and value not in schema["enum"]:
+        return f"{label}: {value!r} is not {_describe(schema)}"
+    if "pattern" in schema and isinstance(value, str) and not re.search(schema["pattern"], value):
+        return f"{label}: {value!r} is not {_describe(schema)}"
+    if isinstance(value, list):
+        if schema.get("uniqueItems") and len(set(map(repr, value))) != len(value):
+            return f"{label}: {value!r} repeats an item"
+        items = schema.get("items")
+        if items:
+            for i, item in enumerate(value):
+                problem = validate(item, items, where)
+                if problem:
+                    return problem.replace(f"key '{where}'", f"key '{where}[{i}]'", 1) if where else problem
+    if isinstance(value, dict):
+        props = schema.get("properties", {})
+        for key, item in value.items():
+            sub = props.get(key)
+            if sub is None:
+                if schema.get("additionalProperties", True) is False:
+                    allowed = ", ".join(sorted(props))
+                    return f"unknown key '{key}' (known keys: {allowed})"
+                continue
+            problem = validate(item, sub, key if not where else f"{where}.{key}")
+            if problem:
+                return problem
+    return None
+
+
+def config_keys() -> tuple[str, ...]:
+    """The TOML key names, in declaration order."""
+    return tuple(f.name.replace("_", "-") for f in fields(Config) if f.name != "source")

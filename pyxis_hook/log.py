@@ -1,0 +1,75 @@
+"""A tiny logger for the hook: a debug log file plus warnings on stderr.
+
+Not the `logging` package: it costs ~10 ms of import on a path that must
+cost almost nothing, and its handlers may start threads (setns(CLONE_NEWNS)
+then fails with EINVAL).  The log file is opened O_NOFOLLOW|O_APPEND and is
+never inside a container rootfs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
+
+_state = {"fd": -1, "file_level": 20, "stderr_level": 30, "path": ""}
+
+
+def configure(log_file: str = "", level: str = "info", stderr_level: str = "warning") -> None:
+    """Open the log file (if any) and set the thresholds; failures to open are reported once."""
+    close()
+    _state["file_level"] = LEVELS.get(level, 20)
+    _state["stderr_level"] = LEVELS.get(stderr_level, 30)
+    _state["path"] = log_file
+    if log_file:
+        try:
+            _state["fd"] = os.open(
+                log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640
+            )
+        except OSError as e:
+            sys.stderr.write(f"pyxis-hook: warning: cannot open log file {log_file}: {e.strerror}\n")
+
+
+def close() -> None:
+    if _state["fd"] >= 0:
+        os.close(_state["fd"])
+        _state["fd"] = -1
+
+
+def _emit(level: str, msg: str) -> None:
+    n = LEVELS[level]
+    if _state["fd"] >= 0 and n >= _state["file_level"]:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+        line = f"{stamp} pyxis-hook[{os.getpid()}] {level}: {msg}\n"
+        try:
+            os.write(_state["fd"], line.encode("utf-8", "replace"))
+        except OSError:
+            pass
+    if n >= _state["stderr_level"] and level != "error":
+        sys.stderr.write(f"pyxis-hook: {level}: {msg}\n")
+
+
+def debug(msg: str) -> None:
+    _emit("debug", msg)
+
+
+def info(msg: str) -> None:
+    _emit("info", msg)
+
+
+def warning(msg: str) -> None:
+    _emit("warning", msg)
+
+
+def error(msg: str) -> None:
+    """Errors go to the file only; the CLI prints the one user-facing line itself."""
+    _emit("error", msg)
+
+
+def exception(msg: str) -> None:
+    """Log `msg` and the current traceback to the log file (never to the user)."""
+    import traceback
+
+    _emit("error", msg + "\n" + traceback.format_exc())

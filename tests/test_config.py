@@ -1,0 +1,109 @@
+"""pyxis.conf loading and validation."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import jsonschema
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pyxis_hook.config import Config, config_keys, load_config, load_schema, parse_config, validate
+from pyxis_hook.errors import ConfigError
+
+
+def test_defaults_when_no_file(tmp_path, monkeypatch):
+    monkeypatch.setattr("pyxis_hook.config.DEFAULT_CONFIG_PATH", str(tmp_path / "absent.conf"))
+    cfg = load_config(None, environ={})
+    assert cfg == Config()
+    assert cfg.driver_root == "/" and cfg.proc_root == "/proc" and cfg.ldconfig == "@/sbin/ldconfig"
+    assert cfg.default_capabilities == ("utility", "compute")
+
+
+def test_precedence_explicit_env_default(tmp_path, monkeypatch):
+    a, b, c = (tmp_path / n for n in ("a.conf", "b.conf", "c.conf"))
+    a.write_text('driver-root = "/a"\n')
+    b.write_text('driver-root = "/b"\n')
+    c.write_text('driver-root = "/c"\n')
+    monkeypatch.setattr("pyxis_hook.config.DEFAULT_CONFIG_PATH", str(c))
+    assert load_config(str(a), environ={"PYXIS_HOOK_CONFIG": str(b)}).driver_root == "/a"
+    assert load_config(None, environ={"PYXIS_HOOK_CONFIG": str(b)}).driver_root == "/b"
+    assert load_config(None, environ={}).driver_root == "/c"
+
+
+def test_values_parsed(tmp_path):
+    cfg = parse_config(b'driver-root = "/x"\nno-cgroups = true\ndefault-capabilities = ["compute"]\n', "f")
+    assert cfg.driver_root == "/x" and cfg.no_cgroups is True
+    assert cfg.default_capabilities == ("compute",)
+    assert cfg.source == "f"
+
+
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        (b'driver-rot = "/x"', "unknown key 'driver-rot'"),
+        (b"no-cgroups = 1", "key 'no-cgroups': 1 is not a boolean"),
+        (b'log-level = "loud"', "key 'log-level': 'loud' is not one of debug, info, warning, error"),
+        (b'driver-root = "relative"', "key 'driver-root': 'relative' is not a string (an absolute path)"),
+        (b'default-capabilities = ["compute", "gfx"]', "key 'default-capabilities[1]': 'gfx'"),
+        (b'ldcache = "fast"', "key 'ldcache'"),
+        (b"driver-root = ", "not valid TOML"),
+        (b"\xff\xfe", "not UTF-8"),
+    ],
+)
+def test_bad_config_is_one_line(text, needle):
+    with pytest.raises(ConfigError) as exc:
+        parse_config(text, "/etc/pyxis-hook/pyxis.conf")
+    msg = str(exc.value)
+    assert needle in msg
+    assert msg.startswith("/etc/pyxis-hook/pyxis.conf: ")
+    assert "\n" not in msg
+
+
+def test_cli_bad_config_exit_2_no_traceback(tmp_path):
+    conf = tmp_path / "pyxis.conf"
+    conf.write_text('log-level = "loud"\n')
+    r = subprocess.run([sys.executable, "-m", "pyxis_hook", "--config", str(conf), "info"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0, r.stderr
+    assert "Traceback" not in r.stderr
+    assert str(conf) in r.stderr and "log-level" in r.stderr
+
+
+def test_cli_missing_config_file(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "pyxis_hook", "--config", str(tmp_path / "nope"), "info"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2
+    assert "nope: cannot read configuration" in r.stderr
+
+
+def test_every_dataclass_field_is_in_schema():
+    schema = load_schema("pyxis-conf.schema.json")
+    assert set(config_keys()) == set(schema["properties"])
+
+
+def test_version():
+    r = subprocess.run([sys.executable, "-m", "pyxis_hook", "--version"], capture_output=True, text=True)
+    from pyxis_hook import __version__
+
+    assert r.stdout.strip() == f"pyxis-hook {__version__}"
+
+
+_scalars = st.one_of(st.booleans(), st.integers(-3, 3), st.text(max_size=6),
+                     st.sampled_from(["/", "/x", "@/sbin/ldconfig", "merge", "debug", "compute", "gfx", ""]))
+_values = st.one_of(_scalars, st.lists(_scalars, max_size=3))
+_docs = st.dictionaries(st.sampled_from(list(config_keys()) + ["bogus", "log_level"]), _values, max_size=4)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_docs)
+def test_our_validator_agrees_with_jsonschema(doc):
+    """The hot-path validator accepts exactly what jsonschema accepts for our schema."""
+    schema = load_schema("pyxis-conf.schema.json")
+    ours = validate(doc, schema) is None
+    theirs = jsonschema.Draft7Validator(schema).is_valid(doc)
+    assert ours == theirs, (doc, validate(doc, schema))

@@ -26,7 +26,6 @@ COMMANDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "cdi": ("cdi", "generate a CDI spec for the host GPUs", ()),
     "precreate": ("precreate", "podman precreate hook: add GPU devices to a proposed config.json", ()),
     "enroot": ("enroot", "run as an enroot hook (ENROOT_PID, ENROOT_ROOTFS, ENROOT_ENVIRON)", ()),
-    "demo": ("demo", "build the embedded demo (fixture driver + container) and show the plan", ()),
 }
 
 

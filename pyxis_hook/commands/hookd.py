@@ -1,0 +1,41 @@
+"""`pyxis-hook hookd [--install DIR] [--stage S]`: print or install the hooks.d file."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from pyxis_hook.errors import UsageError
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--install", metavar="DIR", help="write pyxis-hook.json into DIR "
+                        "(podman/CRI-O read /usr/share/containers/oci/hooks.d and /etc/containers/oci/hooks.d)")
+    parser.add_argument("--stage", default="prestart", choices=["prestart", "createRuntime"],
+                        help="hook stage (createRuntime for engines that never run prestart, e.g. `apptainer oci`)")
+    parser.add_argument("--timeout", type=int, default=None, help="hook timeout in seconds")
+
+
+def run(args, config) -> int:
+    from pyxis_hook.hookd import HOOK_FILE_NAME, hook_document
+
+    conf = config.source if config.source != "<defaults>" else None
+    doc = hook_document(args.stage, config_path=conf, timeout=args.timeout)
+    text = json.dumps(doc, indent=2) + "\n"
+    if not args.install:
+        sys.stdout.write(text)
+        return 0
+    if not os.path.isdir(args.install):
+        raise UsageError(f"{args.install}: not a directory")
+    dest = os.path.join(args.install, HOOK_FILE_NAME)
+    tmp = dest + ".tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, dest)
+    except OSError as e:
+        raise UsageError(f"{dest}: cannot write: {e.strerror}") from None
+    print(f"installed {dest}")
+    return 0

@@ -1,0 +1,75 @@
+"""The hooks.d file: shape (validated against our oci-hooks 1.0.0 schema) and install."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+
+from pyxis_hook.config import load_schema
+from pyxis_hook.hookd import hook_document
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _validate(doc):
+    jsonschema.Draft7Validator(load_schema("oci-hooks-1.0.0.schema.json")).validate(doc)
+
+
+def test_repo_hook_file_is_valid():
+    _validate(json.loads((REPO / "hook.d/pyxis-hook.json").read_text()))
+
+
+def test_generated_document_runs_this_interpreter_isolated():
+    doc = hook_document()
+    _validate(doc)
+    assert os.path.isabs(doc["hook"]["path"]) and os.access(doc["hook"]["path"], os.X_OK)
+    assert "shims" not in doc["hook"]["path"]
+    assert doc["hook"]["args"][1:] == ["-I", "-m", "pyxis_hook", "prestart"]
+    assert doc["stages"] == ["prestart"] and doc["when"] == {"always": True}
+    assert any(e.startswith("PATH=") for e in doc["hook"]["env"])
+
+
+def test_create_runtime_stage_and_config_env():
+    doc = hook_document("createRuntime", config_path="/etc/pyxis-hook/site.conf")
+    _validate(doc)
+    assert doc["stages"] == ["createRuntime"] and doc["hook"]["args"][-1] == "createRuntime"
+    assert "PYXIS_HOOK_CONFIG=/etc/pyxis-hook/site.conf" in doc["hook"]["env"]
+
+
+def test_bad_schema_documents_rejected():
+    bad = hook_document()
+    bad["stages"] = ["prestrt"]
+    try:
+        _validate(bad)
+    except jsonschema.ValidationError:
+        pass
+    else:
+        raise AssertionError("unknown stage accepted")
+
+
+def test_cli_install(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "pyxis_hook", "hookd", "--install", str(tmp_path)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((tmp_path / "pyxis-hook.json").read_text())
+    _validate(doc)
+    # the installed hook actually starts: a void request exits 0 at once
+    state = json.dumps({"ociVersion": "1.0.2", "id": "x", "status": "creating", "pid": os.getpid(),
+                        "bundle": str(tmp_path)})
+    (tmp_path / "config.json").write_text(json.dumps({"ociVersion": "1.0.2", "root": {"path": "rootfs"},
+                                                      "process": {"env": ["PATH=/bin"], "args": ["sh"], "cwd": "/"}}))
+    r = subprocess.run([doc["hook"]["path"], *doc["hook"]["args"][1:]], input=state, text=True,
+                       capture_output=True, env=dict(e.split("=", 1) for e in doc["hook"]["env"]))
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ""
+
+
+def test_cli_install_missing_dir(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "pyxis_hook", "hookd", "--install", str(tmp_path / "no")],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "not a directory" in r.stderr

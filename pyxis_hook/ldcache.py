@@ -1,0 +1,682 @@
+"""glibc's ld.so.cache: read it, print it like `ldconfig -p`, look names up like ld.so, write it.
+
+The per-container hook reads the driver root's cache to find the driver
+libraries and (for `ldcache = "merge"`) writes a container's cache, so this
+module is stdlib-only (`struct`, `os`) and cheap to import.  Every offset in
+the file is bounds-checked: a corrupt or truncated cache raises
+`LdCacheError` naming the file and what is wrong, never IndexError or
+struct.error.
+
+Layouts follow glibc's `sysdeps/generic/dl-cache.h` and `elf/cache.c`
+(see docs loader.md §4):
+
+* old format ``ld.so-1.7.0``: 16-byte header, 12-byte entries, string offsets
+  relative to the end of the entry array;
+* new format ``glibc-ld.so.cache1.1``: 48-byte header, 24-byte entries with a
+  64-bit hwcap field, string offsets relative to the new header, and an
+  extension directory (tag 0 generator string, tag 1 glibc-hwcaps names);
+* compat: an old table (entry count rounded up to even) followed, 8-aligned,
+  by a complete new block.  Loaders and `ldconfig -p` use the new block.
+
+Known glibc quirk reproduced on purpose: the glibc-hwcaps name indices are
+offsets from the *new header*, but ldconfig -p and ld.so add them to the
+*file start*.  In a compat cache that yields garbage names (loader.md §4), so
+`CacheEntry` carries both the intended name (`hwcap_name`) and the name glibc
+actually sees (`loader_hwcap_name`).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+from typing import Iterable
+
+from pyxis_hook.errors import LdCacheError
+
+# --- flags (sysdeps/generic/ldconfig.h) -------------------------------------
+
+FLAG_TYPE_MASK = 0x00FF
+FLAG_LIBC4 = 0x0000
+FLAG_ELF = 0x0001
+FLAG_ELF_LIBC5 = 0x0002
+FLAG_ELF_LIBC6 = 0x0003
+FLAG_REQUIRED_MASK = 0xFF00
+FLAG_SPARC_LIB64 = 0x0100
+FLAG_IA64_LIB64 = 0x0200
+FLAG_X8664_LIB64 = 0x0300
+FLAG_S390_LIB64 = 0x0400
+FLAG_POWERPC_LIB64 = 0x0500
+FLAG_MIPS64_LIBN32 = 0x0600
+FLAG_MIPS64_LIBN64 = 0x0700
+FLAG_X8664_LIBX32 = 0x0800
+FLAG_ARM_LIBHF = 0x0900
+FLAG_AARCH64_LIB64 = 0x0A00
+FLAG_ARM_LIBSF = 0x0B00
+FLAG_MIPS_LIB32_NAN2008 = 0x0C00
+FLAG_MIPS64_LIBN32_NAN2008 = 0x0D00
+FLAG_MIPS64_LIBN64_NAN2008 = 0x0E00
+FLAG_RISCV_FLOAT_ABI_SOFT = 0x0F00
+FLAG_RISCV_FLOAT_ABI_DOUBLE = 0x1000
+FLAG_LARCH_FLOAT_ABI_SOFT = 0x1100
+FLAG_LARCH_FLOAT_ABI_DOUBLE = 0x1200
+
+#: The complete entry flags a 64-bit loader accepts (`_DL_CACHE_DEFAULT_ID`).
+FLAG_X8664_LIB64_LIBC6 = FLAG_X8664_LIB64 | FLAG_ELF_LIBC6  # 0x0303
+
+#: `_dl_cache_check_flags` per loader: the entry flags each ld.so accepts.  The
+#: last element is that loader's `_DL_CACHE_DEFAULT_ID` (an entry with it ends
+#: the search at once).  i386 and other "generic" loaders accept 1 or 3.
+LOADER_FLAGS: dict[str, tuple[int, ...]] = {
+    "x86_64": (0x0303,),
+    "x32": (0x0803,),
+    "i386": (0x0001, 0x0003),
+    "aarch64": (0x0A03,),
+    "armhf": (0x0003, 0x0903),
+    "armel": (0x0003, 0x0B03),
+    "ppc64le": (0x0503,),
+    "ppc64": (0x0503,),
+    "s390x": (0x0403,),
+    "sparc64": (0x0103,),
+    "riscv64": (0x1003,),
+    "mips64": (0x0703,),
+    "generic": (0x0001, 0x0003),
+}
+
+# Per-ABI text of `ldconfig -p` (elf/cache.c print_entry).  Keys absent here
+# print as ",<decimal>".  Versions differ: 2.36 still knows IA-64, 2.38 adds
+# LoongArch, 2.37 dropped the libc4/ELF/libc5 type names.
+_ABI_TEXT = {
+    FLAG_SPARC_LIB64: ",64bit",
+    FLAG_X8664_LIB64: ",x86-64",
+    FLAG_S390_LIB64: ",64bit",
+    FLAG_POWERPC_LIB64: ",64bit",
+    FLAG_MIPS64_LIBN32: ",N32",
+    FLAG_MIPS64_LIBN64: ",64bit",
+    FLAG_X8664_LIBX32: ",x32",
+    FLAG_ARM_LIBHF: ",hard-float",
+    FLAG_AARCH64_LIB64: ",AArch64",
+    FLAG_ARM_LIBSF: ",soft-float",
+    FLAG_MIPS_LIB32_NAN2008: ",nan2008",
+    FLAG_MIPS64_LIBN32_NAN2008: ",N32,nan2008",
+    FLAG_MIPS64_LIBN64_NAN2008: ",64bit,nan2008",
+    FLAG_RISCV_FLOAT_ABI_SOFT: ",soft-float",
+    FLAG_RISCV_FLOAT_ABI_DOUBLE: ",double-float",
+}
+_ABI_TEXT_236 = {**_ABI_TEXT, FLAG_IA64_LIB64: ",IA-64"}
+_ABI_TEXT_238 = {**_ABI_TEXT, FLAG_LARCH_FLOAT_ABI_SOFT: ",soft-float", FLAG_LARCH_FLOAT_ABI_DOUBLE: ",double-float"}
+_TYPE_NAMES_236 = ("libc4", "ELF", "libc5", "libc6")
+
+# --- file layout (sysdeps/generic/dl-cache.h) --------------------------------
+
+CACHEMAGIC = b"ld.so-1.7.0"
+CACHEMAGIC_NEW = b"glibc-ld.so.cache"
+CACHE_VERSION = b"1.1"
+CACHEMAGIC_VERSION_NEW = CACHEMAGIC_NEW + CACHE_VERSION
+OLD_HEADER_SIZE = 16
+OLD_ENTRY_SIZE = 12
+NEW_HEADER_SIZE = 48
+NEW_ENTRY_SIZE = 24
+CACHE_ALIGN = 8  # __alignof__ (struct cache_file_new) on 64-bit hosts
+EXTENSION_MAGIC = 0xEAA42174  # (uint32_t) -358342284
+EXT_TAG_GENERATOR = 0
+EXT_TAG_GLIBC_HWCAPS = 1
+HWCAP_EXTENSION = 1 << 62
+HWCAP_ISA_LEVEL_MASK = 0x3FF
+ENDIAN_UNSET, ENDIAN_INVALID, ENDIAN_LITTLE, ENDIAN_BIG = 0, 1, 2, 3
+
+FORMATS = ("new", "compat", "old")
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """One cache record.
+
+    `key` is the SONAME the loader looks up, `value` the path it opens.
+    `hwcap_name` is the glibc-hwcaps subdirectory the entry belongs to (None
+    for plain entries); `loader_hwcap_name` is the string glibc's ld.so and
+    `ldconfig -p` actually read for it (differs only in compat caches, see
+    the module docstring; None when the index is out of range).
+    """
+
+    key: str
+    value: str
+    flags: int
+    hwcap: int = 0
+    hwcap_name: str | None = None
+    loader_hwcap_name: str | None = None
+
+    @property
+    def is_hwcaps(self) -> bool:
+        """True for a glibc-hwcaps extension entry (dl_cache_hwcap_extension)."""
+        return is_hwcap_extension(self.hwcap)
+
+    @property
+    def isa_level(self) -> int:
+        return (self.hwcap >> 32) & HWCAP_ISA_LEVEL_MASK
+
+
+@dataclass(frozen=True)
+class LdCache:
+    """A parsed cache: entries in file order, the generator string, the format.
+
+    `fmt` is "new", "compat", "old" or "empty" (a zero-length file, which
+    `ldconfig -p` prints as nothing).  For "compat" the entries are the new
+    block's; `old_entries` holds the old table (also the entries for "old").
+    """
+
+    entries: tuple[CacheEntry, ...]
+    generator: str | None
+    fmt: str
+    name: str = "<bytes>"
+    endian: str = "little"
+    old_entries: tuple[CacheEntry, ...] = ()
+
+
+def is_hwcap_extension(hwcap: int) -> bool:
+    return ((hwcap >> 32) & ~HWCAP_ISA_LEVEL_MASK) == (HWCAP_EXTENSION >> 32)
+
+
+# --- reading -----------------------------------------------------------------
+
+
+class _Reader:
+    """Bounds-checked access to the cache bytes; every failure names the file."""
+
+    def __init__(self, data: bytes, name: str) -> None:
+        self.data = data
+        self.name = name
+        self.bo = "<"
+
+    def fail(self, what: str) -> LdCacheError:
+        return LdCacheError(f"{self.name}: {what}")
+
+    def u32s(self, offset: int, count: int, what: str) -> tuple[int, ...]:
+        end = offset + 4 * count
+        if offset < 0 or end > len(self.data):
+            raise self.fail(f"truncated {what} at offset {offset} (file is {len(self.data)} bytes)")
+        return struct.unpack_from(f"{self.bo}{count}I", self.data, offset)
+
+    def cstring(self, base: int, offset: int, limit: int, what: str) -> str:
+        start = base + offset
+        if offset < 0 or start >= limit:
+            raise self.fail(f"{what} string offset {offset} is outside the string table")
+        end = self.data.find(b"\0", start, limit)
+        if end < 0:
+            raise self.fail(f"{what} string at offset {offset} is not NUL-terminated")
+        return os.fsdecode(self.data[start:end])
+
+    def cstring_loose(self, offset: int) -> str | None:
+        """A string the way glibc reads hwcaps names: from the file start, up to NUL or EOF."""
+        if offset >= len(self.data):
+            return None
+        end = self.data.find(b"\0", offset)
+        return os.fsdecode(self.data[offset:] if end < 0 else self.data[offset:end])
+
+
+def _parse_old(r: _Reader, nlibs: int) -> tuple[CacheEntry, ...]:
+    strings = OLD_HEADER_SIZE + nlibs * OLD_ENTRY_SIZE
+    raw = r.u32s(OLD_HEADER_SIZE, 3 * nlibs, "old-format entry table")
+    out = []
+    for i in range(nlibs):
+        flags, key, value = raw[3 * i:3 * i + 3]
+        flags = flags - (1 << 32) if flags >= 1 << 31 else flags
+        out.append(CacheEntry(r.cstring(strings, key, len(r.data), f"entry {i} key"),
+                              r.cstring(strings, value, len(r.data), f"entry {i} value"), flags))
+    return tuple(out)
+
+
+def _parse_extensions(r: _Reader, ext_off: int) -> tuple[str | None, tuple[int, ...] | None]:
+    """Return (generator, hwcaps string indices) following cache_extension_load."""
+    if ext_off == 0:
+        return None, None
+    if ext_off % 4:
+        raise r.fail(f"malformed extension data: directory offset {ext_off} is not 4-aligned")
+    magic, count = r.u32s(ext_off, 2, "extension directory")
+    if magic != EXTENSION_MAGIC:
+        raise r.fail(f"malformed extension data: bad magic {magic:#x} at offset {ext_off}")
+    if ext_off + 8 + 16 * count > len(r.data):
+        raise r.fail(f"malformed extension data: {count} sections run past the end of the file")
+    sections: dict[int, tuple[int, int]] = {}
+    raw = r.u32s(ext_off + 8, 4 * count, "extension directory")
+    for i in range(count):
+        tag, _flags, off, size = raw[4 * i:4 * i + 4]
+        if off + size > len(r.data):
+            raise r.fail(f"malformed extension data: section {i} (tag {tag}) runs past the end of the file")
+        if tag <= EXT_TAG_GLIBC_HWCAPS:
+            sections[tag] = (off, size)
+    generator = None
+    if EXT_TAG_GENERATOR in sections:
+        off, size = sections[EXT_TAG_GENERATOR]
+        generator = os.fsdecode(r.data[off:off + size])
+    hwcaps = None
+    if EXT_TAG_GLIBC_HWCAPS in sections:
+        off, size = sections[EXT_TAG_GLIBC_HWCAPS]
+        # cache_extension_verify: an empty or misaligned section counts as absent
+        if size and off % 4 == 0 and size % 4 == 0:
+            hwcaps = r.u32s(off, size // 4, "glibc-hwcaps section")
+    return generator, hwcaps
+
+
+def _parse_new(r: _Reader, base: int) -> tuple[tuple[CacheEntry, ...], str | None, str]:
+    data = r.data
+    if len(data) < base + NEW_HEADER_SIZE:
+        raise r.fail("truncated new-format header")
+    endian_flag = data[base + 28] & 3
+    if endian_flag == ENDIAN_BIG:
+        r.bo, endian = ">", "big"
+    elif endian_flag == ENDIAN_INVALID:
+        raise r.fail("cache is marked as having invalid endianness")
+    else:
+        endian = "little"
+    nlibs, _len_strings = r.u32s(base + 20, 2, "new-format header")
+    (ext_off,) = r.u32s(base + 32, 1, "new-format header")
+    if (len(data) - base - NEW_HEADER_SIZE) // NEW_ENTRY_SIZE < nlibs:
+        raise r.fail(f"new-format entry table ({nlibs} entries) runs past the end of the file")
+    generator, hwcaps = _parse_extensions(r, ext_off)
+    fmt = r.bo + "iIIIQ"
+    out = []
+    for i in range(nlibs):
+        flags, key, value, _osv, hwcap = struct.unpack_from(fmt, data, base + NEW_HEADER_SIZE + i * NEW_ENTRY_SIZE)
+        name = loader_name = None
+        if is_hwcap_extension(hwcap) and hwcaps is not None:
+            index = hwcap & 0xFFFFFFFF
+            if index < len(hwcaps):
+                if hwcaps[index] < len(data) - base:
+                    name = r.cstring(base, hwcaps[index], len(data), f"entry {i} glibc-hwcaps name")
+                loader_name = r.cstring_loose(hwcaps[index])
+        out.append(CacheEntry(r.cstring(base, key, len(data), f"entry {i} key"),
+                              r.cstring(base, value, len(data), f"entry {i} value"),
+                              flags, hwcap, name, loader_name))
+    return tuple(out), generator, endian
+
+
+def parse_cache(data: bytes, name: str = "<bytes>") -> LdCache:
+    """Parse ld.so.cache bytes (any of glibc's three formats).
+
+    Raises LdCacheError naming `name` for anything that is not a well-formed
+    cache.  Following `ldconfig -p`, an empty file is an empty cache.
+    """
+    data = bytes(data)
+    if not data:
+        return LdCache((), None, "empty", name)
+    r = _Reader(data, name)
+    if data.startswith(CACHEMAGIC_VERSION_NEW):
+        entries, generator, endian = _parse_new(r, 0)
+        return LdCache(entries, generator, "new", name, endian)
+    if not data.startswith(CACHEMAGIC):
+        raise r.fail("not an ld.so.cache file (bad magic)")
+    if len(data) < OLD_HEADER_SIZE:
+        raise r.fail("truncated old-format header")
+    (nlibs,) = r.u32s(12, 1, "old-format header")
+    offset = -(-(OLD_HEADER_SIZE + nlibs * OLD_ENTRY_SIZE) // CACHE_ALIGN) * CACHE_ALIGN
+    if (len(data) - OLD_HEADER_SIZE) // OLD_ENTRY_SIZE < nlibs:
+        # maybe a big-endian compat cache: the count is in the new block's order
+        (nlibs_be,) = struct.unpack_from(">I", data, 12)
+        if (len(data) - OLD_HEADER_SIZE) // OLD_ENTRY_SIZE < nlibs_be:
+            raise r.fail(f"old-format entry table ({nlibs} entries) runs past the end of the file")
+        nlibs, r.bo = nlibs_be, ">"
+        offset = -(-(OLD_HEADER_SIZE + nlibs * OLD_ENTRY_SIZE) // CACHE_ALIGN) * CACHE_ALIGN
+    if len(data) > offset + NEW_HEADER_SIZE and data.startswith(CACHEMAGIC_VERSION_NEW, offset):
+        old_bo = r.bo
+        entries, generator, endian = _parse_new(r, offset)
+        r.bo = old_bo
+        old = _parse_old(r, nlibs)
+        return LdCache(entries, generator, "compat", name, endian, old)
+    old = _parse_old(r, nlibs)
+    return LdCache(old, None, "old", name, "big" if r.bo == ">" else "little", old)
+
+
+def read_cache(path: str) -> LdCache:
+    """Read and parse the cache file at host path `path`."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise LdCacheError(f"{path}: {e.strerror}") from None
+    return parse_cache(data, path)
+
+
+# --- ldconfig -p ---------------------------------------------------------------
+
+
+def describe_flags(flags: int, glibc: tuple[int, int] = (2, 36)) -> str:
+    """The `(libc6,x86-64` part of an `ldconfig -p` line, as glibc `glibc` prints it."""
+    typ = flags & FLAG_TYPE_MASK
+    if glibc < (2, 37):
+        text = _TYPE_NAMES_236[typ] if typ < 4 else "unknown"
+        table = _ABI_TEXT_236
+    else:
+        text = "libc6" if typ == FLAG_ELF_LIBC6 else "unknown or unsupported flag"
+        table = _ABI_TEXT_238 if glibc >= (2, 38) else _ABI_TEXT
+    abi = flags & FLAG_REQUIRED_MASK
+    if abi:
+        text += table.get(abi, f",{abi}")
+    return text
+
+
+def format_ldconfig_p(cache: LdCache, shown_path: str, *, glibc: tuple[int, int] = (2, 36)) -> str:
+    """Exactly what `ldconfig -p -C FILE` prints, FILE shown as `shown_path`.
+
+    `glibc` picks the release whose wording to reproduce (type and ABI names
+    changed in 2.37/2.38/2.39); the default is Debian 12's 2.36.  Raises
+    LdCacheError where ldconfig would refuse (wrong endianness).
+    """
+    if cache.fmt == "empty":
+        return ""
+    if cache.endian != ("little" if _NATIVE_LITTLE else "big") and cache.fmt != "old":
+        raise LdCacheError(f"{cache.name}: cache file has wrong endianness")
+    nlibs = len(cache.entries)
+    if cache.fmt == "old" and nlibs >= 1 << 31:
+        nlibs -= 1 << 32
+    lines = [f"{nlibs} libs found in cache `{shown_path}'"]
+    for e in cache.entries:
+        extra = ""
+        if e.loader_hwcap_name is not None:
+            extra = f', hwcap: "{e.loader_hwcap_name}"'
+        elif e.hwcap:
+            extra = f", hwcap: 0x{e.hwcap:016x}"
+        lines.append(f"\t{e.key} ({describe_flags(e.flags, glibc)}{extra}) => {e.value}")
+    if cache.generator is not None:
+        lines.append(f"Cache generated by: {cache.generator}")
+    return "\n".join(lines) + "\n"
+
+
+_NATIVE_LITTLE = struct.pack("=I", 1) == b"\1\0\0\0"
+
+
+# --- _dl_cache_libcmp and lookup -----------------------------------------------
+
+
+def _int32(v: int) -> int:
+    v &= 0xFFFFFFFF
+    return v - (1 << 32) if v >= 1 << 31 else v
+
+
+def libcmp(a: str | bytes, b: str | bytes) -> int:
+    """glibc's `_dl_cache_libcmp`: digit runs compare numerically and rank above non-digits.
+
+    The cache is sorted (descending) and binary-searched with this order, so
+    anything that writes or searches a cache must use it, not strcmp.  C
+    details kept: `char` is signed (bytes >= 0x80 are negative) and the
+    digit accumulator is a wrapping 32-bit int.
+    """
+    p1 = os.fsencode(a) + b"\0"
+    p2 = os.fsencode(b) + b"\0"
+    i = j = 0
+    while p1[i] != 0:
+        c1, c2 = p1[i], p2[j]
+        if 48 <= c1 <= 57:
+            if 48 <= c2 <= 57:
+                v1 = v2 = 0
+                while 48 <= p1[i] <= 57:
+                    v1 = _int32(v1 * 10 + p1[i] - 48)
+                    i += 1
+                while 48 <= p2[j] <= 57:
+                    v2 = _int32(v2 * 10 + p2[j] - 48)
+                    j += 1
+                if v1 != v2:
+                    return _int32(v1 - v2)
+            else:
+                return 1
+        elif 48 <= c2 <= 57:
+            return -1
+        elif c1 != c2:
+            return _schar(c1) - _schar(c2)
+        else:
+            i += 1
+            j += 1
+    return _schar(p1[i]) - _schar(p2[j])
+
+
+def _schar(c: int) -> int:
+    return c - 256 if c >= 128 else c
+
+
+def hwcaps_priorities(supported: Iterable[str]) -> dict[str, int]:
+    """Map glibc-hwcaps subdirectory names to ld.so priorities (1 = best).
+
+    `supported` is in the loader's preference order, most preferred first
+    (e.g. ("x86-64-v4", "x86-64-v3", "x86-64-v2") as `ld.so --list-diagnostics`
+    or `--help` shows for this CPU).
+    """
+    return {name: i + 1 for i, name in enumerate(supported)}
+
+
+def lookup(
+    cache: LdCache,
+    name: str,
+    flags_ok: int | Iterable[int] = FLAG_X8664_LIB64_LIBC6,
+    *,
+    hwcaps: Iterable[str] = (),
+    isa_levels: int | None = None,
+    default_id: int | None = None,
+) -> tuple[CacheEntry, ...]:
+    """Look `name` up the way ld.so's `search_cache` (elf/dl-cache.c) does.
+
+    `flags_ok` is the loader's `_dl_cache_check_flags`: one flag value
+    (x86-64: 0x0303) or several (i386: (1, 3)); `default_id` (default: the
+    largest of them) ends the search at once when a plain entry has it.
+    `hwcaps` are the glibc-hwcaps subdirectories the loader supports, most
+    preferred first; `isa_levels` is the CPU's x86 ISA bitmask (bit n = level n
+    supported; None = skip the check).
+
+    Returns a tuple whose first element is the entry ld.so would use (empty
+    tuple: not in the cache, the loader goes on to the system dirs); any
+    further elements are the other acceptable entries under that key, in
+    cache order, for explanations.  Legacy (pre-2.33 hwcap bitmask) entries
+    are skipped, as glibc >= 2.37 does.
+    """
+    ok = (flags_ok,) if isinstance(flags_ok, int) else tuple(flags_ok)
+    default = max(ok) if default_id is None else default_id
+    prio = hwcaps_priorities(hwcaps)
+    entries = cache.entries
+    left, right = 0, len(entries) - 1
+    while left <= right:
+        middle = (left + right) // 2
+        cmp = libcmp(name, entries[middle].key)
+        if cmp == 0:
+            first = middle
+            while first > 0 and libcmp(name, entries[first - 1].key) == 0:
+                first -= 1
+            last = middle
+            while last + 1 < len(entries) and libcmp(name, entries[last + 1].key) == 0:
+                last += 1
+            return _pick(entries[first:last + 1], ok, default, prio, isa_levels)
+        if cmp < 0:
+            left = middle + 1
+        else:
+            right = middle - 1
+    return ()
+
+
+def _pick(candidates, ok, default, prio, isa_levels) -> tuple[CacheEntry, ...]:
+    best: CacheEntry | None = None
+    best_prio = 0
+    usable = []
+    stopped = False
+    for e in candidates:
+        if e.flags not in ok:
+            continue
+        named = e.is_hwcaps
+        if named and isa_levels is not None and not (isa_levels >> e.isa_level) & 1:
+            continue
+        if not named and e.hwcap:
+            continue  # legacy hwcap entry
+        if named and prio.get(e.loader_hwcap_name or "", 0) == 0:
+            continue
+        usable.append(e)
+        if stopped:
+            continue
+        if not named and best is not None:
+            stopped = True
+            continue
+        if named:
+            p = prio[e.loader_hwcap_name or ""]
+            if best is not None and p >= best_prio:
+                continue
+            best_prio = p
+        best = e
+        if not named and e.flags == default:
+            stopped = True
+    if best is None:
+        return ()
+    return (best,) + tuple(e for e in usable if e is not best)
+
+
+def search_cache(cache: LdCache, name: str, flags_ok: int | Iterable[int] = FLAG_X8664_LIB64_LIBC6,
+                 **kwargs) -> CacheEntry | None:
+    """Only the entry ld.so would pick for `name`, or None (see `lookup`)."""
+    found = lookup(cache, name, flags_ok, **kwargs)
+    return found[0] if found else None
+
+
+def entries_for_arch(cache: LdCache, abi: int, *, hwcaps_too: bool = False) -> tuple[CacheEntry, ...]:
+    """Entries of one ABI (`flags & 0xff00 == abi`, ELF type bit set), as libnvidia-container selects.
+
+    i386 is abi 0x0000.  glibc-hwcaps entries are left out unless asked for.
+    """
+    return tuple(e for e in cache.entries
+                 if (e.flags & FLAG_ELF) and (e.flags & FLAG_REQUIRED_MASK) == abi
+                 and (hwcaps_too or not e.is_hwcaps))
+
+
+# --- ld.so.conf (thin wrapper, parser in ldconf.py) -----------------------------
+
+
+def parse_ld_so_conf(root: str, conf: str = "/etc/ld.so.conf") -> tuple[str, ...]:
+    """The directories ld.so.conf inside `root` lists, in ldconfig's order (see ldconf.py)."""
+    from pyxis_hook.ldconf import read_ld_so_conf
+
+    return read_ld_so_conf(root, conf).dirs
+
+
+# --- writing -----------------------------------------------------------------
+
+
+def entry_sort_key_cmp(e1: CacheEntry, e2: CacheEntry) -> int:
+    """ldconfig's `compare` (elf/cache.c): key descending by libcmp, flags descending,
+    glibc-hwcaps entries first sorted by subdir name, then legacy hwcap descending."""
+    res = libcmp(e2.key, e1.key)
+    if res:
+        return res
+    if e1.flags != e2.flags:
+        return 1 if e1.flags < e2.flags else -1
+    h1, h2 = e1.is_hwcaps, e2.is_hwcaps
+    if h1 and not h2:
+        return -1
+    if h2 and not h1:
+        return 1
+    if h1 and h2:
+        n1, n2 = os.fsencode(e1.hwcap_name or ""), os.fsencode(e2.hwcap_name or "")
+        if n1 != n2:
+            return -1 if n1 < n2 else 1
+        return 0
+    b1, b2 = bin(e1.hwcap).count("1"), bin(e2.hwcap).count("1")
+    if b1 != b2:
+        return 1 if b2 > b1 else -1
+    if e1.hwcap != e2.hwcap:
+        return 1 if e2.hwcap > e1.hwcap else -1
+    return 0
+
+
+def sort_entries(entries: Iterable[CacheEntry]) -> tuple[CacheEntry, ...]:
+    """Entries in the order ldconfig writes them (stable: ties keep input order)."""
+    import functools
+
+    return tuple(sorted(entries, key=functools.cmp_to_key(entry_sort_key_cmp)))
+
+
+def merge_entries(existing: Iterable[CacheEntry], added: Iterable[CacheEntry]) -> tuple[CacheEntry, ...]:
+    """`existing` plus `added`, an added entry replacing any with the same key, flags and
+    glibc-hwcaps subdir (the same slot in the loader's search); result sorted like ldconfig."""
+    added = tuple(added)
+    slots = {(e.key, e.flags, e.hwcap_name if e.is_hwcaps else None) for e in added}
+    kept = [e for e in existing if (e.key, e.flags, e.hwcap_name if e.is_hwcaps else None) not in slots]
+    return sort_entries(kept + list(added))
+
+
+def _finalize_strings(strings: set[bytes]) -> tuple[bytes, dict[bytes, int]]:
+    """glibc's stringtable_finalize: reversed-string order with tail merging."""
+    if not strings:
+        return b"", {}
+    order = sorted(strings, key=lambda s: s[::-1], reverse=True)
+    offsets = {order[0]: 0}
+    for prev, cur in zip(order, order[1:]):
+        if len(prev) >= len(cur) and prev.endswith(cur):
+            offsets[cur] = offsets[prev] + len(prev) - len(cur)
+        else:
+            offsets[cur] = offsets[prev] + len(prev) + 1
+    size = offsets[order[-1]] + len(order[-1]) + 1
+    table = bytearray(size)
+    for s, off in offsets.items():
+        if table[off] == 0:
+            table[off:off + len(s)] = s
+    return bytes(table), offsets
+
+
+def serialize_cache(entries: Iterable[CacheEntry], generator: str | None, fmt: str = "new",
+                    *, extra_hwcaps_names: Iterable[str] = ()) -> bytes:
+    """Bytes of an ld.so.cache in glibc's layout (elf/cache.c save_cache), little-endian.
+
+    Entries are sorted as ldconfig sorts them.  glibc-hwcaps entries need
+    `hwcap_name`; their ISA level bits are kept.  `extra_hwcaps_names` are
+    subdirectory names ldconfig saw but that hold no library (it still puts
+    them in the string table).  `generator` None writes no generator section
+    (ldconfig always writes one).
+    """
+    if fmt not in FORMATS:
+        raise LdCacheError(f"unknown cache format {fmt!r} (expected one of {', '.join(FORMATS)})")
+    ents = sort_entries(entries)
+    used = sorted({os.fsencode(e.hwcap_name) for e in ents if e.is_hwcaps and e.hwcap_name is not None})
+    for e in ents:
+        if e.is_hwcaps and e.hwcap_name is None:
+            raise LdCacheError(f"cache entry {e.key} => {e.value} is a glibc-hwcaps entry without a subdirectory name")
+    index = {n: i for i, n in enumerate(used)}
+    strings = {os.fsencode(e.key) for e in ents} | {os.fsencode(e.value) for e in ents}
+    strings |= set(used) | {os.fsencode(n) for n in extra_hwcaps_names}
+    table, offs = _finalize_strings(strings)
+
+    n = len(ents)
+    new_size = NEW_HEADER_SIZE + n * NEW_ENTRY_SIZE if fmt != "old" else 0
+    str_offset = new_size
+    out = bytearray()
+    if fmt != "new":
+        # glibc 2.36 leaves legacy-hwcap entries out of the old table
+        old = [e for e in ents if e.is_hwcaps or not e.hwcap]
+        n_old = (len(old) + 1) & ~1 if fmt == "compat" else len(old)
+        out += CACHEMAGIC + b"\0" + struct.pack("<I", n_old)
+        rows = [(e.flags, str_offset + offs[os.fsencode(e.key)], str_offset + offs[os.fsencode(e.value)]) for e in old]
+        if n_old > len(rows):
+            rows.append(rows[-1])
+        for row in rows:
+            out += struct.pack("<iII", *row)
+    pad = (-len(out)) % CACHE_ALIGN if fmt == "compat" else 0
+    out += b"\0" * pad
+    ext_offset = 0
+    if fmt != "old":
+        ext_offset = len(out) + new_size + len(table)
+        ext_offset += (-ext_offset) % 4
+        out += CACHEMAGIC_VERSION_NEW + struct.pack("<IIB3xI12x", n, len(table), ENDIAN_LITTLE, ext_offset)
+        for e in ents:
+            hwcap = e.hwcap
+            if e.is_hwcaps:
+                hwcap = HWCAP_EXTENSION | (e.isa_level << 32) | index[os.fsencode(e.hwcap_name)]
+            out += struct.pack("<iIIIQ", e.flags, str_offset + offs[os.fsencode(e.key)],
+                               str_offset + offs[os.fsencode(e.value)], 0, hwcap)
+    out += table
+    if fmt != "old":
+        out += b"\0" * (ext_offset - len(out))
+        gen = os.fsencode(generator) if generator is not None else None
+        sections = []
+        body_off = ext_offset + 8 + 16 * ((gen is not None) + bool(used))
+        hw_bytes = b"".join(struct.pack("<I", str_offset + offs[nm]) for nm in used)
+        if gen is not None:
+            sections.append((EXT_TAG_GENERATOR, 0, body_off + len(hw_bytes), len(gen)))
+        if used:
+            sections.append((EXT_TAG_GLIBC_HWCAPS, 0, body_off, len(hw_bytes)))
+        out += struct.pack("<II", EXTENSION_MAGIC, len(sections))
+        for s in sections:
+            out += struct.pack("<IIII", *s)
+        out += hw_bytes + (gen or b"")
+    return bytes(out)

@@ -1,0 +1,423 @@
+"""The OCI state on stdin and the bundle's config.json, read once and validated.
+
+A prestart hook learns everything about the container from two documents:
+the runtime's *state* (runtime-spec `runtime.md` "State") and the bundle's
+`config.json`.  Both come from a runtime we do not control (runc, crun,
+Podman, Slurm's oci.conf…), so every field we use is type-checked here and a
+bad one is reported as one `OciError` line naming the field, instead of a
+KeyError deep inside planning.  Unknown fields are ignored, as the schema
+allows.
+
+Only the standard library (json, os, stat) is imported: this module is on the
+per-container hot path.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+from pyxis_hook.errors import OciError
+
+#: config.json larger than this is refused (a real one is a few KiB; the cap
+#: only stops a hostile or broken bundle from making us read gigabytes)
+MAX_CONFIG_BYTES = 16 * 1024 * 1024
+#: same for the state on stdin (callers read at most this many bytes + 1)
+MAX_STATE_BYTES = 1024 * 1024
+
+
+class StateError(OciError):
+    """The state JSON lacks `bundle`/`pid` or is not JSON: the caller misused the hook.
+
+    oci-hooks.md §2 asks for exit status 2 (usage) in that case, unlike a
+    broken bundle, which fails the container with 1.
+    """
+
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class State:
+    """The runtime's state document (the hook's stdin)."""
+
+    oci_version: str
+    id: str
+    status: str
+    #: container init pid as the runtime sees it; None when not required and absent
+    pid: int | None
+    #: absolute bundle directory (`bundle`, or legacy `bundlePath`)
+    bundle: str
+    #: (key, value) pairs in document order
+    annotations: tuple[tuple[str, str], ...] = ()
+
+    def annotation_map(self) -> dict[str, str]:
+        return dict(self.annotations)
+
+
+def _load_json(data: bytes, what: str, error: type[OciError]) -> object:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise error(f"{what}: not UTF-8 text") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise error(f"{what}: not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except RecursionError:
+        raise error(f"{what}: not valid JSON: nested too deeply") from None
+
+
+def _string_map(value: object, where: str, error: type[OciError]) -> tuple[tuple[str, str], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise error(f"{where}: expected an object of strings, got {type(value).__name__}")
+    for key, item in value.items():
+        if not isinstance(item, str):
+            raise error(f"{where}[{key!r}]: expected a string, got {type(item).__name__}")
+    return tuple(value.items())
+
+
+def parse_state(data: bytes, *, require_pid: bool = True) -> State:
+    """Parse and validate the state JSON a runtime writes to a hook's stdin.
+
+    `bundle` (or the pre-17.06 runc name `bundlePath`, still accepted by NCT)
+    must be an absolute path; `pid` must be a positive integer when
+    `require_pid` (prestart needs it to find the mount namespace; `plan` runs
+    without a container and passes False).
+    """
+    what = "OCI state on stdin"
+    if len(data) > MAX_STATE_BYTES:
+        raise StateError(f"{what}: larger than {MAX_STATE_BYTES} bytes")
+    doc = _load_json(data, what, StateError)
+    if not isinstance(doc, dict):
+        raise StateError(f"{what}: expected a JSON object, got {type(doc).__name__}")
+
+    def text(key: str) -> str:
+        value = doc.get(key, "")
+        if not isinstance(value, str):
+            raise StateError(f"{what}: field '{key}' must be a string, got {type(value).__name__}")
+        return value
+
+    bundle_key = "bundle" if "bundle" in doc else "bundlePath"
+    bundle = doc.get(bundle_key)
+    if bundle is None:
+        raise StateError(f"{what}: field 'bundle' is missing")
+    if not isinstance(bundle, str) or not bundle.startswith("/"):
+        raise StateError(f"{what}: field '{bundle_key}' must be an absolute path, got {bundle!r}")
+    pid = doc.get("pid")
+    if pid is not None and (isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0):
+        raise StateError(f"{what}: field 'pid' must be a positive integer, got {pid!r}")
+    if pid is None and require_pid:
+        raise StateError(f"{what}: field 'pid' is missing (the container has no init process yet?)")
+    return State(
+        oci_version=text("ociVersion"),
+        id=text("id"),
+        status=text("status"),
+        pid=pid,
+        bundle=os.path.normpath(bundle),
+        annotations=_string_map(doc.get("annotations"), f"{what}: field 'annotations'", StateError),
+    )
+
+
+@dataclass(frozen=True)
+class Mount:
+    """One entry of config.json `mounts` (runtime-spec config.md "Mounts")."""
+
+    destination: str
+    type: str
+    source: str
+    options: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class LinuxDevice:
+    """One entry of config.json `linux.devices`."""
+
+    path: str
+    type: str
+    major: int | None
+    minor: int | None
+    file_mode: int | None
+    uid: int | None
+    gid: int | None
+
+
+@dataclass(frozen=True)
+class Hook:
+    """One hook of config.json `hooks.<stage>`."""
+
+    stage: str
+    path: str
+    args: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """The parts of a bundle's config.json that GPU injection depends on."""
+
+    #: absolute, normalised bundle directory
+    path: str
+    config_path: str
+    #: absolute host path of the root filesystem (relative `root.path` joined to `path`)
+    rootfs: str
+    #: `root.readonly`; runc applies it after prestart hooks (oci-hooks.md §1)
+    readonly: bool
+    #: `process.env` as (name, value) pairs in order, duplicates kept; see `env_map`
+    env: tuple[tuple[str, str], ...]
+    #: (key, value) pairs in document order
+    annotations: tuple[tuple[str, str], ...]
+    mounts: tuple[Mount, ...]
+    process_args: tuple[str, ...]
+    linux_devices: tuple[LinuxDevice, ...]
+    uid: int
+    gid: int
+    hooks: tuple[Hook, ...]
+    #: `process.capabilities.bounding`
+    bounding_capabilities: tuple[str, ...] = ()
+    #: `linux.cgroupsPath` ("" when absent)
+    cgroups_path: str = ""
+
+    def env_map(self) -> dict[str, str]:
+        """The container environment as a dict; the last duplicate wins."""
+        return env_map(self.env)
+
+    def annotation_map(self) -> dict[str, str]:
+        return dict(self.annotations)
+
+    @property
+    def privileged(self) -> bool:
+        """NCT's test: CAP_SYS_ADMIN in the bounding set (`internal/config/image/privileged.go`)."""
+        return "CAP_SYS_ADMIN" in self.bounding_capabilities
+
+
+def split_env_entry(entry: str, where: str = "process.env") -> tuple[str, str]:
+    """Split `NAME=value` at the first '='; an entry without '=' is an error, as in NCT."""
+    if not isinstance(entry, str):
+        raise OciError(f"{where}: expected a string, got {type(entry).__name__}")
+    name, sep, value = entry.partition("=")
+    if not sep:
+        raise OciError(f"{where}: invalid environment variable {entry!r} (no '=')")
+    return name, value
+
+
+def env_map(env: Iterable[str | tuple[str, str]]) -> dict[str, str]:
+    """Build the environment map in order so that the LAST duplicate wins.
+
+    That is what NCT does (`internal/config/image/builder.go` `WithEnv`) and
+    what lets Docker's appended `NVIDIA_VISIBLE_DEVICES` override the image's.
+    Accepts raw `NAME=value` strings or already split pairs.
+    """
+    result: dict[str, str] = {}
+    for i, entry in enumerate(env):
+        if isinstance(entry, tuple):
+            name, value = entry
+        else:
+            name, value = split_env_entry(entry, f"process.env[{i}]")
+        result.pop(name, None)  # keep dict order = order of the winning entries
+        result[name] = value
+    return result
+
+
+def read_config_bytes(config_path: str) -> bytes:
+    """Read config.json without following a symlink on its last component.
+
+    A bundle directory is owned by whoever created the container; a symlink
+    named config.json could point the hook (running as root) at any file.
+    """
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(config_path, flags)
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # the last component is a symlink
+            raise OciError(f"{config_path}: is a symbolic link; refusing to follow it") from None
+        raise OciError(f"{config_path}: cannot open: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OciError(f"{config_path}: not a regular file")
+        if st.st_size > MAX_CONFIG_BYTES:
+            raise OciError(f"{config_path}: larger than {MAX_CONFIG_BYTES} bytes")
+        chunks = []
+        total = 0
+        while True:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break
+            total += len(chunk)
+            if total > MAX_CONFIG_BYTES:
+                raise OciError(f"{config_path}: larger than {MAX_CONFIG_BYTES} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError as e:
+        raise OciError(f"{config_path}: cannot read: {e.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+class _Fields:
+    """Typed access to one JSON object, with errors naming file and field path."""
+
+    def __init__(self, doc: object, where: str, config_path: str):
+        if not isinstance(doc, dict):
+            raise OciError(f"{config_path}: '{where}' must be an object, got {type(doc).__name__}")
+        self.doc = doc
+        self.where = where
+        self.config_path = config_path
+
+    def _name(self, key: str) -> str:
+        return f"{self.where}.{key}" if self.where else key
+
+    def _bad(self, key: str, expected: str, value: object) -> OciError:
+        return OciError(f"{self.config_path}: '{self._name(key)}' must be {expected}, got {value!r}")
+
+    def has(self, key: str) -> bool:
+        return self.doc.get(key) is not None
+
+    def obj(self, key: str, required: bool = False) -> "_Fields | None":
+        value = self.doc.get(key)
+        if value is None:
+            if required:
+                raise OciError(f"{self.config_path}: '{self._name(key)}' is missing")
+            return None
+        return _Fields(value, self._name(key), self.config_path)
+
+    def string(self, key: str, default: str | None = None) -> str:
+        value = self.doc.get(key)
+        if value is None:
+            if default is None:
+                raise OciError(f"{self.config_path}: '{self._name(key)}' is missing")
+            return default
+        if not isinstance(value, str):
+            raise self._bad(key, "a string", value)
+        return value
+
+    def boolean(self, key: str) -> bool:
+        value = self.doc.get(key, False)
+        if value is None:
+            return False
+        if not isinstance(value, bool):
+            raise self._bad(key, "true or false", value)
+        return value
+
+    def integer(self, key: str, default: int | None = None) -> int | None:
+        value = self.doc.get(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self._bad(key, "an integer", value)
+        return value
+
+    def strings(self, key: str) -> tuple[str, ...]:
+        value = self.doc.get(key)
+        if value is None:
+            return ()
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise self._bad(key, "a list of strings", value)
+        return tuple(value)
+
+    def objects(self, key: str) -> list["_Fields"]:
+        value = self.doc.get(key)
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            raise self._bad(key, "a list", value)
+        return [_Fields(v, f"{self._name(key)}[{i}]", self.config_path) for i, v in enumerate(value)]
+
+
+def parse_config(data: bytes, bundle_dir: str, config_path: str | None = None) -> Bundle:
+    """Validate config.json bytes of the bundle at `bundle_dir` into a `Bundle`.
+
+    Like NCT, a spec without `ociVersion`, `process` or `root` is refused.
+    """
+    bundle_dir = os.path.normpath(os.path.abspath(bundle_dir))
+    config_path = config_path or os.path.join(bundle_dir, "config.json")
+    doc = _Fields(_load_json(data, config_path, OciError), "", config_path)
+    doc.string("ociVersion")
+    root = doc.obj("root", required=True)
+    process = doc.obj("process", required=True)
+    assert root is not None and process is not None
+
+    root_path = root.string("path")
+    if not root_path:
+        raise OciError(f"{config_path}: 'root.path' is empty")
+    rootfs = os.path.normpath(os.path.join(bundle_dir, root_path))
+
+    env_entries = process.strings("env")
+    env = tuple(split_env_entry(e, f"{config_path}: process.env[{i}]") for i, e in enumerate(env_entries))
+
+    user = process.obj("user")
+    uid = (user.integer("uid", 0) if user else 0) or 0
+    gid = (user.integer("gid", 0) if user else 0) or 0
+    caps = process.obj("capabilities")
+    bounding = caps.strings("bounding") if caps else ()
+
+    mounts = tuple(
+        Mount(
+            destination=m.string("destination"),
+            type=m.string("type", ""),
+            source=m.string("source", ""),
+            options=m.strings("options"),
+        )
+        for m in doc.objects("mounts")
+    )
+
+    linux = doc.obj("linux")
+    devices: tuple[LinuxDevice, ...] = ()
+    cgroups_path = ""
+    if linux is not None:
+        devices = tuple(
+            LinuxDevice(
+                path=d.string("path"),
+                type=d.string("type", ""),
+                major=d.integer("major"),
+                minor=d.integer("minor"),
+                file_mode=d.integer("fileMode"),
+                uid=d.integer("uid"),
+                gid=d.integer("gid"),
+            )
+            for d in linux.objects("devices")
+        )
+        cgroups_path = linux.string("cgroupsPath", "")
+
+    hooks: list[Hook] = []
+    hooks_obj = doc.obj("hooks")
+    if hooks_obj is not None:
+        for stage in hooks_obj.doc:
+            for h in hooks_obj.objects(stage):
+                hooks.append(Hook(stage=stage, path=h.string("path"), args=h.strings("args")))
+
+    return Bundle(
+        path=bundle_dir,
+        config_path=config_path,
+        rootfs=rootfs,
+        readonly=root.boolean("readonly"),
+        env=env,
+        annotations=_string_map(doc.doc.get("annotations"), f"{config_path}: 'annotations'", OciError),
+        mounts=mounts,
+        process_args=process.strings("args"),
+        linux_devices=devices,
+        uid=uid,
+        gid=gid,
+        hooks=tuple(hooks),
+        bounding_capabilities=bounding,
+        cgroups_path=cgroups_path,
+    )
+
+
+def load_bundle(bundle_dir: str) -> Bundle:
+    """Open `<bundle_dir>/config.json` safely and parse it (see `parse_config`)."""
+    bundle_dir = os.path.normpath(os.path.abspath(bundle_dir))
+    config_path = os.path.join(bundle_dir, "config.json")
+    return parse_config(read_config_bytes(config_path), bundle_dir, config_path)
+
+
+def state_annotations(state: State, bundle: Bundle) -> Mapping[str, str]:
+    """Annotations as the hook should see them: config.json's, overridden by the state's."""
+    merged = dict(bundle.annotations)
+    merged.update(state.annotations)
+    return merged

@@ -1,0 +1,668 @@
+"""Host GPU facts read from procfs and /dev, without NVML.
+
+The hook must know which GPUs exist, their minors, UUIDs and PCI ids, the
+character-device majors and the MIG capability minors before it can plan a
+single mount.  libnvidia-container asks NVML for these; we read the files the
+kernel module publishes (`/proc/driver/nvidia/...`, `/proc/devices`) because
+they need no library in our process, work on a node whose driver cannot
+talk to its GPU, and are trivially faked in tests.  Everything here is
+stdlib-only and cheap to import: the per-container path loads the result
+from a snapshot (`HostGpus.from_dict`).
+
+Nothing here raises for a host that merely lacks the driver or has a broken
+file: a missing kernel module gives `HostGpus(driver_version=None, ...)` with
+a warning, an unreadable file gives a warning naming its path, so `info` can
+still print what it found.
+
+The host index of a GPU is its rank after sorting by PCI id (domain, bus,
+device, function as integers), which is NVML's order on an unconstrained
+host and what Slurm's global GPU ids count (gpu-requests.md §8 rule 1).  It is
+NOT the device minor.  Excluded GPUs (`GPU Excluded: Yes`) get no index:
+NVML does not enumerate them either.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from dataclasses import dataclass, field
+
+#: The NVIDIA control/GPU major is fixed by the driver; uvm, caps, imex are dynamic.
+NVIDIA_MAJOR = 195
+NVIDIACTL_MINOR = 255
+MODESET_MINOR = 254
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU as the kernel module lists it under /proc/driver/nvidia/gpus/<bus>/.
+
+    `bus_id` is normalised (`normalize_bus_id`); `proc_name` is the procfs
+    directory name, the thing to bind at /proc/driver/nvidia/gpus/<proc_name>.
+    """
+
+    index: int | None
+    minor: int
+    uuid: str | None
+    bus_id: str
+    model: str | None
+    excluded: bool = False
+    proc_name: str = ""
+
+
+@dataclass(frozen=True)
+class MigDevice:
+    """One MIG compute instance (a GPU instance `gi` plus compute instance `ci`).
+
+    procfs cannot tell a MIG device's UUID; `uuid` is None unless an NVML lookup
+    filled it (`discover_gpus(..., nvml=True)`).  `access_minors` are the
+    nvidia-caps minors of the GI and the CI access files (in that order);
+    `proc_paths` are those access files as paths under /proc (container-side;
+    the host file is `<proc-root>` + the part after "/proc").  `mig_index` is
+    the rank of (gi, ci) among the parent's MIG devices: our stand-in for
+    NVML's MIG device index in `<gpu>:<mig>` tokens (NVML's own order is not
+    visible in procfs).
+    """
+
+    uuid: str | None
+    parent_uuid: str | None
+    gpu_minor: int
+    gi: int
+    ci: int
+    access_minors: tuple[int, ...]
+    proc_paths: tuple[str, ...]
+    mig_index: int = 0
+
+
+@dataclass(frozen=True)
+class DeviceMajors:
+    """Character-device majors from /proc/devices (None = that module is not loaded).
+
+    `names` keeps every nvidia-ish line as (name, major) for `info`.
+    """
+
+    nvidia: int | None
+    uvm: int | None
+    caps: int | None
+    imex: int | None
+    nvswitch: int | None = None
+    names: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class DeviceNode:
+    """A device node the driver should have made, and what `<dev-root>` really has.
+
+    `path` is the container-side path (`/dev/nvidia0`); the host node is
+    `<dev-root>` + path.  `mode` is the host node's permission bits (None when
+    absent).  `problem` says why the node is unusable (missing, not a char
+    device, wrong major:minor) and is None when it is fine.
+    """
+
+    path: str
+    major: int
+    minor: int
+    mode: int | None = None
+    exists: bool = False
+    problem: str | None = None
+
+
+@dataclass(frozen=True)
+class HostGpus:
+    """Everything procfs and /dev say about the host's NVIDIA devices.
+
+    `mig_minors` are all `/proc/driver/nvidia-caps/mig-minors` entries as
+    (name, minor), e.g. ("config", 1), ("gpu0/gi1/access", 12) — MIG config
+    "all" needs the gpu entries.  `nodes` are every expected device node with
+    its check result; `warnings` are one-line texts naming the path concerned.
+    """
+
+    driver_version: str | None
+    gpus: tuple[Gpu, ...]
+    majors: DeviceMajors
+    mig_devices: tuple[MigDevice, ...] = ()
+    mig_config_minor: int | None = None
+    mig_monitor_minor: int | None = None
+    imex_channels: tuple[int, ...] = ()
+    warnings: tuple[str, ...] = ()
+    nodes: tuple[DeviceNode, ...] = ()
+    mig_minors: tuple[tuple[str, int], ...] = ()
+    proc_root: str = "/proc"
+    dev_root: str = "/"
+
+    def gpu_by_minor(self, minor: int) -> Gpu | None:
+        return next((g for g in self.gpus if g.minor == minor), None)
+
+    def gpu_by_index(self, index: int) -> Gpu | None:
+        return next((g for g in self.gpus if g.index == index), None)
+
+    def gpu_by_uuid(self, uuid: str) -> Gpu | None:
+        return next((g for g in self.gpus if g.uuid == uuid), None)
+
+    def gpu_by_bus_id(self, bus_id: str) -> Gpu | None:
+        """Match either the 4-digit procfs or the 8-digit NVML form of a PCI id."""
+        norm = normalize_bus_id(bus_id)
+        if norm is None:
+            return None
+        return next((g for g in self.gpus if g.bus_id == norm), None)
+
+    def node(self, path: str) -> DeviceNode | None:
+        return next((n for n in self.nodes if n.path == path), None)
+
+    def to_dict(self) -> dict:
+        """Plain JSON-able dict (schemas/info.schema.json); inverse of `from_dict`."""
+        return {
+            "driver_version": self.driver_version,
+            "gpus": [_gpu_to_dict(g) for g in self.gpus],
+            "majors": {
+                "nvidia": self.majors.nvidia,
+                "uvm": self.majors.uvm,
+                "caps": self.majors.caps,
+                "imex": self.majors.imex,
+                "nvswitch": self.majors.nvswitch,
+                "names": [[n, m] for n, m in self.majors.names],
+            },
+            "mig_devices": [_mig_to_dict(m) for m in self.mig_devices],
+            "mig_config_minor": self.mig_config_minor,
+            "mig_monitor_minor": self.mig_monitor_minor,
+            "imex_channels": list(self.imex_channels),
+            "warnings": list(self.warnings),
+            "nodes": [_node_to_dict(n) for n in self.nodes],
+            "mig_minors": [[n, m] for n, m in self.mig_minors],
+            "proc_root": self.proc_root,
+            "dev_root": self.dev_root,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "HostGpus":
+        """Rebuild from `to_dict()` output; KeyError/TypeError on a malformed dict (callers wrap)."""
+        maj = d["majors"]
+        return cls(
+            driver_version=d["driver_version"],
+            gpus=tuple(Gpu(**g) for g in d["gpus"]),
+            majors=DeviceMajors(
+                nvidia=maj["nvidia"],
+                uvm=maj["uvm"],
+                caps=maj["caps"],
+                imex=maj["imex"],
+                nvswitch=maj.get("nvswitch"),
+                names=tuple((str(n), int(m)) for n, m in maj.get("names", ())),
+            ),
+            mig_devices=tuple(
+                MigDevice(**{**m, "access_minors": tuple(m["access_minors"]), "proc_paths": tuple(m["proc_paths"])})
+                for m in d.get("mig_devices", ())
+            ),
+            mig_config_minor=d.get("mig_config_minor"),
+            mig_monitor_minor=d.get("mig_monitor_minor"),
+            imex_channels=tuple(d.get("imex_channels", ())),
+            warnings=tuple(d.get("warnings", ())),
+            nodes=tuple(DeviceNode(**n) for n in d.get("nodes", ())),
+            mig_minors=tuple((str(n), int(m)) for n, m in d.get("mig_minors", ())),
+            proc_root=d.get("proc_root", "/proc"),
+            dev_root=d.get("dev_root", "/"),
+        )
+
+
+def _gpu_to_dict(g: Gpu) -> dict:
+    return {"index": g.index, "minor": g.minor, "uuid": g.uuid, "bus_id": g.bus_id, "model": g.model,
+            "excluded": g.excluded, "proc_name": g.proc_name}
+
+
+def _mig_to_dict(m: MigDevice) -> dict:
+    return {"uuid": m.uuid, "parent_uuid": m.parent_uuid, "gpu_minor": m.gpu_minor, "gi": m.gi, "ci": m.ci,
+            "access_minors": list(m.access_minors), "proc_paths": list(m.proc_paths), "mig_index": m.mig_index}
+
+
+def _node_to_dict(n: DeviceNode) -> dict:
+    return {"path": n.path, "major": n.major, "minor": n.minor, "mode": n.mode, "exists": n.exists,
+            "problem": n.problem}
+
+
+# ---------------------------------------------------------------- PCI ids
+
+_BUS_RE = re.compile(r"^(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])$")
+
+
+def parse_bus_id(text: str) -> tuple[int, int, int, int] | None:
+    """(domain, bus, device, function) of `0000:06:00.0`, `00000000:06:00.0` or `06:00.0`; None if not a PCI id."""
+    m = _BUS_RE.match(text.strip())
+    if not m:
+        return None
+    dom, bus, dev, fn = m.groups()
+    dev_i = int(dev, 16)
+    if dev_i > 0x1F:
+        return None
+    return int(dom or "0", 16), int(bus, 16), dev_i, int(fn)
+
+
+def normalize_bus_id(text: str) -> str | None:
+    """Canonical lower-case procfs form (`0000:06:00.0`); the 8-digit NVML form maps to it.
+
+    Domains wider than 16 bits (Azure, nvidia-docker#1316) keep all their
+    digits, exactly as the kernel prints them.  None when `text` is no PCI id.
+    """
+    parsed = parse_bus_id(text)
+    if parsed is None:
+        return None
+    dom, bus, dev, fn = parsed
+    return f"{dom:04x}:{bus:02x}:{dev:02x}.{fn:x}"
+
+
+# ---------------------------------------------------------------- pure parsers
+
+_VERSION_RE = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+\.\d+(?:\.\d+)*)\b")
+
+
+def parse_driver_version(text: str) -> str | None:
+    """Driver version from /proc/driver/nvidia/version, proprietary or open module, any arch."""
+    for line in text.splitlines():
+        if line.startswith("NVRM version:"):
+            m = _VERSION_RE.search(line)
+            return m.group(1) if m else None
+    return None
+
+
+def parse_information(text: str) -> dict[str, str]:
+    """Key/value pairs of a gpus/<bus>/information file (split at the first ':', values trimmed)."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            out[key.strip()] = value.strip()
+    return out
+
+
+def parse_proc_devices(text: str) -> dict[str, int]:
+    """name -> major for the `Character devices:` section of /proc/devices."""
+    out: dict[str, int] = {}
+    in_char = False
+    for line in text.splitlines():
+        s = line.strip()
+        if s.endswith(":"):
+            in_char = s == "Character devices:"
+            continue
+        if not in_char or not s:
+            continue
+        major, _, name = s.partition(" ")
+        if major.isdigit() and name.strip():
+            out.setdefault(name.strip(), int(major))
+    return out
+
+
+def majors_from_devices(names: dict[str, int]) -> DeviceMajors:
+    """The majors we care about; `nvidia-frontend` and `nvidia` stand in for each other (NCT devices.go)."""
+    nvidia = names.get("nvidia-frontend", names.get("nvidia"))
+    return DeviceMajors(
+        nvidia=nvidia,
+        uvm=names.get("nvidia-uvm"),
+        caps=names.get("nvidia-caps"),
+        imex=names.get("nvidia-caps-imex-channels"),
+        nvswitch=names.get("nvidia-nvswitch"),
+        names=tuple(sorted((n, m) for n, m in names.items() if n.startswith("nvidia"))),
+    )
+
+
+def parse_mig_minors(text: str) -> tuple[tuple[str, int], ...]:
+    """Lines `config 1`, `monitor 2`, `gpu0/gi0/access 3`, `gpu0/gi0/ci0/access 4` of nvidia-caps/mig-minors."""
+    out = []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit():
+            out.append((parts[0], int(parts[1])))
+    return tuple(out)
+
+
+def parse_access_minor(text: str) -> int | None:
+    """`DeviceFileMinor: N` of a capability access file."""
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() == "DeviceFileMinor" and value.strip().isdigit():
+            return int(value.strip())
+    return None
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("yes", "1", "true")
+
+
+# ---------------------------------------------------------------- discovery
+
+
+class _Reader:
+    """Reads text files and turns every failure into a warning naming the path."""
+
+    def __init__(self) -> None:
+        self.warnings: list[str] = []
+
+    def read(self, path: str, *, missing_ok: bool = False) -> str | None:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                return f.read()
+        except FileNotFoundError:
+            if not missing_ok:
+                self.warnings.append(f"{path}: missing")
+            return None
+        except OSError as e:
+            self.warnings.append(f"{path}: cannot read: {e.strerror or e}")
+            return None
+
+    def listdir(self, path: str) -> list[str]:
+        try:
+            return sorted(os.listdir(path))
+        except FileNotFoundError:
+            return []
+        except OSError as e:
+            self.warnings.append(f"{path}: cannot list: {e.strerror or e}")
+            return []
+
+
+def _join(root: str, path: str) -> str:
+    """`root` + absolute `path` (both host paths; roots come from trusted config)."""
+    return os.path.join(root, path.lstrip("/"))
+
+
+def discover_gpus(proc_root: str = "/proc", dev_root: str = "/", *, nvml: bool = False,
+                  nvml_library: str = "libnvidia-ml.so.1") -> HostGpus:
+    """Read `<proc-root>/driver/nvidia`, `<proc-root>/devices` and `<dev-root>/dev` into a HostGpus.
+
+    With `nvml=True`, MIG device UUIDs are looked up through NVML
+    (`nvml_mig_uuids`); NVML's absence is a warning, not an error.
+    """
+    r = _Reader()
+    nv = _join(proc_root, "driver/nvidia")
+    names: dict[str, int] = {}
+    devices_text = r.read(_join(proc_root, "devices"))
+    if devices_text is not None:
+        names = parse_proc_devices(devices_text)
+    majors = majors_from_devices(names)
+
+    if not os.path.isdir(nv):
+        r.warnings.append(f"{nv}: missing: the NVIDIA kernel module is not loaded")
+        return HostGpus(driver_version=None, gpus=(), majors=majors, warnings=tuple(r.warnings),
+                        proc_root=proc_root, dev_root=dev_root)
+
+    driver_version = None
+    vtext = r.read(os.path.join(nv, "version"))
+    if vtext is not None:
+        driver_version = parse_driver_version(vtext)
+        if driver_version is None:
+            r.warnings.append(f"{os.path.join(nv, 'version')}: no driver version in its first line")
+
+    gpus = _read_gpus(r, os.path.join(nv, "gpus"))
+    if majors.nvidia is None and (gpus or devices_text is not None):
+        r.warnings.append(f"{_join(proc_root, 'devices')}: no nvidia-frontend/nvidia character major")
+
+    mig_minors: tuple[tuple[str, int], ...] = ()
+    mtext = r.read(_join(proc_root, "driver/nvidia-caps/mig-minors"), missing_ok=True)
+    if mtext is not None:
+        mig_minors = parse_mig_minors(mtext)
+    mig_devices = _read_mig(r, nv, gpus)
+    mig_config = _cap_minor(r, os.path.join(nv, "capabilities/mig/config"))
+    mig_monitor = _cap_minor(r, os.path.join(nv, "capabilities/mig/monitor"))
+    minor_map = dict(mig_minors)
+    if mig_config is None:
+        mig_config = minor_map.get("config")
+    if mig_monitor is None:
+        mig_monitor = minor_map.get("monitor")
+
+    imex = _read_imex(r, dev_root)
+    if nvml and mig_devices:
+        mig_devices = _fill_mig_uuids(r, mig_devices, nvml_library)
+
+    nodes = _check_nodes(gpus, majors, mig_devices, mig_config, mig_monitor, imex, dev_root)
+    for n in nodes:
+        if n.problem and not (n.problem == "missing" and n.path in _OPTIONAL_NODES):
+            r.warnings.append(f"{_join(dev_root, n.path)}: {n.problem}")
+    return HostGpus(
+        driver_version=driver_version,
+        gpus=gpus,
+        majors=majors,
+        mig_devices=mig_devices,
+        mig_config_minor=mig_config,
+        mig_monitor_minor=mig_monitor,
+        imex_channels=imex,
+        warnings=tuple(r.warnings),
+        nodes=nodes,
+        mig_minors=mig_minors,
+        proc_root=proc_root,
+        dev_root=dev_root,
+    )
+
+
+def _read_gpus(r: _Reader, gpus_dir: str) -> tuple[Gpu, ...]:
+    found = []
+    for name in r.listdir(gpus_dir):
+        path = os.path.join(gpus_dir, name, "information")
+        text = r.read(path)
+        if text is None:
+            continue
+        info = parse_information(text)
+        bus = normalize_bus_id(info.get("Bus Location", "")) or normalize_bus_id(name)
+        minor_s = info.get("Device Minor", "")
+        if bus is None or not minor_s.isdigit():
+            r.warnings.append(f"{path}: no usable 'Bus Location' or 'Device Minor'")
+            continue
+        found.append((parse_bus_id(bus), Gpu(
+            index=None, minor=int(minor_s), uuid=info.get("GPU UUID") or None, bus_id=bus,
+            model=info.get("Model") or None, excluded=_truthy(info.get("GPU Excluded")), proc_name=name)))
+    found.sort(key=lambda t: t[0])
+    out = []
+    index = 0
+    for _, g in found:
+        if g.excluded:
+            out.append(g)
+            continue
+        out.append(Gpu(index, g.minor, g.uuid, g.bus_id, g.model, False, g.proc_name))
+        index += 1
+    return tuple(out)
+
+
+def _cap_minor(r: _Reader, path: str) -> int | None:
+    text = r.read(path, missing_ok=True)
+    if text is None:
+        return None
+    minor = parse_access_minor(text)
+    if minor is None:
+        r.warnings.append(f"{path}: no DeviceFileMinor")
+    return minor
+
+
+_GI_RE = re.compile(r"^gi(\d+)$")
+_CI_RE = re.compile(r"^ci(\d+)$")
+
+
+def _read_mig(r: _Reader, nv: str, gpus: tuple[Gpu, ...]) -> tuple[MigDevice, ...]:
+    """MIG devices = existing `capabilities/gpu<m>/mig/gi<g>/ci<c>/access` files (created instances only)."""
+    out = []
+    for g in gpus:
+        base = f"capabilities/gpu{g.minor}/mig"
+        gis = []
+        for gname in r.listdir(os.path.join(nv, base)):
+            m = _GI_RE.match(gname)
+            if m:
+                gis.append(int(m.group(1)))
+        devs = []
+        for gi in sorted(gis):
+            gi_rel = f"{base}/gi{gi}/access"
+            gi_minor = _cap_minor(r, os.path.join(nv, gi_rel))
+            cis = sorted(int(m.group(1)) for c in r.listdir(os.path.join(nv, base, f"gi{gi}"))
+                         if (m := _CI_RE.match(c)))
+            for ci in cis:
+                ci_rel = f"{base}/gi{gi}/ci{ci}/access"
+                ci_minor = _cap_minor(r, os.path.join(nv, ci_rel))
+                if gi_minor is None or ci_minor is None:
+                    continue
+                devs.append(MigDevice(
+                    uuid=None, parent_uuid=g.uuid, gpu_minor=g.minor, gi=gi, ci=ci,
+                    access_minors=(gi_minor, ci_minor),
+                    proc_paths=(f"/proc/driver/nvidia/{gi_rel}", f"/proc/driver/nvidia/{ci_rel}"),
+                    mig_index=len(devs)))
+        out.extend(devs)
+    return tuple(out)
+
+
+_CHANNEL_RE = re.compile(r"^channel(\d+)$")
+
+
+def _read_imex(r: _Reader, dev_root: str) -> tuple[int, ...]:
+    d = _join(dev_root, "dev/nvidia-caps-imex-channels")
+    return tuple(sorted(int(m.group(1)) for n in r.listdir(d) if (m := _CHANNEL_RE.match(n))))
+
+
+# Absent on many healthy hosts: modeset needs nvidia-modeset.ko, uvm-tools is optional.
+_OPTIONAL_NODES = frozenset({"/dev/nvidia-modeset", "/dev/nvidia-uvm-tools"})
+
+
+def check_node(dev_root: str, path: str, major: int, minor: int) -> DeviceNode:
+    """Stat `<dev-root>` + `path`; like LNC, st_rdev must equal major:minor exactly."""
+    host = _join(dev_root, path)
+    try:
+        st = os.stat(host)
+    except FileNotFoundError:
+        return DeviceNode(path, major, minor, None, False, "missing")
+    except OSError as e:
+        return DeviceNode(path, major, minor, None, False, f"cannot stat: {e.strerror or e}")
+    mode = stat.S_IMODE(st.st_mode)
+    if not stat.S_ISCHR(st.st_mode):
+        return DeviceNode(path, major, minor, mode, True, "not a character device")
+    got = (os.major(st.st_rdev), os.minor(st.st_rdev))
+    if got != (major, minor):
+        return DeviceNode(path, major, minor, mode, True,
+                          f"invalid device node: is {got[0]}:{got[1]}, expected {major}:{minor}")
+    return DeviceNode(path, major, minor, mode, True, None)
+
+
+def cap_node_path(minor: int) -> str:
+    return f"/dev/nvidia-caps/nvidia-cap{minor}"
+
+
+def imex_node_path(channel: int) -> str:
+    return f"/dev/nvidia-caps-imex-channels/channel{channel}"
+
+
+def _check_nodes(gpus, majors: DeviceMajors, migs, mig_config, mig_monitor, imex, dev_root) -> tuple[DeviceNode, ...]:
+    wanted: list[tuple[str, int, int]] = []
+    nv = majors.nvidia if majors.nvidia is not None else NVIDIA_MAJOR
+    wanted.append(("/dev/nvidiactl", nv, NVIDIACTL_MINOR))
+    for g in sorted(gpus, key=lambda g: g.minor):
+        wanted.append((f"/dev/nvidia{g.minor}", nv, g.minor))
+    if majors.uvm is not None:
+        wanted += [("/dev/nvidia-uvm", majors.uvm, 0), ("/dev/nvidia-uvm-tools", majors.uvm, 1)]
+    wanted.append(("/dev/nvidia-modeset", nv, MODESET_MINOR))
+    if majors.caps is not None:
+        cap_minors = {m for d in migs for m in d.access_minors}
+        cap_minors |= {m for m in (mig_config, mig_monitor) if m is not None}
+        wanted += [(cap_node_path(m), majors.caps, m) for m in sorted(cap_minors)]
+    if majors.imex is not None:
+        wanted += [(imex_node_path(c), majors.imex, c) for c in imex]
+    return tuple(check_node(dev_root, p, ma, mi) for p, ma, mi in wanted)
+
+
+def device_nodes_for(host: HostGpus, gpu_minors=(), mig_devices=(), *, uvm: bool = False,
+                     modeset: bool = False, mig_config: bool = False, mig_monitor: bool = False,
+                     imex_channels=()) -> tuple[DeviceNode, ...]:
+    """The nodes a container needs for this selection, in injection order, with their host check result.
+
+    nvidiactl always; /dev/nvidia<minor> per GPU and per MIG parent; uvm pair
+    for compute/video; modeset for display; nvidia-cap<M> per MIG access
+    minor and for config/monitor; one IMEX channel node each.  Nodes the
+    snapshot did not record (e.g. an IMEX channel that does not exist) come
+    back with problem "missing".
+    """
+    nv = host.majors.nvidia if host.majors.nvidia is not None else NVIDIA_MAJOR
+    wanted: list[tuple[str, int | None, int]] = [("/dev/nvidiactl", nv, NVIDIACTL_MINOR)]
+    minors = list(dict.fromkeys([*gpu_minors, *(d.gpu_minor for d in mig_devices)]))
+    wanted += [(f"/dev/nvidia{m}", nv, m) for m in minors]
+    if uvm:
+        wanted += [("/dev/nvidia-uvm", host.majors.uvm, 0), ("/dev/nvidia-uvm-tools", host.majors.uvm, 1)]
+    if modeset:
+        wanted.append(("/dev/nvidia-modeset", nv, MODESET_MINOR))
+    caps: list[int] = [m for d in mig_devices for m in d.access_minors]
+    if mig_config and host.mig_config_minor is not None:
+        caps.append(host.mig_config_minor)
+    if mig_monitor and host.mig_monitor_minor is not None:
+        caps.append(host.mig_monitor_minor)
+    wanted += [(cap_node_path(m), host.majors.caps, m) for m in dict.fromkeys(caps)]
+    wanted += [(imex_node_path(c), host.majors.imex, c) for c in imex_channels]
+    out = []
+    for path, major, minor in wanted:
+        known = host.node(path)
+        if known is not None:
+            out.append(known)
+        elif major is None:
+            out.append(DeviceNode(path, -1, minor, None, False, "its driver module is not loaded (no major)"))
+        else:
+            out.append(DeviceNode(path, major, minor, None, False, "missing"))
+    return tuple(out)
+
+
+# ---------------------------------------------------------------- optional NVML
+
+
+def _fill_mig_uuids(r: _Reader, migs: tuple[MigDevice, ...], library: str) -> tuple[MigDevice, ...]:
+    uuids, reason = nvml_mig_uuids(library)
+    if reason:
+        r.warnings.append(f"{library}: MIG device UUIDs unknown: {reason}")
+    out = []
+    for d in migs:
+        u = uuids.get((d.parent_uuid, d.gi, d.ci))
+        out.append(MigDevice(u, d.parent_uuid, d.gpu_minor, d.gi, d.ci, d.access_minors, d.proc_paths,
+                             d.mig_index) if u else d)
+    return tuple(out)
+
+
+def nvml_mig_uuids(library: str = "libnvidia-ml.so.1") -> tuple[dict[tuple[str, int, int], str], str | None]:
+    """{(parent GPU UUID, gi, ci): MIG UUID} via NVML, and a reason when NVML could not answer.
+
+    NVML (and ctypes) are loaded only here, only when asked: the hook path
+    never needs them, and everything works with MIG UUIDs unknown.
+    """
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL(library)
+    except OSError as e:
+        return {}, f"cannot load: {e}"
+    NVML_SUCCESS = 0
+    try:
+        rc = lib.nvmlInit_v2()
+        if rc != NVML_SUCCESS:
+            return {}, f"nvmlInit_v2 returned {rc}"
+    except AttributeError as e:
+        return {}, f"not an NVML library: {e}"
+    out: dict[tuple[str, int, int], str] = {}
+    try:
+        count = ctypes.c_uint(0)
+        rc = lib.nvmlDeviceGetCount_v2(ctypes.byref(count))
+        if rc != NVML_SUCCESS:
+            return {}, f"nvmlDeviceGetCount_v2 returned {rc}"
+        buf = ctypes.create_string_buffer(96)
+        for i in range(count.value):
+            dev = ctypes.c_void_p()
+            if lib.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(dev)) != NVML_SUCCESS:
+                continue
+            if lib.nvmlDeviceGetUUID(dev, buf, 96) != NVML_SUCCESS:
+                continue
+            parent = buf.value.decode()
+            maxn = ctypes.c_uint(0)
+            if lib.nvmlDeviceGetMaxMigDeviceCount(dev, ctypes.byref(maxn)) != NVML_SUCCESS:
+                continue
+            for j in range(maxn.value):
+                mig = ctypes.c_void_p()
+                if lib.nvmlDeviceGetMigDeviceHandleByIndex(dev, j, ctypes.byref(mig)) != NVML_SUCCESS:
+                    continue
+                gi, ci = ctypes.c_uint(0), ctypes.c_uint(0)
+                if (lib.nvmlDeviceGetGpuInstanceId(mig, ctypes.byref(gi)) != NVML_SUCCESS
+                        or lib.nvmlDeviceGetComputeInstanceId(mig, ctypes.byref(ci)) != NVML_SUCCESS
+                        or lib.nvmlDeviceGetUUID(mig, buf, 96) != NVML_SUCCESS):
+                    continue
+                out[(parent, gi.value, ci.value)] = buf.value.decode()
+    except AttributeError as e:
+        return out, f"NVML lacks a MIG function: {e}"
+    finally:
+        try:
+            lib.nvmlShutdown()
+        except AttributeError:
+            pass
+    return out, None

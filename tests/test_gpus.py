@@ -1,0 +1,341 @@
+"""gpus.py: procfs/dev discovery against fixture trees written like the kernel module's."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import stat
+import subprocess
+
+import jsonschema
+import pytest
+from hypothesis import given, strategies as st
+
+from fixtures.hosttree import FakeGpu, fake_gpus, fake_uuid, make_host_tree
+from pyxis_hook import gpus
+from pyxis_hook.config import load_schema
+from pyxis_hook.gpus import (
+    HostGpus,
+    device_nodes_for,
+    discover_gpus,
+    normalize_bus_id,
+    parse_bus_id,
+    parse_driver_version,
+    parse_information,
+    parse_mig_minors,
+    parse_proc_devices,
+)
+
+ROOT = os.geteuid() == 0
+
+
+def discover(tree, **kw) -> HostGpus:
+    return discover_gpus(tree.proc_root, tree.dev_root, **kw)
+
+
+# ------------------------------------------------------------------ parsers
+
+@pytest.mark.parametrize("line,version", [
+    ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.135  Tue Nov 12 19:07:32 UTC 2024", "550.135"),
+    ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  565.77  Release Build  "
+     "(dvs-builder@U16-I3-B03-4-3)  Wed Nov 27 23:33:08 UTC 2024", "565.77"),
+    ("NVRM version: NVIDIA UNIX aarch64 Kernel Module  550.54.14  Thu Feb 22 01:25:25 UTC 2024", "550.54.14"),
+    ("NVRM version: NVIDIA UNIX Open Kernel Module for aarch64  570.86.15  Release Build  (x@y)  date", "570.86.15"),
+])
+def test_driver_version_shapes(line, version):
+    assert parse_driver_version(line + "\nGCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n") == version
+
+
+def test_driver_version_garbage_is_none():
+    assert parse_driver_version("hello\n") is None
+    assert parse_driver_version("NVRM version: something else\n") is None
+
+
+def test_information_splits_at_first_colon():
+    info = parse_information("Model: \t\t Tesla T4\nBus Location: \t 0000:3b:00.0\nDevice Minor: \t 3\nnocolon\n")
+    assert info == {"Model": "Tesla T4", "Bus Location": "0000:3b:00.0", "Device Minor": "3"}
+
+
+@pytest.mark.parametrize("text,norm", [
+    ("0000:06:00.0", "0000:06:00.0"),
+    ("00000000:06:00.0", "0000:06:00.0"),
+    ("00000000:3B:00.0", "0000:3b:00.0"),
+    ("06:00.0", "0000:06:00.0"),
+    ("0001:81:1f.7", "0001:81:1f.7"),
+    ("0001a3c4:00:00.0", "1a3c4:00:00.0"),  # 32-bit Azure domain keeps its digits
+])
+def test_normalize_bus_id(text, norm):
+    assert normalize_bus_id(text) == norm
+
+
+@pytest.mark.parametrize("bad", ["", "0", "GPU-1234", "0000:06:00", "0000:06:20.0", "0000:06:00.8", "x0000:06:00.0"])
+def test_normalize_bus_id_rejects(bad):
+    assert normalize_bus_id(bad) is None
+
+
+@given(st.integers(0, 0xFFFF), st.integers(0, 0xFF), st.integers(0, 0x1F), st.integers(0, 7))
+def test_bus_id_procfs_and_nvml_forms_agree(dom, bus, dev, fn):
+    procfs = f"{dom:04x}:{bus:02x}:{dev:02x}.{fn}"
+    nvml = f"{dom:08X}:{bus:02X}:{dev:02X}.{fn}"
+    assert normalize_bus_id(procfs) == normalize_bus_id(nvml) == procfs
+    assert parse_bus_id(nvml) == (dom, bus, dev, fn)
+
+
+def test_proc_devices_char_section_only_and_frontend_fallback():
+    text = ("Character devices:\n  1 mem\n195 nvidia\n236 nvidia-uvm\n\n"
+            "Block devices:\n  8 sd\n237 nvidia-caps\n")
+    names = parse_proc_devices(text)
+    assert names == {"mem": 1, "nvidia": 195, "nvidia-uvm": 236}
+    majors = gpus.majors_from_devices(names)
+    assert (majors.nvidia, majors.uvm, majors.caps, majors.imex) == (195, 236, None, None)
+    assert majors.names == (("nvidia", 195), ("nvidia-uvm", 236))
+
+
+def test_mig_minors_lines():
+    assert parse_mig_minors("config 1\nmonitor 2\ngpu0/gi0/access 3\ngpu0/gi0/ci0/access 4\nbogus\n") == (
+        ("config", 1), ("monitor", 2), ("gpu0/gi0/access", 3), ("gpu0/gi0/ci0/access", 4))
+
+
+# ------------------------------------------------------------------ discovery
+
+
+def test_default_tree(tmp_path):
+    tree = make_host_tree(tmp_path, make_nodes=ROOT)
+    host = discover(tree)
+    assert host.driver_version == "535.216.03"
+    assert [(g.index, g.minor, g.bus_id, g.uuid) for g in host.gpus] == [
+        (0, 0, "0000:06:00.0", fake_uuid(0)), (1, 1, "0000:07:00.0", fake_uuid(1))]
+    assert host.gpus[0].model == "NVIDIA A100-SXM4-80GB"
+    assert host.gpus[0].proc_name == "0000:06:00.0"
+    assert (host.majors.nvidia, host.majors.uvm, host.majors.caps, host.majors.imex) == (195, 511, 510, 509)
+    assert host.mig_devices == () and host.mig_config_minor is None
+    if ROOT:
+        assert host.warnings == ()
+        assert all(n.exists and n.problem is None for n in host.nodes)
+
+
+def test_open_module_aarch64(tmp_path):
+    tree = make_host_tree(tmp_path, driver_version="570.86.15", open_module=True, arch="aarch64", make_nodes=False)
+    assert discover(tree).driver_version == "570.86.15"
+
+
+def test_zero_gpus(tmp_path):
+    tree = make_host_tree(tmp_path, gpus=[], make_nodes=ROOT)
+    host = discover(tree)
+    assert host.gpus == () and host.driver_version == "535.216.03"
+    if ROOT:
+        assert host.warnings == ()
+
+
+def test_64_gpus_index_is_pci_rank_not_minor(tmp_path):
+    minors = list(range(64))
+    random.Random(7).shuffle(minors)
+    tree = make_host_tree(tmp_path, gpus=fake_gpus(64, minors=minors, first_bus=0x10), make_nodes=ROOT)
+    host = discover(tree)
+    assert len(host.gpus) == 64
+    assert [g.index for g in host.gpus] == list(range(64))
+    assert [g.minor for g in host.gpus] == minors
+    assert host.gpu_by_index(5).minor == minors[5]
+    if ROOT:
+        assert host.warnings == ()
+
+
+def test_pci_order_uses_integers_and_domains(tmp_path):
+    # bus 0x0a sorts after 0x09 numerically; domain 0001 after every 0000 bus
+    g = [FakeGpu(0, "0001:01:00.0", fake_uuid(0)), FakeGpu(7, "0000:0a:00.0", fake_uuid(7)),
+         FakeGpu(3, "0000:09:00.0", fake_uuid(3)), FakeGpu(4, "0000:09:00.1", fake_uuid(4))]
+    host = discover(make_host_tree(tmp_path, gpus=g, make_nodes=False))
+    assert [(g.index, g.minor) for g in host.gpus] == [(0, 3), (1, 4), (2, 7), (3, 0)]
+    assert host.gpu_by_bus_id("00000001:01:00.0").minor == 0
+    assert host.gpu_by_uuid(fake_uuid(7)).index == 2
+    assert host.gpu_by_minor(3).bus_id == "0000:09:00.0"
+
+
+def test_excluded_gpu_gets_no_index(tmp_path):
+    tree = make_host_tree(tmp_path, gpus=fake_gpus(3), excluded=[1], make_nodes=False)
+    host = discover(tree)
+    assert [(g.index, g.minor, g.excluded) for g in host.gpus] == [(0, 0, False), (None, 1, True), (1, 2, False)]
+
+
+def test_no_kernel_module_is_a_warning_not_an_error(tmp_path):
+    tree = make_host_tree(tmp_path, kernel_module=False, make_nodes=False)
+    host = discover(tree)
+    assert host.driver_version is None and host.gpus == () and host.nodes == ()
+    assert len(host.warnings) == 1
+    assert f"{tree.proc_root}/driver/nvidia: missing" in host.warnings[0]
+    assert host.majors.nvidia is None
+
+
+def test_nothing_at_all(tmp_path):
+    host = discover_gpus(str(tmp_path / "proc"), str(tmp_path))
+    assert host.driver_version is None
+    assert any(str(tmp_path / "proc" / "devices") in w for w in host.warnings)
+
+
+def test_unreadable_and_broken_files_become_warnings(tmp_path):
+    tree = make_host_tree(tmp_path, gpus=fake_gpus(3), make_nodes=False)
+    nv = tmp_path / "proc/driver/nvidia"
+    info1 = nv / "gpus/0000:07:00.0/information"
+    info1.unlink()
+    info1.mkdir()  # reading a directory fails even as root
+    info2 = nv / "gpus/0000:08:00.0/information"
+    info2.write_text("Model: X\nGPU UUID: GPU-x\n")
+    (nv / "version").write_text("garbage\n")
+    host = discover(tree)
+    assert [g.minor for g in host.gpus] == [0]
+    text = "\n".join(host.warnings)
+    assert f"{info1}: cannot read" in text
+    assert f"{info2}: no usable 'Bus Location' or 'Device Minor'" in text
+    assert f"{nv}/version: no driver version" in text
+    assert host.driver_version is None
+
+
+def test_missing_nodes_are_warnings(tmp_path):
+    tree = make_host_tree(tmp_path, make_nodes=False, modeset=False)
+    host = discover(tree)
+    text = "\n".join(host.warnings)
+    for name in ("nvidiactl", "nvidia0", "nvidia1", "nvidia-uvm"):
+        assert f"{tmp_path}/dev/{name}: missing" in text
+    # optional nodes are recorded but not warned about
+    assert "nvidia-modeset" not in text and "nvidia-uvm-tools" not in text
+    assert host.node("/dev/nvidia-modeset").problem == "missing"
+
+
+@pytest.mark.root
+def test_wrong_device_numbers_are_reported(tmp_path):
+    tree = make_host_tree(tmp_path)
+    dev = tmp_path / "dev"
+    (dev / "nvidia1").unlink()
+    os.mknod(dev / "nvidia1", 0o666 | stat.S_IFCHR, os.makedev(195, 7))
+    (dev / "nvidia-uvm").unlink()
+    (dev / "nvidia-uvm").write_text("")
+    host = discover(tree)
+    text = "\n".join(host.warnings)
+    assert f"{dev}/nvidia1: invalid device node: is 195:7, expected 195:1" in text
+    assert f"{dev}/nvidia-uvm: not a character device" in text
+    ok = host.node("/dev/nvidia0")
+    assert ok.exists and ok.problem is None and ok.mode == 0o666
+
+
+def test_mig(tmp_path):
+    tree = make_host_tree(tmp_path, gpus=fake_gpus(2, minors=[3, 1]), mig={3: {2: [0, 1], 9: []}, 1: {0: [0]}},
+                          make_nodes=ROOT)
+    host = discover(tree)
+    t = tree.mig_minors
+    assert host.mig_config_minor == 1 and host.mig_monitor_minor == 2
+    devs = [(d.gpu_minor, d.gi, d.ci, d.access_minors, d.mig_index, d.uuid) for d in host.mig_devices]
+    assert devs == [
+        (3, 2, 0, (t["gpu3/gi2/access"], t["gpu3/gi2/ci0/access"]), 0, None),
+        (3, 2, 1, (t["gpu3/gi2/access"], t["gpu3/gi2/ci1/access"]), 1, None),
+        (1, 0, 0, (t["gpu1/gi0/access"], t["gpu1/gi0/ci0/access"]), 0, None),
+    ]
+    d = host.mig_devices[1]
+    assert d.parent_uuid == fake_uuid(3)
+    assert d.proc_paths == ("/proc/driver/nvidia/capabilities/gpu3/mig/gi2/access",
+                            "/proc/driver/nvidia/capabilities/gpu3/mig/gi2/ci1/access")
+    for p in d.proc_paths:
+        assert os.path.isfile(tree.proc_root + p[len("/proc"):])
+    assert dict(host.mig_minors) == t
+    if ROOT:
+        assert host.warnings == ()
+        assert host.node(f"/dev/nvidia-caps/nvidia-cap{t['gpu3/gi2/ci1/access']}").problem is None
+
+
+def test_imex_channels(tmp_path):
+    tree = make_host_tree(tmp_path, imex_channels=[0, 5], make_nodes=ROOT)
+    host = discover(tree)
+    assert host.imex_channels == (0, 5)
+    if ROOT:
+        assert host.node("/dev/nvidia-caps-imex-channels/channel5").problem is None
+
+
+def test_device_nodes_for_selection(tmp_path):
+    tree = make_host_tree(tmp_path, gpus=fake_gpus(2, minors=[3, 1]), mig={3: {2: [0]}}, imex_channels=[4],
+                          make_nodes=ROOT)
+    host = discover(tree)
+    mig = host.mig_devices[0]
+    nodes = device_nodes_for(host, [1], [mig], uvm=True, mig_config=True, imex_channels=[4, 9])
+    paths = [n.path for n in nodes]
+    assert paths == ["/dev/nvidiactl", "/dev/nvidia1", "/dev/nvidia3", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
+                     f"/dev/nvidia-caps/nvidia-cap{mig.access_minors[0]}",
+                     f"/dev/nvidia-caps/nvidia-cap{mig.access_minors[1]}",
+                     "/dev/nvidia-caps/nvidia-cap1",
+                     "/dev/nvidia-caps-imex-channels/channel4", "/dev/nvidia-caps-imex-channels/channel9"]
+    assert nodes[1].major == 195 and nodes[1].minor == 1
+    assert nodes[3].major == 511
+    assert nodes[-1].problem == "missing" and nodes[-1].major == 509
+    assert [n.path for n in device_nodes_for(host)] == ["/dev/nvidiactl"]
+
+
+# ------------------------------------------------------------------ serialisation
+
+
+def test_round_trip_through_json_and_schema(tmp_path):
+    tree = make_host_tree(tmp_path, gpus=fake_gpus(3, minors=[2, 0, 1], domain=2), mig={2: {1: [0]}},
+                          imex_channels=[1], excluded=[0], make_nodes=ROOT)
+    host = discover(tree)
+    d = json.loads(json.dumps(host.to_dict()))
+    jsonschema.validate(d, load_schema("info.schema.json"))
+    again = HostGpus.from_dict(d)
+    assert again == host
+    assert again.to_dict() == d
+
+
+def test_schema_accepts_empty_host(tmp_path):
+    host = discover_gpus(str(tmp_path / "proc"), str(tmp_path))
+    d = json.loads(json.dumps(host.to_dict()))
+    jsonschema.validate(d, load_schema("info.schema.json"))
+    assert HostGpus.from_dict(d) == host
+
+
+def test_import_is_cheap():
+    code = "import sys, pyxis_hook.gpus; print(sorted(m for m in ('ctypes','json','logging','subprocess') if m in sys.modules))"
+    out = subprocess.run([os.sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+# ------------------------------------------------------------------ optional NVML
+
+FAKE_NVML = r"""
+#include <stdio.h>
+#include <string.h>
+typedef void *H;
+static H GPU = (H)1;
+int nvmlInit_v2(void) { return 0; }
+int nvmlShutdown(void) { return 0; }
+int nvmlDeviceGetCount_v2(unsigned *n) { *n = 1; return 0; }
+int nvmlDeviceGetHandleByIndex_v2(unsigned i, H *h) { *h = GPU; return 0; }
+int nvmlDeviceGetMaxMigDeviceCount(H h, unsigned *n) { *n = 7; return 0; }
+int nvmlDeviceGetMigDeviceHandleByIndex(H h, unsigned j, H *m) {
+    if (j >= 2) return 3; /* NVML_ERROR_NOT_FOUND style */
+    *m = (H)(long)(100 + j); return 0; }
+int nvmlDeviceGetGpuInstanceId(H m, unsigned *gi) { *gi = 2; return 0; }
+int nvmlDeviceGetComputeInstanceId(H m, unsigned *ci) { *ci = (unsigned)((long)m - 100); return 0; }
+int nvmlDeviceGetUUID(H h, char *buf, unsigned len) {
+    if (h == GPU) snprintf(buf, len, "%s", PARENT);
+    else snprintf(buf, len, "MIG-aaaaaaaa-bbbb-cccc-dddd-%012ld", (long)h - 100);
+    return 0; }
+"""
+
+
+def test_nvml_absent_leaves_mig_uuids_unknown(tmp_path):
+    tree = make_host_tree(tmp_path, mig={0: {2: [0]}}, make_nodes=ROOT)
+    host = discover(tree, nvml=True, nvml_library=str(tmp_path / "no-such-libnvidia-ml.so.1"))
+    assert host.mig_devices[0].uuid is None
+    assert any("MIG device UUIDs unknown: cannot load" in w for w in host.warnings)
+
+
+def test_nvml_fills_mig_uuids(tmp_path):
+    src = tmp_path / "nvml.c"
+    src.write_text(FAKE_NVML)
+    lib = tmp_path / "libnvidia-ml.so.1"
+    subprocess.run(["gcc", "-shared", "-fPIC", f'-DPARENT="{fake_uuid(0)}"', str(src), "-o", str(lib)], check=True)
+    tree = make_host_tree(tmp_path / "host", gpus=fake_gpus(1), mig={0: {2: [0, 1, 3]}}, make_nodes=ROOT)
+    host = discover(tree, nvml=True, nvml_library=str(lib))
+    uuids = [(d.gi, d.ci, d.uuid) for d in host.mig_devices]
+    assert uuids == [(2, 0, "MIG-aaaaaaaa-bbbb-cccc-dddd-000000000000"),
+                     (2, 1, "MIG-aaaaaaaa-bbbb-cccc-dddd-000000000001"),
+                     (2, 3, None)]
+    if ROOT:
+        assert host.warnings == ()

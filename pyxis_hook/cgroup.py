@@ -1,0 +1,282 @@
+"""Reading a process's device cgroup: version, devices path, v1 rules, Slurm job/step.
+
+The hook needs three answers about the container's init process before it
+touches device access (driver-files.md §10, gpu-requests.md §8 rule 5):
+which cgroup layout the host uses (v1, v2 or hybrid: v1 controllers plus a
+cgroup2 mount), where that process's devices cgroup lives on the host, and
+whether it sits in a Slurm job/step cgroup — in which case Slurm's rules are
+authoritative and we must not widen them.  On v1 we can also tell which GPU
+minors the process may open by reading `devices.list`; on v2 the rules live
+in eBPF programs we do not decode, so the answer is None ("cannot tell").
+
+The parsers take text and are pure; the `read_*` functions are thin readers
+under a given proc-root.  Nothing here writes; writing rules is apply.py's job.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CgroupLine:
+    """One line of /proc/<pid>/cgroup: `hierarchy-id:controller,list:path` (v2: `0::path`)."""
+
+    hierarchy: int
+    controllers: tuple[str, ...]
+    path: str
+
+
+@dataclass(frozen=True)
+class MountInfo:
+    """The fields of a /proc/<pid>/mountinfo line we need (octal escapes decoded)."""
+
+    mount_id: int
+    parent_id: int
+    root: str
+    mount_point: str
+    fstype: str
+    source: str
+    super_options: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class DeviceRule:
+    """A v1 `devices.list` entry: type a/b/c, major/minor (None = `*`), access subset of 'rwm'."""
+
+    type: str
+    major: int | None
+    minor: int | None
+    access: str
+
+    def matches(self, type_: str, major: int, minor: int) -> bool:
+        return ((self.type == "a" or self.type == type_)
+                and (self.major is None or self.major == major)
+                and (self.minor is None or self.minor == minor))
+
+
+@dataclass(frozen=True)
+class DeviceCgroup:
+    """Where a process's device access is decided.
+
+    `version` is the host layout ("v1", "v2" or "hybrid"); `controller` is
+    "v1" when a v1 devices controller governs the process (also on hybrid
+    hosts) and "v2" when eBPF programs on the cgroup2 directory do.  `path` is
+    the cgroup path as /proc/<pid>/cgroup shows it; `fs_path` the host
+    directory of that cgroup (None when no matching mount was found).
+    """
+
+    version: str
+    controller: str
+    path: str
+    fs_path: str | None
+
+
+@dataclass(frozen=True)
+class SlurmCgroup:
+    """A Slurm job/step cgroup: job id, step ("0", "batch", "extern", "interactive"...), task if any."""
+
+    job: int
+    step: str
+    task: str | None = None
+    uid: int | None = None
+
+
+# ------------------------------------------------------------------ parsers
+
+
+def parse_proc_cgroup(text: str) -> tuple[CgroupLine, ...]:
+    """Lines of /proc/<pid>/cgroup; malformed lines are skipped (the path may contain ':')."""
+    out = []
+    for line in text.splitlines():
+        hid, sep1, rest = line.partition(":")
+        ctrls, sep2, path = rest.partition(":")
+        if not (sep1 and sep2 and hid.isdigit()):
+            continue
+        out.append(CgroupLine(int(hid), tuple(c for c in ctrls.split(",") if c), path))
+    return tuple(out)
+
+
+_OCTAL = re.compile(r"\\([0-7]{3})")
+
+
+def _unescape(field: str) -> str:
+    return _OCTAL.sub(lambda m: chr(int(m.group(1), 8)), field)
+
+
+def parse_mountinfo(text: str) -> tuple[MountInfo, ...]:
+    """Lines of mountinfo: `id parent maj:min root point opts [optional...] - fstype source superopts`."""
+    out = []
+    for line in text.splitlines():
+        left, sep, right = line.partition(" - ")
+        if not sep:
+            continue
+        lf, rf = left.split(), right.split()
+        if len(lf) < 6 or len(rf) < 2 or not (lf[0].isdigit() and lf[1].isdigit()):
+            continue
+        out.append(MountInfo(int(lf[0]), int(lf[1]), _unescape(lf[3]), _unescape(lf[4]), rf[0],
+                             _unescape(rf[1]), tuple(rf[2].split(",")) if len(rf) > 2 else ()))
+    return tuple(out)
+
+
+def cgroup_version(lines: tuple[CgroupLine, ...]) -> str | None:
+    """"v1", "v2" or "hybrid" from a process's cgroup lines (None when there are none).
+
+    A v1 controller line (or a named v1 hierarchy such as name=systemd) plus a
+    `0::` line is hybrid; only `0::` is v2; only v1 lines is v1.
+    """
+    has_v2 = any(ln.hierarchy == 0 and not ln.controllers for ln in lines)
+    has_v1 = any(ln.hierarchy != 0 for ln in lines)
+    if has_v1 and has_v2:
+        return "hybrid"
+    if has_v2:
+        return "v2"
+    if has_v1:
+        return "v1"
+    return None
+
+
+def _fs_path(mount: MountInfo, path: str) -> str | None:
+    """Host directory of cgroup `path` inside a hierarchy mounted with root `mount.root`.
+
+    LNC rejects a mount whose root starts with "/.." (a cgroup namespace
+    looking above itself): no sane host path exists for it.
+    """
+    root = mount.root
+    if root.startswith("/.."):
+        return None
+    if root != "/":
+        if path != root and not path.startswith(root.rstrip("/") + "/"):
+            return None
+        path = path[len(root):] or "/"
+    return os.path.join(mount.mount_point, path.lstrip("/")).rstrip("/") or "/"
+
+
+def devices_cgroup(cgroup_text: str, mountinfo_text: str) -> DeviceCgroup | None:
+    """The devices cgroup of a process from its cgroup file and the reader's mountinfo; None = no cgroups."""
+    lines = parse_proc_cgroup(cgroup_text)
+    version = cgroup_version(lines)
+    if version is None:
+        return None
+    mounts = parse_mountinfo(mountinfo_text)
+    v1 = next((ln for ln in lines if "devices" in ln.controllers), None)
+    if v1 is not None:
+        m = next((m for m in mounts if m.fstype == "cgroup" and "devices" in m.super_options), None)
+        return DeviceCgroup(version, "v1", v1.path, _fs_path(m, v1.path) if m else None)
+    v2 = next((ln for ln in lines if ln.hierarchy == 0 and not ln.controllers), None)
+    if v2 is None:
+        return None  # v1 host whose devices controller is not mounted/enabled
+    m = next((m for m in mounts if m.fstype == "cgroup2"), None)
+    return DeviceCgroup(version, "v2", v2.path, _fs_path(m, v2.path) if m else None)
+
+
+def parse_devices_list(text: str) -> tuple[DeviceRule, ...]:
+    """Entries of a v1 `devices.list` (`c 195:0 rw`, `a *:* rwm`); malformed lines skipped."""
+    out = []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) != 3 or parts[0] not in ("a", "b", "c"):
+            continue
+        major, sep, minor = parts[1].partition(":")
+        if not sep:
+            continue
+        try:
+            ma = None if major == "*" else int(major)
+            mi = None if minor == "*" else int(minor)
+        except ValueError:
+            continue
+        out.append(DeviceRule(parts[0], ma, mi, parts[2]))
+    return tuple(out)
+
+
+def allowed_minors(rules: tuple[DeviceRule, ...], major: int, candidates, access: str = "rw") -> frozenset[int]:
+    """Which of `candidates` (char minors of `major`) the rules allow with every letter of `access`.
+
+    v1 shows a default-allow cgroup as `a *:* rwm` (its deny exceptions are
+    not listed by the kernel), so that case reads as "all allowed".  The
+    NVIDIA driver opens /dev/nvidia<N> read-write, hence "rw" by default.
+    """
+    out = set()
+    for minor in candidates:
+        granted = set()
+        for r in rules:
+            if r.matches("c", major, minor):
+                granted |= set(r.access)
+        if set(access) <= granted:
+            out.add(minor)
+    return frozenset(out)
+
+
+_SLURM_V1 = re.compile(r"/slurm(?:_[^/]+)?/uid_(\d+)/job_(\d+)/step_([^/]+)(?:/task_([^/]+))?")
+_SLURM_V2 = re.compile(r"/(?:[^/]+_)?slurmstepd\.scope/job_(\d+)/step_([^/]+)(?:/user/task_([^/]+))?")
+
+
+def slurm_cgroup(path: str) -> SlurmCgroup | None:
+    """Slurm job/step of a cgroup path, v1 `/slurm[_<node>]/uid_<u>/job_<j>/step_<s>[/task_<t>]` or
+    v2 `.../[<node>_]slurmstepd.scope/job_<j>/step_<s>[/user/task_<t>]`; None when it is not one.
+
+    Paths that stop at the job level (a job's extern processes, the job
+    directory itself) are not step cgroups and give None.
+    """
+    m = _SLURM_V1.search(path)
+    if m:
+        return SlurmCgroup(int(m.group(2)), m.group(3), m.group(4), int(m.group(1)))
+    m = _SLURM_V2.search(path)
+    if m:
+        return SlurmCgroup(int(m.group(1)), m.group(2), m.group(3))
+    return None
+
+
+def slurm_of_lines(lines: tuple[CgroupLine, ...]) -> SlurmCgroup | None:
+    """Slurm step from a process's cgroup lines: the devices line first, then 0::, then any other."""
+    order = sorted(lines, key=lambda ln: (0 if "devices" in ln.controllers else
+                                          1 if ln.hierarchy == 0 else 2))
+    for ln in order:
+        found = slurm_cgroup(ln.path)
+        if found:
+            return found
+    return None
+
+
+# ------------------------------------------------------------------ thin readers
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def read_devices_cgroup(proc_root: str, pid: int | str, mountinfo_pid: int | str = "self") -> DeviceCgroup | None:
+    """`devices_cgroup` of `<proc-root>/<pid>/cgroup`, with mounts as `mountinfo_pid` (the hook) sees them."""
+    cg = _read(os.path.join(proc_root, str(pid), "cgroup"))
+    if cg is None:
+        return None
+    mi = _read(os.path.join(proc_root, str(mountinfo_pid), "mountinfo")) or ""
+    return devices_cgroup(cg, mi)
+
+
+def read_slurm_cgroup(proc_root: str, pid: int | str) -> SlurmCgroup | None:
+    """The Slurm step whose cgroup holds process `pid`, from the kernel's record (not from env)."""
+    cg = _read(os.path.join(proc_root, str(pid), "cgroup"))
+    return slurm_of_lines(parse_proc_cgroup(cg)) if cg is not None else None
+
+
+def gpu_minors_allowed(proc_root: str, pid: int | str, candidates, nvidia_major: int = 195,
+                       mountinfo_pid: int | str = "self") -> frozenset[int] | None:
+    """Which of `candidates` GPU minors process `pid` may open; None = cannot tell.
+
+    "Cannot tell" covers v2 (eBPF rules we do not decode), a process without
+    a readable cgroup, and a devices hierarchy we cannot find or read.
+    """
+    dc = read_devices_cgroup(proc_root, pid, mountinfo_pid)
+    if dc is None or dc.controller != "v1" or dc.fs_path is None:
+        return None
+    text = _read(os.path.join(dc.fs_path, "devices.list"))
+    if text is None:
+        return None
+    return allowed_minors(parse_devices_list(text), nvidia_major, candidates)

@@ -1,0 +1,245 @@
+"""cgroup.py: layout detection, devices path, v1 rules, Slurm step detection.
+
+Fixture texts are copied from the shapes real hosts print (v1 under Slurm,
+v2 under systemd, hybrid like our CI machine); one test reads this
+machine's own /proc/self/cgroup, and a root test builds a real v1 devices
+cgroup and asks which GPU minors a process in it may open.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pyxis_hook.cgroup import (
+    CgroupLine,
+    DeviceRule,
+    SlurmCgroup,
+    allowed_minors,
+    cgroup_version,
+    devices_cgroup,
+    gpu_minors_allowed,
+    parse_devices_list,
+    parse_mountinfo,
+    parse_proc_cgroup,
+    read_devices_cgroup,
+    read_slurm_cgroup,
+    slurm_cgroup,
+    slurm_of_lines,
+)
+
+V1_SLURM_CGROUP = """\
+11:pids:/system.slice/slurmd.service
+10:devices:/slurm/uid_1000/job_42/step_0/task_1
+9:freezer:/slurm/uid_1000/job_42/step_0
+8:memory:/slurm/uid_1000/job_42/step_0/task_1
+4:cpu,cpuacct:/slurm/uid_1000/job_42/step_0/task_1
+1:name=systemd:/system.slice/slurmd.service
+"""
+
+V1_MOUNTINFO = """\
+25 20 0:22 / /sys/fs/cgroup ro,nosuid,nodev,noexec shared:9 - tmpfs tmpfs ro,mode=755
+26 25 0:23 / /sys/fs/cgroup/systemd rw,nosuid,nodev,noexec,relatime shared:10 - cgroup cgroup rw,xattr,name=systemd
+30 25 0:27 / /sys/fs/cgroup/devices rw,nosuid,nodev,noexec,relatime shared:14 - cgroup cgroup rw,devices
+31 25 0:28 / /sys/fs/cgroup/cpu,cpuacct rw,nosuid,nodev,noexec,relatime shared:15 - cgroup cgroup rw,cpu,cpuacct
+"""
+
+V2_SLURM_CGROUP = "0::/system.slice/node7_slurmstepd.scope/job_1234/step_batch/user/task_0\n"
+
+V2_MOUNTINFO = """\
+22 1 259:2 / / rw,relatime shared:1 - ext4 /dev/nvme0n1p2 rw
+27 22 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot
+"""
+
+HYBRID_CGROUP = """\
+9:name=systemd:/
+5:devices:/docker/abc
+1:cpu:/
+0::/
+"""
+
+HYBRID_MOUNTINFO = """\
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+36 31 0:33 / /sys/fs/cgroup/devices rw,relatime - cgroup cgroup rw,devices
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+"""
+
+
+def test_parse_proc_cgroup_keeps_colons_in_path():
+    lines = parse_proc_cgroup("4:cpu,cpuacct:/a:b\n0::/\nbogus\n")
+    assert lines == (CgroupLine(4, ("cpu", "cpuacct"), "/a:b"), CgroupLine(0, (), "/"))
+
+
+def test_parse_mountinfo_optional_fields_and_escapes():
+    text = (r"30 25 0:27 / /sys/fs/cgroup/dev\040ices rw shared:14 master:3 - cgroup cgroup rw,devices" "\n"
+            "garbage line\n")
+    (m,) = parse_mountinfo(text)
+    assert (m.mount_id, m.parent_id, m.root, m.mount_point, m.fstype, m.source) == (
+        30, 25, "/", "/sys/fs/cgroup/dev ices", "cgroup", "cgroup")
+    assert m.super_options == ("rw", "devices")
+
+
+@pytest.mark.parametrize("text,version", [
+    (V1_SLURM_CGROUP, "v1"), (V2_SLURM_CGROUP, "v2"), (HYBRID_CGROUP, "hybrid"), ("", None)])
+def test_version(text, version):
+    assert cgroup_version(parse_proc_cgroup(text)) == version
+
+
+def test_devices_cgroup_v1():
+    dc = devices_cgroup(V1_SLURM_CGROUP, V1_MOUNTINFO)
+    assert (dc.version, dc.controller, dc.path) == ("v1", "v1", "/slurm/uid_1000/job_42/step_0/task_1")
+    assert dc.fs_path == "/sys/fs/cgroup/devices/slurm/uid_1000/job_42/step_0/task_1"
+
+
+def test_devices_cgroup_v2():
+    dc = devices_cgroup(V2_SLURM_CGROUP, V2_MOUNTINFO)
+    assert (dc.version, dc.controller) == ("v2", "v2")
+    assert dc.fs_path == "/sys/fs/cgroup/system.slice/node7_slurmstepd.scope/job_1234/step_batch/user/task_0"
+
+
+def test_devices_cgroup_hybrid_uses_v1_devices():
+    dc = devices_cgroup(HYBRID_CGROUP, HYBRID_MOUNTINFO)
+    assert (dc.version, dc.controller, dc.fs_path) == ("hybrid", "v1", "/sys/fs/cgroup/devices/docker/abc")
+
+
+def test_devices_cgroup_mount_root_inside_namespace():
+    mi = "30 25 0:27 /docker/abc /sys/fs/cgroup/devices rw - cgroup cgroup rw,devices\n"
+    assert devices_cgroup("5:devices:/docker/abc/inner\n", mi).fs_path == "/sys/fs/cgroup/devices/inner"
+    assert devices_cgroup("5:devices:/docker/abc\n", mi).fs_path == "/sys/fs/cgroup/devices"
+    # a process outside the mounted subtree has no host directory here
+    assert devices_cgroup("5:devices:/other\n", mi).fs_path is None
+    # LNC rejects roots that look above the namespace
+    mi2 = "30 25 0:27 /.. /sys/fs/cgroup/devices rw - cgroup cgroup rw,devices\n"
+    assert devices_cgroup("5:devices:/x\n", mi2).fs_path is None
+
+
+def test_devices_cgroup_without_mount_or_controller():
+    assert devices_cgroup(V1_SLURM_CGROUP, "").fs_path is None
+    assert devices_cgroup("1:name=systemd:/\n", V1_MOUNTINFO) is None
+    assert devices_cgroup("", V1_MOUNTINFO) is None
+
+
+def test_devices_list_and_allowed_minors():
+    rules = parse_devices_list("c 1:3 rwm\nc 195:255 rw\nc 195:1 rw\nc 195:2 r\nc 195:* m\nb 195:3 rw\nbad\nc x:1 r\n")
+    assert rules[0] == DeviceRule("c", 1, 3, "rwm")
+    assert rules[4] == DeviceRule("c", 195, None, "m")
+    assert len(rules) == 6
+    assert allowed_minors(rules, 195, range(4)) == frozenset({1})
+    assert allowed_minors(rules, 195, range(4), access="r") == frozenset({1, 2})
+    everything = parse_devices_list("a *:* rwm\n")
+    assert allowed_minors(everything, 195, [0, 7, 63]) == frozenset({0, 7, 63})
+    assert allowed_minors((), 195, range(8)) == frozenset()
+
+
+@pytest.mark.parametrize("path,expected", [
+    ("/slurm/uid_1000/job_42/step_0/task_1", SlurmCgroup(42, "0", "1", 1000)),
+    ("/slurm/uid_0/job_7/step_batch", SlurmCgroup(7, "batch", None, 0)),
+    ("/slurm_node3/uid_5/job_9/step_extern/task_0", SlurmCgroup(9, "extern", "0", 5)),
+    ("/system.slice/slurmstepd.scope/job_1234/step_0/user/task_3", SlurmCgroup(1234, "0", "3")),
+    ("/system.slice/node7_slurmstepd.scope/job_1234/step_batch/user/task_0", SlurmCgroup(1234, "batch", "0")),
+    ("/system.slice/slurmstepd.scope/job_5/step_interactive/slurm", SlurmCgroup(5, "interactive")),
+    ("/system.slice/slurmstepd.scope/job_5", None),
+    ("/slurm/uid_1000/job_42", None),
+    ("/user.slice/user-1000.slice/session-3.scope", None),
+    ("/", None),
+])
+def test_slurm_cgroup(path, expected):
+    assert slurm_cgroup(path) == expected
+
+
+def test_slurm_prefers_devices_line():
+    lines = parse_proc_cgroup("3:freezer:/slurm/uid_1/job_1/step_0\n10:devices:/slurm/uid_1/job_2/step_3/task_0\n")
+    assert slurm_of_lines(lines) == SlurmCgroup(2, "3", "0", 1)
+    assert slurm_of_lines(parse_proc_cgroup(HYBRID_CGROUP)) is None
+
+
+def _fake_proc(tmp_path: Path, pid: int, cgroup: str, mountinfo: str) -> str:
+    d = tmp_path / "proc"
+    (d / str(pid)).mkdir(parents=True)
+    (d / str(pid) / "cgroup").write_text(cgroup)
+    (d / "self").mkdir()
+    (d / "self" / "mountinfo").write_text(mountinfo)
+    return str(d)
+
+
+def test_readers_on_a_fixture_proc(tmp_path):
+    proc = _fake_proc(tmp_path, 77, V1_SLURM_CGROUP, V1_MOUNTINFO)
+    assert read_slurm_cgroup(proc, 77) == SlurmCgroup(42, "0", "1", 1000)
+    assert read_devices_cgroup(proc, 77).controller == "v1"
+    assert read_devices_cgroup(proc, 78) is None
+    assert read_slurm_cgroup(proc, 78) is None
+    # the fixture's /sys/fs/cgroup/devices/slurm/... does not exist on this machine: cannot tell
+    assert gpu_minors_allowed(proc, 77, range(4)) is None
+
+
+def test_v2_cannot_tell(tmp_path):
+    proc = _fake_proc(tmp_path, 5, V2_SLURM_CGROUP, V2_MOUNTINFO)
+    assert read_devices_cgroup(proc, 5).controller == "v2"
+    assert gpu_minors_allowed(proc, 5, range(4)) is None
+
+
+def test_this_machines_own_cgroup():
+    lines = parse_proc_cgroup(Path("/proc/self/cgroup").read_text())
+    assert lines, "a Linux process always has a cgroup line"
+    dc = read_devices_cgroup("/proc", "self")
+    version = cgroup_version(lines)
+    assert version in ("v1", "v2", "hybrid")
+    if dc is not None:
+        assert dc.version == version
+        if dc.fs_path is not None:
+            assert os.path.isdir(dc.fs_path)
+    # whatever this machine is, its test runner is not a Slurm step
+    if not os.environ.get("SLURM_JOB_ID"):
+        assert read_slurm_cgroup("/proc", "self") is None
+
+
+def _v1_devices_mount() -> str | None:
+    for m in parse_mountinfo(Path("/proc/self/mountinfo").read_text()):
+        if m.fstype == "cgroup" and "devices" in m.super_options and m.root == "/":
+            return m.mount_point
+    return None
+
+
+@pytest.mark.root
+def test_real_v1_devices_cgroup(tmp_path):
+    mount = _v1_devices_mount()
+    if mount is None:
+        pytest.skip("no v1 devices hierarchy on this machine")
+    cg = Path(mount) / f"pyxis-hook-test-{os.getpid()}"
+    cg.mkdir()
+    child = None
+    try:
+        (cg / "devices.deny").write_text("a")
+        (cg / "devices.allow").write_text("c 195:1 rw")
+        (cg / "devices.allow").write_text("c 195:3 r")
+        child = subprocess.Popen(["sleep", "60"])
+        (cg / "cgroup.procs").write_text(str(child.pid))
+        assert gpu_minors_allowed("/proc", child.pid, range(4)) == frozenset({1})
+        dc = read_devices_cgroup("/proc", child.pid)
+        assert dc.controller == "v1" and dc.fs_path == str(cg)
+        # the kernel agrees: opening an allowed node without a driver gives ENXIO, a denied one EPERM
+        for minor in range(4):
+            os.mknod(tmp_path / f"nvidia{minor}", 0o666 | stat.S_IFCHR, os.makedev(195, minor))
+        probe = ("import errno, os, sys\n"
+                 "for m in range(4):\n"
+                 "    try:\n"
+                 "        os.close(os.open(sys.argv[1] + f'/nvidia{m}', os.O_RDWR))\n"
+                 "        print(m, 'OK')\n"
+                 "    except OSError as e:\n"
+                 "        print(m, errno.errorcode[e.errno])\n")
+        out = subprocess.run(["sh", "-c", f'echo $$ > {cg}/cgroup.procs && exec "$0" -c "$1" "$2"',
+                              sys.executable, probe, str(tmp_path)],
+                             capture_output=True, text=True, check=True).stdout.split("\n")
+        kernel_allowed = {int(line.split()[0]) for line in out if line.endswith("ENXIO")}
+        assert kernel_allowed == {1}
+        assert {int(line.split()[0]) for line in out if line.endswith("EPERM")} == {0, 2, 3}
+    finally:
+        if child is not None:
+            child.kill()
+            child.wait()
+        cg.rmdir()

@@ -1,0 +1,268 @@
+"""Thin ctypes wrappers for the Linux syscalls the hook needs and CPython 3.11 lacks.
+
+Python 3.11 has no `os.setns`/`os.unshare` and no wrapper for any mount
+syscall, and the ones that matter for safety (openat2, open_tree,
+move_mount, mount_setattr, fsopen/fsmount) have no glibc wrapper on older
+glibc, so everything goes through `syscall(2)` with the generic numbers
+(identical on every architecture from 424 on).  Each wrapper raises
+`SyscallError` (an `ApplyError` carrying `errno`) with one line naming the
+operation, the path and the errno text, so callers can both branch on the
+errno (ENOSYS -> fallback, ENOENT -> create) and show the message as is.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno as _errno
+import os
+import platform
+
+from pyxis_hook.errors import ApplyError
+
+# --- constants (linux/sched.h, linux/mount.h, linux/openat2.h, linux/prctl.h) ---
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+
+MS_RDONLY = 1
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_NOEXEC = 8
+MS_REMOUNT = 32
+MS_NOSYMFOLLOW = 256
+MS_BIND = 4096
+MS_MOVE = 8192
+MS_REC = 16384
+MS_PRIVATE = 1 << 18
+MS_SLAVE = 1 << 19
+
+MNT_DETACH = 2
+UMOUNT_NOFOLLOW = 8
+
+AT_FDCWD = -100
+AT_SYMLINK_NOFOLLOW = 0x100
+AT_EMPTY_PATH = 0x1000
+AT_RECURSIVE = 0x8000
+
+OPEN_TREE_CLONE = 1
+OPEN_TREE_CLOEXEC = os.O_CLOEXEC
+
+MOVE_MOUNT_F_EMPTY_PATH = 0x4
+MOVE_MOUNT_T_EMPTY_PATH = 0x40
+
+MOUNT_ATTR_RDONLY = 0x1
+MOUNT_ATTR_NOSUID = 0x2
+MOUNT_ATTR_NODEV = 0x4
+MOUNT_ATTR_NOEXEC = 0x8
+MOUNT_ATTR_NOSYMFOLLOW = 0x200000
+
+FSOPEN_CLOEXEC = 0x1
+FSCONFIG_SET_STRING = 1
+FSCONFIG_CMD_CREATE = 6
+FSMOUNT_CLOEXEC = 0x1
+
+RESOLVE_NO_XDEV = 0x01
+RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_NO_SYMLINKS = 0x04
+RESOLVE_BENEATH = 0x08
+RESOLVE_IN_ROOT = 0x10
+
+PR_SET_PDEATHSIG = 1
+PR_SET_NO_NEW_PRIVS = 38
+
+#: syscall numbers that differ per architecture (the 4xx ones are generic)
+_ARCH_NR = {
+    "x86_64": {"unshare": 272, "setns": 308, "mount": 165, "umount2": 166},
+    "aarch64": {"unshare": 97, "setns": 268, "mount": 40, "umount2": 39},
+}
+_GENERIC_NR = {
+    "open_tree": 428,
+    "move_mount": 429,
+    "fsopen": 430,
+    "fsconfig": 431,
+    "fsmount": 432,
+    "openat2": 437,
+    "mount_setattr": 442,
+}
+
+#: Feature switches: None = not probed yet; tests set False to exercise the fallbacks.
+HAVE_OPENAT2: bool | None = None
+HAVE_NEW_MOUNT_API: bool | None = None
+
+
+class SyscallError(ApplyError):
+    """A syscall failed; `errno` is kept so callers can pick a fallback."""
+
+    def __init__(self, message: str, err: int):
+        super().__init__(message)
+        self.errno = err
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_syscall = _libc.syscall
+_syscall.restype = ctypes.c_long
+
+
+def _nr(name: str) -> int:
+    if name in _GENERIC_NR:
+        return _GENERIC_NR[name]
+    table = _ARCH_NR.get(platform.machine())
+    if table is None:
+        raise ApplyError(f"{name}: unsupported architecture {platform.machine()}")
+    return table[name]
+
+
+def _fail(what: str, path: str | None = None) -> SyscallError:
+    err = ctypes.get_errno()
+    where = f" {path}" if path else ""
+    return SyscallError(f"{what}{where}: {os.strerror(err)}", err)
+
+
+def _path(p: str | None) -> bytes | None:
+    return None if p is None else os.fsencode(p)
+
+
+def _call(name: str, *args) -> int:
+    ctypes.set_errno(0)
+    return _syscall(ctypes.c_long(_nr(name)), *args)
+
+
+def setns(fd: int, nstype: int, what: str = "") -> None:
+    """Join the namespace `fd` refers to (must be single-threaded for CLONE_NEWNS)."""
+    if _call("setns", ctypes.c_int(fd), ctypes.c_int(nstype)) != 0:
+        raise _fail("setns", what or f"fd {fd}")
+
+
+def unshare(flags: int) -> None:
+    if _call("unshare", ctypes.c_int(flags)) != 0:
+        raise _fail("unshare", hex(flags))
+
+
+def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None,
+          what: str = "") -> None:
+    r = _call("mount", ctypes.c_char_p(_path(source)), ctypes.c_char_p(_path(target)),
+              ctypes.c_char_p(_path(fstype)), ctypes.c_ulong(flags), ctypes.c_char_p(_path(data)))
+    if r != 0:
+        raise _fail("mount", what or target)
+
+
+def umount2(target: str, flags: int = MNT_DETACH, what: str = "") -> None:
+    if _call("umount2", ctypes.c_char_p(_path(target)), ctypes.c_int(flags)) != 0:
+        raise _fail("umount", what or target)
+
+
+def open_tree(dirfd: int, path: str, flags: int, what: str = "") -> int:
+    r = _call("open_tree", ctypes.c_int(dirfd), ctypes.c_char_p(_path(path)), ctypes.c_uint(flags))
+    if r < 0:
+        raise _fail("open_tree", what or path)
+    return r
+
+
+def move_mount(from_dirfd: int, from_path: str, to_dirfd: int, to_path: str, flags: int,
+               what: str = "") -> None:
+    r = _call("move_mount", ctypes.c_int(from_dirfd), ctypes.c_char_p(_path(from_path)),
+              ctypes.c_int(to_dirfd), ctypes.c_char_p(_path(to_path)), ctypes.c_uint(flags))
+    if r != 0:
+        raise _fail("move_mount", what or to_path)
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
+                ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
+
+
+def mount_setattr(dirfd: int, path: str, flags: int, attr_set: int = 0, attr_clr: int = 0,
+                  propagation: int = 0, what: str = "") -> None:
+    attr = _MountAttr(attr_set, attr_clr, propagation, 0)
+    r = _call("mount_setattr", ctypes.c_int(dirfd), ctypes.c_char_p(_path(path)), ctypes.c_uint(flags),
+              ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)))
+    if r != 0:
+        raise _fail("mount_setattr", what or path)
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+def openat2(dirfd: int, path: str, flags: int, mode: int = 0, resolve: int = 0) -> int:
+    """openat2(2); raises SyscallError (ENOSYS on kernels < 5.6)."""
+    how = _OpenHow(flags | os.O_CLOEXEC, mode, resolve)
+    r = _call("openat2", ctypes.c_int(dirfd), ctypes.c_char_p(_path(path)), ctypes.byref(how),
+              ctypes.c_size_t(ctypes.sizeof(how)))
+    if r < 0:
+        raise _fail("open", path)
+    return r
+
+
+def fsopen(fstype: str) -> int:
+    r = _call("fsopen", ctypes.c_char_p(_path(fstype)), ctypes.c_uint(FSOPEN_CLOEXEC))
+    if r < 0:
+        raise _fail("fsopen", fstype)
+    return r
+
+
+def fsconfig_string(fsfd: int, key: str, value: str) -> None:
+    r = _call("fsconfig", ctypes.c_int(fsfd), ctypes.c_uint(FSCONFIG_SET_STRING),
+              ctypes.c_char_p(_path(key)), ctypes.c_char_p(_path(value)), ctypes.c_int(0))
+    if r != 0:
+        raise _fail("fsconfig", f"{key}={value}")
+
+
+def fsconfig_create(fsfd: int) -> None:
+    r = _call("fsconfig", ctypes.c_int(fsfd), ctypes.c_uint(FSCONFIG_CMD_CREATE),
+              ctypes.c_char_p(None), ctypes.c_char_p(None), ctypes.c_int(0))
+    if r != 0:
+        raise _fail("fsconfig", "create")
+
+
+def fsmount(fsfd: int, attr_flags: int) -> int:
+    r = _call("fsmount", ctypes.c_int(fsfd), ctypes.c_uint(FSMOUNT_CLOEXEC), ctypes.c_uint(attr_flags))
+    if r < 0:
+        raise _fail("fsmount", "")
+    return r
+
+
+def prctl(option: int, arg: int = 0) -> None:
+    _libc.prctl.restype = ctypes.c_int
+    ctypes.set_errno(0)
+    if _libc.prctl(ctypes.c_int(option), ctypes.c_ulong(arg), ctypes.c_ulong(0), ctypes.c_ulong(0),
+                   ctypes.c_ulong(0)) != 0:
+        raise _fail("prctl", str(option))
+
+
+def no_new_privs() -> None:
+    """PR_SET_NO_NEW_PRIVS: nothing exec'd after this can gain privileges (setuid, file caps)."""
+    prctl(PR_SET_NO_NEW_PRIVS, 1)
+
+
+def proc_fd_path(fd: int) -> str:
+    """The magic-link name of an fd, for syscalls that only take paths (legacy mount)."""
+    return f"/proc/self/fd/{fd}"
+
+
+def have_openat2() -> bool:
+    """Probe openat2 once (ENOSYS on kernels < 5.6, EPERM under some seccomp profiles)."""
+    global HAVE_OPENAT2
+    if HAVE_OPENAT2 is None:
+        try:
+            os.close(openat2(AT_FDCWD, "/", os.O_PATH, 0, 0))
+            HAVE_OPENAT2 = True
+        except SyscallError as e:
+            HAVE_OPENAT2 = e.errno not in (_errno.ENOSYS, _errno.EPERM)
+    return HAVE_OPENAT2
+
+
+def have_new_mount_api() -> bool:
+    """Probe open_tree/move_mount/mount_setattr (kernel >= 5.12 for mount_setattr)."""
+    global HAVE_NEW_MOUNT_API
+    if HAVE_NEW_MOUNT_API is None:
+        ok = True
+        for name, args in (("open_tree", (ctypes.c_int(-1), ctypes.c_char_p(b""), ctypes.c_uint(0))),
+                           ("mount_setattr", (ctypes.c_int(-1), ctypes.c_char_p(b""), ctypes.c_uint(0),
+                                              ctypes.c_void_p(None), ctypes.c_size_t(0)))):
+            if _call(name, *args) < 0 and ctypes.get_errno() in (_errno.ENOSYS, _errno.EPERM):
+                ok = False
+        HAVE_NEW_MOUNT_API = ok
+    return HAVE_NEW_MOUNT_API

@@ -1,0 +1,223 @@
+"""RootFS: fd-based resolution and creation inside a rootfs, with and without openat2.
+
+Every case runs twice: with the kernel's openat2(RESOLVE_IN_ROOT) and with the
+component walk used on kernels < 5.6; both must give chroot semantics.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+import pytest
+
+from pyxis_hook.errors import PathError
+from pyxis_hook.rootfs import RootFS, RootPathError, resolve_in_root
+
+
+@pytest.fixture(params=[True, False], ids=["openat2", "walk"])
+def use_openat2(request):
+    return request.param
+
+
+@pytest.fixture
+def tree(tmp_path):
+    """A rootfs next to a 'host' dir holding a file the image must never reach."""
+    root = tmp_path / "rootfs"
+    host = tmp_path / "host"
+    (root / "etc").mkdir(parents=True)
+    (root / "usr/lib").mkdir(parents=True)
+    (root / "etc/os-release").write_text("ID=test\n")
+    host.mkdir()
+    (host / "secret").write_text("host secret\n")
+    return root, host
+
+
+def _ident(fd):
+    st = os.fstat(fd)
+    os.close(fd)
+    return st.st_dev, st.st_ino
+
+
+def _ident_path(p):
+    st = os.lstat(p)
+    return st.st_dev, st.st_ino
+
+
+def _snapshot(d):
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(d):
+        for n in dirnames + filenames:
+            p = os.path.join(dirpath, n)
+            st = os.lstat(p)
+            out[p] = (st.st_mode, st.st_size, st.st_mtime_ns, st.st_ino)
+    return out
+
+
+def test_open_plain_file(tree, use_openat2):
+    root, _ = tree
+    with RootFS(str(root), use_openat2=use_openat2) as r:
+        assert _ident(r.open("/etc/os-release", os.O_RDONLY)) == _ident_path(root / "etc/os-release")
+        assert r.read_text("etc/os-release") == "ID=test\n"
+
+
+@pytest.mark.parametrize("link", ["/", "../../../../..", "/../..", "../../etc/.."])
+def test_dir_symlink_escapes_stay_in_root(tree, use_openat2, link):
+    root, host = tree
+    (root / "usr/lib/evil").symlink_to(link)
+    with RootFS(str(root), use_openat2=use_openat2) as r:
+        # usr/lib/evil/etc/os-release names the rootfs' own file, never a host one
+        assert _ident(r.open("usr/lib/evil/etc/os-release", os.O_RDONLY)) == _ident_path(root / "etc/os-release")
+
+
+def test_dotdot_chain_clamped(tree, use_openat2):
+    root, host = tree
+    with RootFS(str(root), use_openat2=use_openat2) as r:
+        assert _ident(r.open("../../../../etc/os-release", os.O_RDONLY)) == _ident_path(root / "etc/os-release")
+        with pytest.raises(RootPathError) as e:
+            r.open("../../host/secret", os.O_RDONLY)
+        assert e.value.errno == errno.ENOENT
+
+
+def test_absolute_symlink_to_host_file_resolves_in_root(tree, use_openat2):
+    root, host = tree
+    (root / "etc/ld.so.cache").symlink_to(str(host / "secret"))
+    with RootFS(str(root), use_openat2=use_openat2) as r:
+        with pytest.raises(PathError) as e:
+            r.read_text("/etc/ld.so.cache")
+        assert "etc/ld.so.cache" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_symlink_loop_is_clean_error(tree, use_openat2):
+    root, _ = tree
+    (root / "a").symlink_to("b")
+    (root / "b").symlink_to("a")
+    with RootFS(str(root), use_openat2=use_openat2) as r:
+        with pytest.raises(RootPathError) as e:
+            r.open("a/x", os.O_RDONLY)
+        assert e.value.errno == errno.ELOOP
+        with pytest.raises(RootPathError):
+            r.ensure_file("a/x")
+
+
+def test_41_link_chain(tree, use_openat2):
+    root, _ = tree
+    for i in range(41):
+        (root / f"l{i}").symlink_to(f"l{i + 1}")
+    (root / "l41").write_text("end")
+    with RootFS(str(root), use_openat2=use_openat2) as r:
+        assert r.read_text("l1") == "end"  # 40 links
+        with pytest.raises(RootPathError) as e:
+            r.read_text("l0")  # 41 links
+        assert e.value.errno == errno.ELOOP
+
+
+def test_read_text_refuses_fifo_and_big_files(tree, use_openat2):
+    root, _ = tree
+    os.mkfifo(root / "etc/debian_version")
+    (root / "etc/big").write_bytes(b"x" * 5000)
+    with RootFS(str(root), use_openat2=use_openat2) as r:
+        with pytest.raises(RootPathError, match="not a regular file"):
+            r.read_text("/etc/debian_version")
+        with pytest.raises(RootPathError, match="larger than"):
+            r.read_text("/etc/big", limit=4096)
+        assert r.exists("/etc/debian_version")
+        assert not r.exists("/etc/nothing")
+
+
+def test_ensure_file_creates_parents_inside_root(tree, use_openat2):
+    root, host = tree
+    (root / "usr/lib/x86_64-linux-gnu").symlink_to("/")  # hostile dir link
+    before = _snapshot(host)
+    with RootFS(str(root), use_openat2=use_openat2) as r:
+        fd = r.ensure_file("/usr/lib/x86_64-linux-gnu/opt/nv/libcuda.so.1")
+        st = os.fstat(fd)
+        os.close(fd)
+        assert stat.S_ISREG(st.st_mode)
+        assert _ident_path(root / "opt/nv/libcuda.so.1") == (st.st_dev, st.st_ino)
+        assert [c.kind for c in r.created] == ["dir", "dir", "file"]
+        assert r.rollback() == []
+    assert not (root / "opt").exists()
+    assert _snapshot(host) == before
+
+
+def test_ensure_reuses_existing_and_checks_type(tree, use_openat2):
+    root, _ = tree
+    with RootFS(str(root), use_openat2=use_openat2) as r:
+        fd = r.ensure_file("/etc/os-release")
+        os.close(fd)
+        assert r.created == []
+        with pytest.raises(RootPathError, match="is a directory"):
+            r.ensure_file("/etc")
+        with pytest.raises(RootPathError, match="not a directory"):
+            r.ensure_dir("/etc/os-release")
+        with pytest.raises(RootPathError, match="(?i)not a directory"):
+            r.ensure_file("/etc/os-release/x")
+        os.close(r.ensure_dir("/"))
+
+
+@pytest.mark.parametrize("target", ["/etc/shadow", "/proc/self/root/etc/passwd", "os-release"])
+def test_symlink_at_mount_target_refused(tree, use_openat2, target):
+    root, _ = tree
+    (root / "usr/lib/libcuda.so.1").symlink_to(target)
+    with RootFS(str(root), use_openat2=use_openat2) as r:
+        with pytest.raises(RootPathError, match="symlink"):
+            r.ensure_file("/usr/lib/libcuda.so.1")
+    assert os.readlink(root / "usr/lib/libcuda.so.1") == target
+
+
+def test_ensure_dir_through_dotdot_and_root(tree, use_openat2):
+    root, _ = tree
+    with RootFS(str(root), use_openat2=use_openat2) as r:
+        fd = r.ensure_dir("/../../proc/driver/nvidia")
+        assert _ident(fd) == _ident_path(root / "proc/driver/nvidia")
+        assert r.rollback() == []
+    assert not (root / "proc").exists()
+
+
+def test_symlink_create_keep_replace_rollback(tree, use_openat2):
+    root, host = tree
+    (root / "usr/lib/x86_64-linux-gnu").symlink_to("../../../..")
+    (root / "usr/lib/old.so").symlink_to("elsewhere")
+    (root / "usr/lib/real.so").write_text("")
+    with RootFS(str(root), use_openat2=use_openat2) as r:
+        assert r.symlink("/usr/lib/x86_64-linux-gnu/lib/libcuda.so", "libcuda.so.1") is True
+        assert os.readlink(root / "lib/libcuda.so") == "libcuda.so.1"
+        assert r.symlink("/lib/libcuda.so", "libcuda.so.1") is False
+        assert r.symlink("/usr/lib/old.so", "new") is True
+        assert os.readlink(root / "usr/lib/old.so") == "new"
+        with pytest.raises(RootPathError) as e:
+            r.symlink("/usr/lib/real.so", "x")
+        assert e.value.errno == errno.EEXIST
+        assert r.rollback() == []
+    assert not (root / "lib").exists()
+    assert os.readlink(root / "usr/lib/old.so") == "elsewhere"
+    assert not os.path.lexists(tmp := host / "lib")
+
+
+def test_rollback_leaves_replaced_files_alone(tree, use_openat2):
+    root, _ = tree
+    with RootFS(str(root), use_openat2=use_openat2) as r:
+        os.close(r.ensure_file("/opt/x"))
+        os.rename(root / "opt/x", root / "opt/x.orig")  # keeps the inode alive, so no number reuse
+        (root / "opt/x").write_text("someone else's")
+        problems = r.rollback()
+    assert (root / "opt/x").read_text() == "someone else's"
+    # the dir 'opt' is not empty any more: reported, not forced
+    assert len(problems) == 1 and "opt" in problems[0]
+
+
+def test_agrees_with_resolve_in_root(tree, use_openat2):
+    """The string walk (read-only uses) and the fd walk name the same file."""
+    root, _ = tree
+    (root / "usr/lib/a").symlink_to("/etc")
+    (root / "usr/lib/b").symlink_to("../lib/a/../etc")
+    with RootFS(str(root), use_openat2=use_openat2) as r:
+        for p in ("usr/lib/a/os-release", "usr/lib/b/os-release", "/../usr/lib/a/../etc/os-release"):
+            assert _ident(r.open(p, os.O_PATH)) == _ident_path(resolve_in_root(str(root), p))
+
+
+def test_missing_rootfs_is_one_line(tmp_path):
+    with pytest.raises(PathError, match="container rootfs"):
+        RootFS(str(tmp_path / "nope"))

@@ -1,0 +1,652 @@
+"""The host driver's files per capability: libraries, binaries, firmware, IPC sockets, ICD files.
+
+`discover(config)` builds an `Inventory` the way libnvidia-container does
+(driver-files.md §2-§3): ld.so.cache keys matched against per-capability
+prefixes, values resolved *inside* the driver root, the exact driver-version
+suffix rule, the libnvidia-tls ABI-note check, 64- and 32-bit entries.  On
+top of that it walks the DT_NEEDED closure inside the driver (libGLX_nvidia
+needs libnvidia-glsi/-tls/-glcore, which older lists do not name) and records
+dependencies that are not driver files (libX11.so.6) without injecting them.
+
+Discovery reads every library with pyelftools, so the per-container path
+never calls it directly: `snapshot.load_or_build` keeps the result on disk.
+This module imports neither pyelftools nor jsonschema at import time.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import platform
+import re
+import stat
+from dataclasses import dataclass, field, replace
+
+from pyxis_hook import capabilities as caps
+from pyxis_hook import log
+from pyxis_hook.errors import DriverError, ElfError, LdCacheError, PathError
+from pyxis_hook.gpus import HostGpus, discover_gpus
+from pyxis_hook.rootfs import resolve_in_root, to_root_relative
+
+KINDS = ("lib", "lib32", "bin", "firmware", "ipc", "icd")
+
+#: glibc's own libraries: always in the image, never worth recording as a missing dependency
+GLIBC_SONAMES = frozenset((
+    "libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0", "librt.so.1", "libutil.so.1",
+    "libresolv.so.2", "libanl.so.1", "ld-linux-x86-64.so.2", "ld-linux.so.2", "ld-linux-aarch64.so.1",
+    "ld64.so.2", "libgcc_s.so.1",
+))
+
+#: machine -> (64-bit cache ABI flag, 32-bit cache ABI flag, ELF e_machine 64, ELF e_machine 32)
+ARCHES = {
+    "x86_64": (0x0300, 0x0000, 62, 3),
+    "aarch64": (0x0A00, 0x0900, 183, 40),
+    "ppc64le": (0x0500, None, 21, None),
+}
+
+_VERSION_RE = r"\d+\.\d+(?:\.\d+)?"
+_INFER_RE = re.compile(rf"^lib(?:cuda|nvidia-ml)\.so\.({_VERSION_RE})$")
+_VERSIONED_RE = re.compile(rf"^(lib[^/]*\.so)\.({_VERSION_RE})$")
+
+
+@dataclass(frozen=True)
+class DriverFile:
+    """One host file (or socket/dir) the driver provides.
+
+    `path` is where it is inside the driver root after resolving symlinks
+    there (``/usr/lib/x86_64-linux-gnu/nvidia/current/libcuda.so.535.309.01``);
+    `host_path` is the same file as an absolute host path (driver-root
+    prefixed).  `name` is the file name it gets in the container (the
+    versioned file for libraries, never a link).  `links` are the symlinks
+    to make next to it, as (link name, target) in the same directory: the
+    SONAME link, the `.so` link when the host has one, LNC's extras.
+    `inject` is False for what is listed but not injected by default (ICD
+    files without `graphics-config-files`).
+    """
+
+    kind: str
+    capability: str
+    path: str
+    host_path: str
+    name: str
+    soname: str | None = None
+    elfclass: int | None = None
+    links: tuple[tuple[str, str], ...] = ()
+    source: str = ""
+    needed: tuple[str, ...] = ()
+    inject: bool = True
+
+    def to_dict(self) -> dict:
+        return {
+            "kind": self.kind, "capability": self.capability, "path": self.path,
+            "host_path": self.host_path, "name": self.name, "soname": self.soname,
+            "elfclass": self.elfclass, "links": [list(x) for x in self.links], "source": self.source,
+            "needed": list(self.needed), "inject": self.inject,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DriverFile":
+        return cls(kind=d["kind"], capability=d["capability"], path=d["path"], host_path=d["host_path"],
+                   name=d["name"], soname=d["soname"], elfclass=d["elfclass"],
+                   links=tuple((str(a), str(b)) for a, b in d["links"]), source=d["source"],
+                   needed=tuple(d["needed"]), inject=bool(d["inject"]))
+
+
+@dataclass(frozen=True)
+class NonDriverDep:
+    """A DT_NEEDED of a driver library that the driver does not ship (libX11.so.6).
+
+    Recorded so `ldcheck`/`list` can say an image without it cannot load the
+    library; never injected.  `host_path` is where the driver root's cache
+    has it (None: nowhere).
+    """
+
+    name: str
+    needed_by: tuple[str, ...]
+    capability: str
+    elfclass: int
+    host_path: str | None = None
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "needed_by": list(self.needed_by), "capability": self.capability,
+                "elfclass": self.elfclass, "host_path": self.host_path}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "NonDriverDep":
+        return cls(name=d["name"], needed_by=tuple(d["needed_by"]), capability=d["capability"],
+                   elfclass=d["elfclass"], host_path=d["host_path"])
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """Everything the driver root offers, per capability, plus the host's GPUs.
+
+    `missing` are "capability: name" strings for prefix-list entries the host
+    lacks (warnings, not errors).  `errors` are the problems that make the
+    inventory unusable for injection (no driver, libnvidia-tls without its
+    ABI note); `discover(strict=True)` raises the first one as DriverError.
+    `sources` are the stat signatures (path, st_dev, st_ino, st_size,
+    st_mtime_ns) of every file the result came from, for the snapshot.
+    """
+
+    driver_version: str | None
+    cuda_version: int | None
+    host: HostGpus
+    files: tuple[DriverFile, ...]
+    missing: tuple[str, ...] = ()
+    non_driver_deps: tuple[NonDriverDep, ...] = ()
+    warnings: tuple[str, ...] = ()
+    errors: tuple[str, ...] = ()
+    driver_root: str = "/"
+    version_source: str = ""  # "procfs" | "files" | ""
+    other_versions: tuple[str, ...] = ()
+    sources: tuple[tuple[str, int, int, int, int], ...] = ()
+
+    @property
+    def usable(self) -> bool:
+        return not self.errors and self.driver_version is not None
+
+    def select(self, capabilities, *, kinds=KINDS, include_uninjected: bool = False) -> tuple[DriverFile, ...]:
+        """The files a request for `capabilities` gets, each host file once.
+
+        32-bit libraries come only with `compat32`, and then for the other
+        requested capabilities; ICD files only when marked `inject` unless
+        `include_uninjected`.
+        """
+        wanted = set(capabilities)
+        out: list[DriverFile] = []
+        seen: set[tuple[str, str]] = set()
+        for f in self.files:
+            if f.kind not in kinds or f.capability not in wanted:
+                continue
+            if f.kind == "lib32" and "compat32" not in wanted:
+                continue
+            if not f.inject and not include_uninjected:
+                continue
+            key = (f.kind, f.host_path)
+            if key in seen:
+                continue
+            seen.add(key)
+            out.append(f)
+        return tuple(out)
+
+    def to_dict(self) -> dict:
+        """Plain JSON-able dict (schemas/inventory.schema.json); inverse of `from_dict`."""
+        return {
+            "driver_version": self.driver_version,
+            "cuda_version": self.cuda_version,
+            "host": self.host.to_dict(),
+            "files": [f.to_dict() for f in self.files],
+            "missing": list(self.missing),
+            "non_driver_deps": [d.to_dict() for d in self.non_driver_deps],
+            "warnings": list(self.warnings),
+            "errors": list(self.errors),
+            "driver_root": self.driver_root,
+            "version_source": self.version_source,
+            "other_versions": list(self.other_versions),
+            "sources": [list(s) for s in self.sources],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Inventory":
+        """Rebuild from `to_dict()`; KeyError/TypeError/ValueError on a malformed dict."""
+        return cls(
+            driver_version=d["driver_version"],
+            cuda_version=d["cuda_version"],
+            host=HostGpus.from_dict(d["host"]),
+            files=tuple(DriverFile.from_dict(f) for f in d["files"]),
+            missing=tuple(d["missing"]),
+            non_driver_deps=tuple(NonDriverDep.from_dict(x) for x in d["non_driver_deps"]),
+            warnings=tuple(d["warnings"]),
+            errors=tuple(d["errors"]),
+            driver_root=d["driver_root"],
+            version_source=d["version_source"],
+            other_versions=tuple(d["other_versions"]),
+            sources=tuple((str(p), int(a), int(b), int(c), int(e)) for p, a, b, c, e in d["sources"]),
+        )
+
+
+def stat_signature(path: str) -> tuple[str, int, int, int, int] | None:
+    """(path, st_dev, st_ino, st_size, st_mtime_ns) of a file, None when it cannot be stat'ed."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+# --- discovery -------------------------------------------------------------------------
+
+
+@dataclass
+class _State:
+    """Mutable scratch space of one discovery run (never leaves this module)."""
+
+    root: str
+    version: str | None = None
+    files: list[DriverFile] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    deps: dict[tuple[str, int], NonDriverDep] = field(default_factory=dict)
+    sources: list[str] = field(default_factory=list)
+    other_versions: set[str] = field(default_factory=set)
+
+    def warn(self, msg: str) -> None:
+        if msg not in self.warnings:
+            self.warnings.append(msg)
+            log.debug(msg)
+
+
+def _arch() -> tuple[int, int | None, int, int | None]:
+    machine = platform.machine()
+    if machine not in ARCHES:
+        raise DriverError(f"unsupported machine {machine!r} (supported: {', '.join(ARCHES)})")
+    return ARCHES[machine]
+
+
+def discover(config, *, strict: bool = True, host: HostGpus | None = None) -> Inventory:
+    """Build the inventory of `config.driver_root` (and the GPUs of proc/dev roots).
+
+    strict: raise DriverError naming the first problem when the result is
+    unusable (no driver, half-installed driver, libnvidia-tls without its
+    ABI note); otherwise return what could be found, problems in `errors`.
+    """
+    from pyxis_hook import ldcache
+
+    if host is None:
+        host = discover_gpus(config.proc_root, config.dev_root)
+    root = os.path.normpath(os.path.abspath(config.driver_root))
+    # procfs files are not stat-signed: their inode times change when the kernel
+    # re-instantiates them; the snapshot compares the version text instead
+    st = _State(root=root)
+    abi64, abi32, mach64, mach32 = _arch()
+
+    cache_path = os.path.join(root, "etc/ld.so.cache")
+    cache = None
+    try:
+        cache = ldcache.read_cache(cache_path)
+        st.sources.append(cache_path)
+    except LdCacheError as e:
+        st.errors.append(str(e) if os.path.exists(cache_path)
+                         else f"{cache_path}: missing: no ld.so.cache in the driver root (run ldconfig -r)")
+    except OSError as e:
+        st.errors.append(f"{cache_path}: {e.strerror}")
+
+    if cache is not None:
+        entries64 = ldcache.entries_for_arch(cache, abi64)
+        entries32 = ldcache.entries_for_arch(cache, abi32) if abi32 is not None else ()
+        st.version = _pick_version(st, host, cache, entries64, abi64)
+        if st.version is not None:
+            _libraries(st, cache, entries64, "lib", abi64, 64, mach64)
+            if entries32:
+                _libraries(st, cache, entries32, "lib32", abi32, 32, mach32)
+    elif host.driver_version:
+        st.version = host.driver_version
+
+    if st.version is None and not st.errors:
+        where = os.path.join(config.proc_root, "driver/nvidia/version")
+        st.errors.append(f"no NVIDIA driver found: no driver version in {where} and no "
+                         f"libcuda.so.<version>/libnvidia-ml.so.<version> in {cache_path}")
+    elif st.version is not None and not any(f.kind == "lib" for f in st.files) and cache is not None:
+        st.errors.append(f"{cache_path}: no driver library of version {st.version} in the cache "
+                         "(driver half installed or cache out of date)")
+
+    _binaries(st, config)
+    if st.version:
+        _firmware(st)
+    _ipc(st, config)
+    _icd(st, config)
+
+    cuda = None
+    if st.version is not None:
+        cuda = _cuda_version(st)
+
+    errors = tuple(st.errors)
+    sigs = tuple(s for s in (stat_signature(p) for p in dict.fromkeys(st.sources)) if s is not None)
+    inv = Inventory(
+        driver_version=st.version,
+        cuda_version=cuda,
+        host=host,
+        files=tuple(st.files),
+        missing=tuple(st.missing),
+        non_driver_deps=tuple(sorted(st.deps.values(), key=lambda d: (d.elfclass, d.name))),
+        warnings=tuple(host.warnings) + tuple(st.warnings),
+        errors=errors,
+        driver_root=root,
+        version_source=("procfs" if host.driver_version and st.version == host.driver_version
+                        else "files" if st.version else ""),
+        other_versions=tuple(sorted(st.other_versions)),
+        sources=sigs,
+    )
+    if strict and errors:
+        raise DriverError(errors[0])
+    return inv
+
+
+def _resolve(st: _State, path: str) -> str | None:
+    """Host path of `path` resolved inside the driver root, None (with a warning) if it escapes/loops."""
+    try:
+        return resolve_in_root(st.root, path)
+    except PathError as e:
+        st.warn(str(e))
+        return None
+
+
+def _rel(st: _State, host_path: str) -> str:
+    return to_root_relative(st.root, host_path)
+
+
+def _pick_version(st: _State, host: HostGpus, cache, entries, abi: int) -> str | None:
+    """The driver version: procfs when the module is loaded, else inferred from file names.
+
+    Inference follows NCT's `inferVersion` (libcuda.so.<v>, libnvidia-ml.so.<v>),
+    but when several versions sit side by side we take the one the loader
+    would use: where the cache's `libcuda.so.1` (else libnvidia-ml.so.1) leads.
+    """
+    from pyxis_hook import ldcache
+
+    found: set[str] = set()
+    for e in entries:
+        if not (e.key.startswith("libcuda.so") or e.key.startswith("libnvidia-ml.so")):
+            continue
+        real = _resolve(st, e.value)
+        if real is None:
+            continue
+        m = _INFER_RE.match(os.path.basename(real))
+        if m and os.path.isfile(real):
+            found.add(m.group(1))
+    if host.driver_version:
+        others = found - {host.driver_version}
+        if others:
+            st.other_versions |= others
+            st.warn(f"{st.root}: libraries of driver version(s) {', '.join(sorted(others))} are also "
+                    f"installed; using {host.driver_version}, the loaded kernel module's")
+        if found and host.driver_version not in found:
+            st.warn(f"{st.root}: the kernel module is {host.driver_version} but the libraries are "
+                    f"{', '.join(sorted(found))}")
+        return host.driver_version
+    if not found:
+        return None
+    if len(found) == 1:
+        return found.pop()
+    chosen = None
+    for soname in ("libcuda.so.1", "libnvidia-ml.so.1"):
+        hit = ldcache.search_cache(cache, soname, (abi | 0x0003, abi | 0x0001)) or \
+            next((e for e in entries if e.key == soname), None)
+        if hit is None:
+            continue
+        real = _resolve(st, hit.value)
+        m = _INFER_RE.match(os.path.basename(real or ""))
+        if m:
+            chosen = m.group(1)
+            break
+    if chosen is None:
+        chosen = max(found, key=_version_key)
+    st.other_versions |= found - {chosen}
+    st.warn(f"{st.root}: several driver versions installed ({', '.join(sorted(found, key=_version_key))}) "
+            f"and no kernel module to tell which; using {chosen}, the one libcuda.so.1 points to")
+    return chosen
+
+
+def _version_key(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in v.split("."))
+
+
+def _libraries(st: _State, cache, entries, kind: str, abi: int, elfclass: int, machine: int) -> None:
+    """Prefix-list libraries of one ABI, the suffix rule, ELF checks, then the DT_NEEDED closure."""
+    from pyxis_hook import elf
+
+    suffix = f".so.{st.version}"
+    by_path: dict[str, dict] = {}
+    order: list[str] = []
+    for cap, prefixes in caps.LIBRARY_PREFIXES:
+        for prefix in prefixes:
+            hits = [e for e in entries if e.key.startswith(prefix)]
+            if not hits:
+                if kind == "lib":
+                    st.missing.append(f"{cap}: {prefix}")
+                continue
+            for e in hits:
+                if caps.never_injected(e.key):
+                    continue
+                real = _resolve(st, e.value)
+                if real is None:
+                    continue
+                if not os.path.exists(real):
+                    st.warn(f"{st.root}{e.value}: broken symbolic link in the ld.so.cache (for {e.key}); skipping")
+                    continue
+                base = os.path.basename(real)
+                if not base.endswith(suffix):
+                    m = _VERSIONED_RE.match(base)
+                    if m:
+                        st.other_versions.add(m.group(2))
+                    st.warn(f"{real}: skipping: not driver version {st.version}")
+                    continue
+                item = by_path.get(real)
+                if item is None:
+                    item = {"cap": cap, "keys": [], "source": f"ldcache:{e.key}"}
+                    by_path[real] = item
+                    order.append(real)
+                item["keys"].append(e.key)
+
+    infos: dict[str, object] = {}
+    chosen: list[str] = []
+    for real in order:
+        info = _read_elf_checked(st, elf, real, elfclass, machine)
+        if info is None:
+            continue
+        if not _abi_note_ok(st, info, real):
+            continue
+        infos[real] = info
+        chosen.append(real)
+
+    # DT_NEEDED closure inside the driver, breadth first
+    flags_ok = (abi | 0x0003, abi | 0x0001)  # libc6 entries, then plain ELF ones
+    have = {infos[p].soname or os.path.basename(p): p for p in chosen}
+    have.update({os.path.basename(p): p for p in chosen})
+    queue = list(chosen)
+    while queue:
+        p = queue.pop(0)
+        info = infos[p]
+        requirer = info.soname or os.path.basename(p)
+        cap = by_path[p]["cap"]
+        for dep in info.needed:
+            if dep in have or dep in GLIBC_SONAMES:
+                continue
+            real = _lookup_dep(st, cache, dep, flags_ok, p)
+            if real is not None and os.path.basename(real).endswith(suffix):
+                dinfo = _read_elf_checked(st, elf, real, elfclass, machine)
+                if dinfo is None or not _abi_note_ok(st, dinfo, real):
+                    have[dep] = real
+                    continue
+                by_path[real] = {"cap": cap, "keys": [dep], "source": f"needed-by:{requirer}"}
+                infos[real] = dinfo
+                chosen.append(real)
+                queue.append(real)
+                have[dep] = real
+                have[os.path.basename(real)] = real
+                continue
+            key = (dep, elfclass)
+            old = st.deps.get(key)
+            needed_by = tuple(sorted(set((old.needed_by if old else ()) + (requirer,))))
+            st.deps[key] = NonDriverDep(name=dep, needed_by=needed_by, capability=old.capability if old else cap,
+                                        elfclass=elfclass, host_path=real)
+            if real is None and _VERSIONED_RE.match(dep) and dep.endswith(suffix):
+                st.warn(f"{dep}: needed by {requirer} but not found in the driver root")
+
+    for real in chosen:
+        info = infos[real]
+        item = by_path[real]
+        base = os.path.basename(real)
+        links = _links_for(base, info.soname, item["keys"])
+        st.files.append(DriverFile(
+            kind=kind, capability=item["cap"], path=_rel(st, real), host_path=real, name=base,
+            soname=info.soname, elfclass=elfclass, links=links, source=item["source"],
+            needed=tuple(info.needed),
+        ))
+        st.sources.append(real)
+
+
+def _lookup_dep(st: _State, cache, name: str, flags_ok: tuple[int, ...], requirer: str) -> str | None:
+    """Where the driver root's loader would find `name`: the cache, else next to the requirer."""
+    from pyxis_hook import ldcache
+
+    hit = None
+    try:
+        hit = ldcache.search_cache(cache, name, flags_ok)
+    except Exception:  # a lookup helper changing shape must not break discovery
+        hit = None
+    if hit is None:
+        hit = next((e for e in cache.entries if e.key == name and e.flags in flags_ok), None)
+    if hit is not None:
+        real = _resolve(st, hit.value)
+        if real and os.path.isfile(real):
+            return real
+    real = _resolve(st, os.path.join(_rel(st, os.path.dirname(requirer)), name))
+    return real if real and os.path.isfile(real) else None
+
+
+def _read_elf_checked(st: _State, elf, path: str, elfclass: int, machine: int):
+    try:
+        info = elf.read_elf(path)
+    except ElfError as e:
+        st.warn(f"{e}; skipping")
+        return None
+    except OSError as e:
+        st.warn(f"{path}: {e.strerror}; skipping")
+        return None
+    if info.elfclass != elfclass:
+        st.warn(f"{path}: skipping: ELF class {info.elfclass}-bit, expected {elfclass}-bit")
+        return None
+    if info.machine != machine:
+        st.warn(f"{path}: skipping: ELF machine {info.machine}, expected {machine}")
+        return None
+    return info
+
+
+def _abi_note_ok(st: _State, info, path: str) -> bool:
+    """libnvidia-tls must carry a GNU ABI note for Linux >= 2.3.99 (LNC): else a hard error."""
+    base = os.path.basename(path)
+    if not any(base.startswith(p) for p in caps.ABI_NOTE_REQUIRED):
+        return True
+    note = info.abi_note
+    if note is None or note[0] != 0 or tuple(note[1:]) < caps.ABI_NOTE_MIN:
+        st.errors.append(f"{path}: missing or wrong GNU ABI note (need Linux "
+                         f"{'.'.join(map(str, caps.ABI_NOTE_MIN))}, found {note})")
+        return False
+    return True
+
+
+def _links_for(base: str, soname: str | None, keys: list[str]) -> tuple[tuple[str, str], ...]:
+    """SONAME link, `.so` link (when the host cache has one) and LNC's extra links."""
+    links: list[tuple[str, str]] = []
+    if soname and soname != base:
+        links.append((soname, base))
+    target = soname if soname and soname != base else base
+    dev = next((k for k in keys if k.endswith(".so")), None)
+    if dev and dev not in (base, soname):
+        links.append((dev, target))
+    for lib_soname, link, to in caps.EXTRA_LINKS:
+        if soname == lib_soname and all(link != x for x, _ in links):
+            links.append((link, to.format(file=base)))
+    return tuple(links)
+
+
+def _binaries(st: _State, config) -> None:
+    """First hit of each binary on `config.path`, each dir taken inside the driver root."""
+    for cap, names in caps.BINARIES:
+        for name in names:
+            for d in config.path:
+                real = _resolve(st, os.path.join(d, name))
+                if real is None:
+                    continue
+                try:
+                    s = os.stat(real)
+                except OSError:
+                    continue
+                if not stat.S_ISREG(s.st_mode) or not s.st_mode & 0o111:
+                    continue
+                st.files.append(DriverFile(kind="bin", capability=cap, path=_rel(st, real), host_path=real,
+                                           name=name, source=f"path:{d}"))
+                st.sources.append(real)
+                break
+
+
+def _firmware(st: _State) -> None:
+    d = _resolve(st, caps.FIRMWARE_DIR.format(version=st.version))
+    hits = sorted(glob.glob(os.path.join(glob.escape(d), caps.FIRMWARE_GLOB))) if d else []
+    hits = [h for h in hits if os.path.isfile(h)]
+    for h in hits:
+        st.files.append(DriverFile(kind="firmware", capability="utility", path=_rel(st, h), host_path=h,
+                                   name=os.path.basename(h), source="firmware"))
+        st.sources.append(h)
+    major = int(st.version.split(".")[0]) if st.version and st.version.split(".")[0].isdigit() else 0
+    if not hits and major >= 510:
+        st.warn(f"{d or caps.FIRMWARE_DIR.format(version=st.version)}: no GSP firmware (gsp*.bin)")
+
+
+def _ipc(st: _State, config) -> None:
+    """Daemon sockets and the MPS pipe dir, where they exist; absence is normal (no daemon)."""
+    for cap, path in caps.IPC_SOCKETS:
+        real = _resolve(st, path)
+        if real is None:
+            continue
+        try:
+            s = os.stat(real)
+        except OSError:
+            continue
+        if stat.S_ISSOCK(s.st_mode):
+            st.files.append(DriverFile(kind="ipc", capability=cap, path=_rel(st, real), host_path=real,
+                                       name=os.path.basename(real), source=f"ipc:{path}"))
+    real = _resolve(st, config.mps_pipe_dir)
+    if real is not None and os.path.isdir(real):
+        for cap in caps.MPS_CAPABILITIES:
+            st.files.append(DriverFile(kind="ipc", capability=cap, path=_rel(st, real), host_path=real,
+                                       name=os.path.basename(real), source=f"mps:{config.mps_pipe_dir}"))
+
+
+def _icd(st: _State, config) -> None:
+    seen: set[str] = set()
+    for cap, pattern in caps.ICD_FILES:
+        d = _resolve(st, os.path.dirname(pattern))
+        if d is None:
+            continue
+        for h in sorted(glob.glob(os.path.join(glob.escape(d), os.path.basename(pattern)))):
+            if h in seen or not os.path.isfile(h):
+                continue
+            seen.add(h)
+            st.files.append(DriverFile(kind="icd", capability=cap, path=_rel(st, h), host_path=h,
+                                       name=os.path.basename(h), source=f"icd:{pattern}",
+                                       inject=bool(config.graphics_config_files)))
+            st.sources.append(h)
+
+
+def _cuda_version(st: _State) -> int | None:
+    """cuDriverGetVersion of the driver's libcuda, run in a child (cudaversion.py), when available."""
+    lib = next((f for f in st.files if f.kind == "lib" and f.soname == "libcuda.so.1"), None)
+    if lib is None:
+        return None
+    try:
+        from pyxis_hook import cudaversion  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    try:
+        v = cudaversion.cuda_driver_version(lib.host_path)
+    except Exception as e:  # the child failing must never stop discovery
+        st.warn(f"{lib.host_path}: cuDriverGetVersion failed: {e}")
+        return None
+    return v if isinstance(v, int) and v > 0 else None
+
+
+def load_or_build(config, *, strict: bool = True) -> Inventory:
+    """The inventory from its snapshot when still valid, else rebuilt (see snapshot.py)."""
+    from pyxis_hook import snapshot
+
+    return snapshot.load_or_build(config, strict=strict)
+
+
+def with_host(inv: Inventory, host: HostGpus) -> Inventory:
+    """The same driver files with fresh GPU facts (GPUs and MIG change without a driver change)."""
+    extra = tuple(w for w in inv.warnings if w not in inv.host.warnings)
+    return replace(inv, host=host, warnings=tuple(host.warnings) + extra)

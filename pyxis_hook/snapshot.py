@@ -1,0 +1,154 @@
+"""The inventory snapshot: discovery's result kept on disk for the per-container path.
+
+Why: discovery reads every driver library with pyelftools (~37 ms of import
+alone, plus the reading); the prestart hook runs for every container and must
+cost almost nothing.  So the inventory is saved as JSON and reused while it is
+provably current:
+
+- keyed by the configuration it was built for (driver/proc/dev roots, PATH,
+  MPS dir, graphics-config-files): one file per key under `snapshot-dir`;
+- invalidated by the driver version the kernel module reports now and by the
+  stat signature (st_dev, st_ino, st_size, st_mtime_ns) of every file it came
+  from (ld.so.cache, each library/binary/firmware/ICD file, procfs version);
+- GPU facts (GPUs, MIG devices, nodes) are re-read from procfs on every load
+  (cheap, no ELF parsing), since they change without any driver file changing.
+
+A snapshot that is stale, corrupt, not owned by root (or by us) or writable
+by others is rebuilt, never trusted.  Written atomically (tmp + rename),
+mode 0644 in a 0755 directory.  Loading imports only json/hashlib/os: never
+pyelftools, never jsonschema (tests check sys.modules).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import tempfile
+
+from pyxis_hook import log
+from pyxis_hook.errors import SnapshotError
+
+FORMAT = 1
+
+
+def config_key(config) -> dict:
+    """The configuration values a snapshot depends on."""
+    return {
+        "driver_root": os.path.normpath(os.path.abspath(config.driver_root)),
+        "proc_root": config.proc_root,
+        "dev_root": config.dev_root,
+        "path": list(config.path),
+        "mps_pipe_dir": config.mps_pipe_dir,
+        "graphics_config_files": bool(config.graphics_config_files),
+    }
+
+
+def snapshot_path(config) -> str:
+    digest = hashlib.sha256(json.dumps(config_key(config), sort_keys=True).encode()).hexdigest()[:16]
+    return os.path.join(config.snapshot_dir, f"inventory-{digest}.json")
+
+
+def _trusted_file(fd: int, path: str) -> None:
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise SnapshotError(f"{path}: not a regular file")
+    if st.st_uid not in (0, os.geteuid()):
+        raise SnapshotError(f"{path}: owned by uid {st.st_uid}, not root")
+    if st.st_mode & 0o022:
+        raise SnapshotError(f"{path}: writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})")
+
+
+def load(config, host=None):
+    """The saved Inventory if it is current for `config`, else raise SnapshotError saying why.
+
+    `host` are fresh GPU facts (discovered when None); they replace the saved ones.
+    """
+    from pyxis_hook.gpus import discover_gpus
+    from pyxis_hook.inventory import Inventory, stat_signature, with_host
+
+    path = snapshot_path(config)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        raise SnapshotError(f"{path}: {e.strerror}") from None
+    try:
+        _trusted_file(fd, path)
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            raw = f.read()
+    finally:
+        os.close(fd)
+    try:
+        data = json.loads(raw)
+        if data.get("format") != FORMAT:
+            raise SnapshotError(f"{path}: format {data.get('format')!r}, expected {FORMAT}")
+        if data.get("key") != config_key(config):
+            raise SnapshotError(f"{path}: built for another configuration")
+        inv = Inventory.from_dict(data["inventory"])
+    except SnapshotError:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise SnapshotError(f"{path}: corrupt: {type(e).__name__}: {e}") from None
+    for sig in inv.sources:
+        if stat_signature(sig[0]) != sig:
+            raise SnapshotError(f"{path}: stale: {sig[0]} changed")
+    if host is None:
+        host = discover_gpus(config.proc_root, config.dev_root)
+    if inv.version_source == "procfs" and host.driver_version != inv.driver_version:
+        raise SnapshotError(f"{path}: stale: driver version is now {host.driver_version}")
+    if inv.version_source == "files" and host.driver_version and host.driver_version != inv.driver_version:
+        raise SnapshotError(f"{path}: stale: kernel module {host.driver_version} loaded since")
+    return with_host(inv, host)
+
+
+def save(config, inv) -> str:
+    """Write the snapshot atomically; return its path.  Raises SnapshotError on failure."""
+    path = snapshot_path(config)
+    d = os.path.dirname(path)
+    try:
+        if not os.path.isdir(d):
+            os.makedirs(d, mode=0o755, exist_ok=True)
+            os.chmod(d, 0o755)
+        payload = json.dumps({"format": FORMAT, "key": config_key(config), "inventory": inv.to_dict()},
+                             indent=1, sort_keys=True).encode()
+        fd, tmp = tempfile.mkstemp(prefix=".inventory-", suffix=".tmp", dir=d)
+        try:
+            os.fchmod(fd, 0o644)
+            with os.fdopen(fd, "wb", closefd=False) as f:
+                f.write(payload)
+                f.flush()
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.rename(tmp, path)
+        except OSError:
+            os.unlink(tmp)
+            raise
+    except OSError as e:
+        raise SnapshotError(f"{path}: cannot save the inventory snapshot: {e.strerror}") from None
+    return path
+
+
+def load_or_build(config, *, strict: bool = True):
+    """The current inventory: the snapshot when valid, else a fresh discovery (saved if usable).
+
+    Failure to save is a warning: the hook still works, only slower.
+    """
+    from pyxis_hook.gpus import discover_gpus
+
+    host = discover_gpus(config.proc_root, config.dev_root)
+    try:
+        return load(config, host)
+    except SnapshotError as e:
+        log.debug(f"rebuilding the inventory: {e}")
+    from pyxis_hook.inventory import discover
+
+    inv = discover(config, strict=strict, host=host)
+    if inv.usable:
+        try:
+            save(config, inv)
+        except SnapshotError as e:
+            log.warning(str(e))
+    return inv

@@ -546,6 +546,8 @@ def _check_nodes(gpus, majors: DeviceMajors, migs, mig_config, mig_monitor, imex
     nv = majors.nvidia if majors.nvidia is not None else NVIDIA_MAJOR
     wanted.append(("/dev/nvidiactl", nv, NVIDIACTL_MINOR))
     for g in sorted(gpus, key=lambda g: g.minor):
+        if g.excluded:
+            continue  # never injected; its node may legitimately be absent
         wanted.append((f"/dev/nvidia{g.minor}", nv, g.minor))
     if majors.uvm is not None:
         wanted += [("/dev/nvidia-uvm", majors.uvm, 0), ("/dev/nvidia-uvm-tools", majors.uvm, 1)]

@@ -10,7 +10,7 @@ import subprocess
 
 import jsonschema
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 
 from fixtures.hosttree import FakeGpu, fake_gpus, fake_uuid, make_host_tree
 from pyxis_hook import gpus
@@ -156,6 +156,9 @@ def test_excluded_gpu_gets_no_index(tmp_path):
     tree = make_host_tree(tmp_path, gpus=fake_gpus(3), excluded=[1], make_nodes=False)
     host = discover(tree)
     assert [(g.index, g.minor, g.excluded) for g in host.gpus] == [(0, 0, False), (None, 1, True), (1, 2, False)]
+    # an excluded GPU is never injected, so its node is not checked
+    assert host.node("/dev/nvidia1") is None and host.node("/dev/nvidia2") is not None
+    assert not any("/dev/nvidia1:" in w for w in host.warnings)
 
 
 def test_no_kernel_module_is_a_warning_not_an_error(tmp_path):
@@ -339,3 +342,45 @@ def test_nvml_fills_mig_uuids(tmp_path):
                      (2, 3, None)]
     if ROOT:
         assert host.warnings == ()
+
+
+# ------------------------------------------------------------------ properties and the fixture itself
+
+gpu_sets = st.lists(
+    st.tuples(st.integers(0, 3), st.integers(0, 0xFF), st.integers(0, 0x1F), st.integers(0, 7)),
+    min_size=0, max_size=12, unique=True)
+
+
+@settings(max_examples=25, deadline=None)
+@given(gpu_sets, st.randoms(use_true_random=False))
+def test_index_is_rank_of_pci_id(buses, rnd):
+    import tempfile
+
+    minors = rnd.sample(range(256), len(buses))
+    fg = [FakeGpu(m, f"{d:04x}:{b:02x}:{dv:02x}.{f}", fake_uuid(m)) for m, (d, b, dv, f) in zip(minors, buses)]
+    with tempfile.TemporaryDirectory() as d:
+        host = discover(make_host_tree(d, gpus=fg, make_nodes=False))
+    by_pci = sorted(fg, key=lambda g: parse_bus_id(g.bus_id))
+    assert [(g.index, g.minor) for g in host.gpus] == [(i, g.minor) for i, g in enumerate(by_pci)]
+
+
+def test_fixture_without_root_skips_nodes_and_says_so(tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    tree = make_host_tree(tmp_path, imex_channels=[2])
+    assert tree.nodes_made == [] and "not root" in tree.nodes_skipped
+    assert not (tmp_path / "dev" / "nvidiactl").exists()
+    host = discover(tree)
+    assert host.imex_channels == (2,)  # listed from the directory even as plain files
+
+
+@pytest.mark.root
+def test_fixture_params_and_nodes(tmp_path):
+    tree = make_host_tree(tmp_path, modify_device_files=True)
+    params = (tmp_path / "proc/driver/nvidia/params").read_text()
+    assert "ModifyDeviceFiles: 1" in params.splitlines()
+    assert (tmp_path / "proc/driver/nvidia/registry").is_file()
+    st_ = os.stat(tmp_path / "dev/nvidiactl")
+    assert stat.S_ISCHR(st_.st_mode) and (os.major(st_.st_rdev), os.minor(st_.st_rdev)) == (195, 255)
+    assert sorted(os.path.basename(p) for p in tree.nodes_made) == sorted(
+        ["nvidiactl", "nvidia0", "nvidia1", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"])
+    assert tree.nodes_skipped is None

@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import re
 import stat
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 #: The NVIDIA control/GPU major is fixed by the driver; uvm, caps, imex are dynamic.
 NVIDIA_MAJOR = 195

@@ -44,7 +44,7 @@ ARCHES = {
     "ppc64le": (0x0500, None, 21, None),
 }
 
-_VERSION_RE = r"\d+\.\d+(?:\.\d+)?"
+_VERSION_RE = r"\d{3}\.\d+(?:\.\d+)?"  # driver versions: 470.256.02, 535.104.05, 550.54
 _INFER_RE = re.compile(rf"^lib(?:cuda|nvidia-ml)\.so\.({_VERSION_RE})$")
 _VERSIONED_RE = re.compile(rf"^(lib[^/]*\.so)\.({_VERSION_RE})$")
 

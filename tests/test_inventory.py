@@ -1,0 +1,382 @@
+"""Driver inventory and its snapshot, on synthetic driver roots (gcc-built libs, glibc's ldconfig).
+
+What the real packages lack is made here: broken symlinks, wrong-class
+files, a truncated ELF, two driver versions side by side, libnvidia-tls with
+and without its ABI note, 32-bit libraries, a missing cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from fixtures import hosttree
+from fixtures.realdriver import run_ldconfig
+from fixtures.synth import _cc, build_lib
+from pyxis_hook import snapshot
+from pyxis_hook.config import Config, load_schema
+from pyxis_hook.errors import DriverError
+from pyxis_hook.inventory import Inventory, discover, load_or_build
+
+V = "550.54.14"
+OLD = "535.104.05"
+LIB = "usr/lib/x86_64-linux-gnu"
+
+TLS_NOTE_C = r"""
+__asm__(".section .note.ABI-tag,\"a\",@note\n.balign 4\n.long 4, 16, 1\n.asciz \"GNU\"\n"
+        ".long 0, 2, 3, 99\n.previous\n");
+int nv_tls(void) { return 0; }
+"""
+
+
+def tls_with_note(dest: Path, version: str) -> Path:
+    """libnvidia-tls.so.<ver> carrying the GNU ABI note (Linux 2.3.99) that LNC demands."""
+    src = dest.parent / "tls_note.c"
+    src.write_text(TLS_NOTE_C)
+    name = f"libnvidia-tls.so.{version}"
+    built = _cc(["-shared", "-fPIC", str(src), f"-Wl,-soname,{name}"], "tls-note", name)
+    dest.mkdir(parents=True, exist_ok=True)
+    out = dest / name
+    out.write_bytes(built.read_bytes())
+    return out
+
+
+def make_driver(root: Path, version: str = V, *, libdir: str = LIB, tls_note: bool = True,
+                extra: bool = True, ldconfig: bool = True) -> Path:
+    """A small driver: utility, compute (with an internal dep), video, graphics libs, bins, firmware."""
+    d = root / libdir
+    build_lib(d, "libnvidia-ml.so.1", filename=f"libnvidia-ml.so.{version}")
+    build_lib(d, "libcuda.so.1", filename=f"libcuda.so.{version}",
+              needed=(f"libnvidia-internal.so.{version}",))
+    build_lib(d, f"libnvidia-internal.so.{version}")
+    build_lib(d, "libnvidia-ptxjitcompiler.so.1", filename=f"libnvidia-ptxjitcompiler.so.{version}")
+    if extra:
+        build_lib(d, "libnvcuvid.so.1", filename=f"libnvcuvid.so.{version}")
+        build_lib(d, "libnvidia-encode.so.1", filename=f"libnvidia-encode.so.{version}", needed=("libnvcuvid.so.1",))
+        build_lib(d, f"libnvidia-glsi.so.{version}")
+        build_lib(d, f"libnvidia-glcore.so.{version}")
+        build_lib(d, "libGLX_nvidia.so.0", filename=f"libGLX_nvidia.so.{version}",
+                  needed=(f"libnvidia-glsi.so.{version}", f"libnvidia-tls.so.{version}",
+                          f"libnvidia-glcore.so.{version}", "libX11.so.6"))
+        if tls_note:
+            tls_with_note(d, version)
+        else:
+            build_lib(d, f"libnvidia-tls.so.{version}")
+    for link, to in (("libcuda.so.1", f"libcuda.so.{version}"), ("libcuda.so", "libcuda.so.1")):
+        (d / link).unlink(missing_ok=True)
+        os.symlink(to, d / link)
+    bindir = root / "usr/bin"
+    bindir.mkdir(parents=True, exist_ok=True)
+    for b in ("nvidia-smi", "nvidia-cuda-mps-control"):
+        (bindir / b).write_text("#!/bin/sh\nexit 9\n")
+        (bindir / b).chmod(0o755)
+    fw = root / f"lib/firmware/nvidia/{version}"
+    fw.mkdir(parents=True, exist_ok=True)
+    (fw / "gsp_ga10x.bin").write_bytes(b"\0" * 64)
+    icd = root / "usr/share/vulkan/icd.d"
+    icd.mkdir(parents=True, exist_ok=True)
+    (icd / "nvidia_icd.json").write_text("{}\n")
+    (root / "etc/ld.so.conf.d").mkdir(parents=True, exist_ok=True)
+    (root / "etc/ld.so.conf").write_text("include /etc/ld.so.conf.d/*.conf\n")
+    (root / "etc/ld.so.conf.d/x86_64-linux-gnu.conf").write_text(f"/{LIB}\n/usr/lib/i386-linux-gnu\n/{libdir}\n")
+    if ldconfig:
+        run_ldconfig(root)
+    return root
+
+
+def cfg(root: Path, host=None, **kw) -> Config:
+    proc = str(host.proc_root) if host else str(root / "no-proc")
+    dev = str(host.dev_root) if host else str(root / "no-dev")
+    return replace(Config(), driver_root=str(root), proc_root=proc, dev_root=dev,
+                   snapshot_dir=str(root.parent / "snap"), **kw)
+
+
+def names(inv: Inventory, kind: str = "lib") -> dict[str, str]:
+    return {f.name: f.capability for f in inv.files if f.kind == kind}
+
+
+def test_basic_inventory_with_procfs(tmp_path):
+    root = make_driver(tmp_path / "root")
+    host = hosttree.make_host_tree(tmp_path / "host", driver_version=V, make_nodes=False)
+    inv = discover(cfg(root, host))
+    assert inv.driver_version == V and inv.version_source == "procfs"
+    libs = names(inv)
+    assert libs[f"libcuda.so.{V}"] == "compute"
+    assert libs[f"libnvidia-ml.so.{V}"] == "utility"
+    assert libs[f"libnvcuvid.so.{V}"] == "video"
+    assert libs[f"libGLX_nvidia.so.{V}"] == "graphics"
+    cuda = next(f for f in inv.files if f.name == f"libcuda.so.{V}")
+    assert cuda.soname == "libcuda.so.1" and cuda.elfclass == 64
+    assert ("libcuda.so.1", f"libcuda.so.{V}") in cuda.links
+    assert ("libcuda.so", "libcuda.so.1") in cuda.links
+    assert cuda.path == f"/{LIB}/libcuda.so.{V}" and cuda.host_path == str(root / LIB / f"libcuda.so.{V}")
+    glx = next(f for f in inv.files if f.name == f"libGLX_nvidia.so.{V}")
+    assert ("libGLX_indirect.so.0", f"libGLX_nvidia.so.{V}") in glx.links
+    assert names(inv, "bin") == {"nvidia-smi": "utility", "nvidia-cuda-mps-control": "compute"}
+    assert names(inv, "firmware") == {"gsp_ga10x.bin": "utility"}
+    assert [f.inject for f in inv.files if f.kind == "icd"] == [False]
+    assert len(inv.host.gpus) == 2
+    assert "utility: libnvidia-cfg.so" in inv.missing
+
+
+def test_version_inferred_from_file_names_without_kernel_module(tmp_path):
+    root = make_driver(tmp_path / "root", extra=False)
+    inv = discover(cfg(root))
+    assert inv.driver_version == V and inv.version_source == "files"
+    assert any("kernel module is not loaded" in w for w in inv.warnings)
+
+
+def test_dt_needed_closure_and_non_driver_deps(tmp_path):
+    inv = discover(cfg(make_driver(tmp_path / "root")))
+    internal = next(f for f in inv.files if f.name == f"libnvidia-internal.so.{V}")
+    assert internal.capability == "compute" and internal.source == "needed-by:libcuda.so.1"
+    dep = next(d for d in inv.non_driver_deps if d.name == "libX11.so.6")
+    assert dep.needed_by == ("libGLX_nvidia.so.0",) and dep.capability == "graphics" and dep.host_path is None
+    assert not any(f.name.startswith("libX11") for f in inv.files)
+
+
+def test_leftover_library_of_another_version_is_skipped(tmp_path):
+    root = make_driver(tmp_path / "root", ldconfig=False)
+    build_lib(root / LIB, "libnvidia-cfg.so.1", filename=f"libnvidia-cfg.so.{OLD}")
+    run_ldconfig(root)
+    host = hosttree.make_host_tree(tmp_path / "host", driver_version=V, make_nodes=False)
+    inv = discover(cfg(root, host))
+    assert f"libnvidia-cfg.so.{OLD}" not in names(inv)
+    assert any(f"libnvidia-cfg.so.{OLD}: skipping: not driver version {V}" in w for w in inv.warnings)
+    assert OLD in inv.other_versions
+
+
+def test_two_versions_side_by_side_pick_the_kernel_module(tmp_path):
+    root = make_driver(tmp_path / "root", extra=False, ldconfig=False)
+    make_driver(root, OLD, libdir="usr/lib/nvidia-old", extra=False, ldconfig=False)
+    run_ldconfig(root)
+    host = hosttree.make_host_tree(tmp_path / "host", driver_version=OLD, make_nodes=False)
+    inv = discover(cfg(root, host))
+    assert inv.driver_version == OLD
+    assert all(f.name.endswith(OLD) for f in inv.files if f.kind == "lib")
+    assert f"libcuda.so.{OLD}" in names(inv)
+    assert V in inv.other_versions
+    assert any("also installed" in w and V in w for w in inv.warnings)
+    # without a kernel module: the version libcuda.so.1 leads to, with a warning
+    inv2 = discover(cfg(root))
+    cache_target = subprocess.run(["ldconfig", "-p", "-C", str(root / "etc/ld.so.cache")],
+                                  capture_output=True, text=True).stdout
+    line = next(x for x in cache_target.splitlines() if x.strip().startswith("libcuda.so.1 "))
+    linked = os.path.realpath(root / line.split("=> ")[1].lstrip("/"))
+    assert linked.endswith(inv2.driver_version)
+    assert any("several driver versions" in w for w in inv2.warnings)
+
+
+def test_broken_symlink_in_cache_is_a_warning(tmp_path):
+    root = make_driver(tmp_path / "root", extra=False, ldconfig=False)
+    build_lib(root / LIB, "libnvidia-cfg.so.1", filename=f"libnvidia-cfg.so.{V}")
+    run_ldconfig(root)
+    (root / LIB / f"libnvidia-cfg.so.{V}").unlink()  # libnvidia-cfg.so.1 now dangles
+    inv = discover(cfg(root))
+    assert any("broken symbolic link" in w and "libnvidia-cfg.so.1" in w for w in inv.warnings)
+    assert f"libcuda.so.{V}" in names(inv)
+
+
+def test_wrong_class_file_is_skipped(tmp_path):
+    root = make_driver(tmp_path / "root", extra=False)
+    target = root / LIB / f"libnvidia-ptxjitcompiler.so.{V}"
+    m32 = build_lib(tmp_path / "m32", "libnvidia-ptxjitcompiler.so.1", m32=True)
+    target.write_bytes(m32.read_bytes())
+    inv = discover(cfg(root))
+    assert f"libnvidia-ptxjitcompiler.so.{V}" not in names(inv)
+    assert any(str(target) in w and "ELF class 32-bit, expected 64-bit" in w for w in inv.warnings)
+
+
+def test_truncated_elf_is_a_warning_naming_the_file(tmp_path):
+    root = make_driver(tmp_path / "root", extra=False)
+    target = root / LIB / f"libnvidia-ptxjitcompiler.so.{V}"
+    target.write_bytes(target.read_bytes()[:200])
+    inv = discover(cfg(root))
+    assert f"libnvidia-ptxjitcompiler.so.{V}" not in names(inv)
+    assert any(w.startswith(str(target)) and "skipping" in w for w in inv.warnings)
+    assert inv.usable
+
+
+def test_tls_without_abi_note_is_a_hard_error(tmp_path):
+    root = make_driver(tmp_path / "root", tls_note=False)
+    with pytest.raises(DriverError, match="libnvidia-tls.so.*ABI note"):
+        discover(cfg(root))
+    inv = discover(cfg(root), strict=False)
+    assert not inv.usable and f"libnvidia-tls.so.{V}" not in names(inv)
+    ok = discover(cfg(make_driver(tmp_path / "ok")))
+    assert names(ok)[f"libnvidia-tls.so.{V}"] == "graphics"
+
+
+def test_compat32_libraries(tmp_path):
+    root = make_driver(tmp_path / "root", extra=False, ldconfig=False)
+    build_lib(root / "usr/lib/i386-linux-gnu", "libcuda.so.1", filename=f"libcuda.so.{V}", m32=True)
+    run_ldconfig(root)
+    inv = discover(cfg(root))
+    lib32 = [f for f in inv.files if f.kind == "lib32"]
+    assert [(f.name, f.capability, f.elfclass) for f in lib32] == [(f"libcuda.so.{V}", "compute", 32)]
+    assert not any(f.kind == "lib32" for f in inv.select(("compute",)))
+    assert any(f.kind == "lib32" for f in inv.select(("compute", "compat32")))
+
+
+def test_no_driver_is_one_clear_error(tmp_path):
+    root = tmp_path / "empty"
+    (root / "etc").mkdir(parents=True)
+    with pytest.raises(DriverError) as e:
+        discover(cfg(root))
+    msg = str(e.value)
+    assert "\n" not in msg and str(root / "etc/ld.so.cache") in msg
+    inv = discover(cfg(root), strict=False)
+    assert inv.driver_version is None and not inv.files and inv.errors
+
+
+def test_corrupt_cache_names_the_file(tmp_path):
+    root = make_driver(tmp_path / "root", extra=False)
+    (root / "etc/ld.so.cache").write_bytes(b"glibc-ld.so.cache1.1garbage")
+    with pytest.raises(DriverError, match=str(root / "etc/ld.so.cache")):
+        discover(cfg(root))
+
+
+def test_half_installed_driver(tmp_path):
+    """The kernel module says V, the cache only holds other versions: unusable, one line."""
+    root = make_driver(tmp_path / "root", OLD, extra=False)
+    host = hosttree.make_host_tree(tmp_path / "host", driver_version=V, make_nodes=False)
+    with pytest.raises(DriverError, match=f"no driver library of version {V}"):
+        discover(cfg(root, host))
+
+
+def test_ipc_sockets_and_mps_dir(tmp_path):
+    root = make_driver(tmp_path / "r", extra=False)
+    (root / "run/nvidia-persistenced").mkdir(parents=True)
+    (root / "var").mkdir(exist_ok=True)
+    os.symlink("/run", root / "var/run")  # resolved inside the root
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(root / "run/nvidia-persistenced/socket"))
+    (root / "tmp/nvidia-mps").mkdir(parents=True)
+    try:
+        inv = discover(cfg(root))
+    finally:
+        s.close()
+    ipc = {(f.path, f.capability) for f in inv.files if f.kind == "ipc"}
+    assert ipc == {("/run/nvidia-persistenced/socket", "utility"), ("/tmp/nvidia-mps", "compute"),
+                   ("/tmp/nvidia-mps", "video")}
+
+
+def test_icd_files_injected_only_when_configured(tmp_path):
+    root = make_driver(tmp_path / "root", extra=False)
+    inv = discover(cfg(root, graphics_config_files=True))
+    icd = [f for f in inv.files if f.kind == "icd"]
+    assert [(f.path, f.inject) for f in icd] == [("/usr/share/vulkan/icd.d/nvidia_icd.json", True)]
+    assert icd[0] in inv.select(("graphics",))
+
+
+def test_to_dict_round_trip_and_schema(tmp_path):
+    jsonschema = pytest.importorskip("jsonschema")
+    host = hosttree.make_host_tree(tmp_path / "host", driver_version=V, make_nodes=False)
+    inv = discover(cfg(make_driver(tmp_path / "root"), host))
+    d = json.loads(json.dumps(inv.to_dict()))
+    jsonschema.validate(d, load_schema("inventory.schema.json"))
+    assert Inventory.from_dict(d) == inv
+
+
+# --- snapshot -----------------------------------------------------------------------------
+
+
+def test_snapshot_saved_atomically_with_modes_and_reused(tmp_path):
+    root = make_driver(tmp_path / "root")
+    c = cfg(root)
+    inv = load_or_build(c)
+    path = Path(snapshot.snapshot_path(c))
+    assert path.is_file()
+    assert oct(path.stat().st_mode & 0o777) == oct(0o644)
+    assert oct(path.parent.stat().st_mode & 0o777) == oct(0o755)
+    assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
+    assert snapshot.load(c) == inv
+    assert load_or_build(c) == inv
+
+
+def test_snapshot_stale_when_a_library_changes(tmp_path):
+    root = make_driver(tmp_path / "root", extra=False)
+    c = cfg(root)
+    load_or_build(c)
+    lib = root / LIB / f"libnvidia-ptxjitcompiler.so.{V}"
+    lib.write_bytes(lib.read_bytes()[:300])  # size and mtime change
+    with pytest.raises(Exception, match="stale"):
+        snapshot.load(c)
+    inv = load_or_build(c)
+    assert f"libnvidia-ptxjitcompiler.so.{V}" not in names(inv)
+
+
+def test_snapshot_stale_when_kernel_module_changes(tmp_path):
+    root = make_driver(tmp_path / "root", extra=False, ldconfig=False)
+    make_driver(root, OLD, libdir="usr/lib/nvidia-old", extra=False, ldconfig=False)
+    run_ldconfig(root)
+    host = hosttree.make_host_tree(tmp_path / "host", driver_version=V, make_nodes=False)
+    c = cfg(root, host)
+    assert load_or_build(c).driver_version == V
+    hosttree.make_host_tree(tmp_path / "host", driver_version=OLD, make_nodes=False)
+    with pytest.raises(Exception, match="stale"):
+        snapshot.load(c)
+    assert load_or_build(c).driver_version == OLD
+
+
+@pytest.mark.parametrize("content", [b"", b"{not json", b'{"format": 1}', b"[1, 2]",
+                                     b'{"format": 1, "key": null, "inventory": {}}'])
+def test_corrupt_snapshot_is_rebuilt(tmp_path, content):
+    root = make_driver(tmp_path / "root", extra=False)
+    c = cfg(root)
+    good = load_or_build(c)
+    path = Path(snapshot.snapshot_path(c))
+    path.write_bytes(content)
+    with pytest.raises(Exception):
+        snapshot.load(c)
+    assert load_or_build(c) == good
+    assert snapshot.load(c) == good
+
+
+def test_snapshot_for_other_config_or_world_writable_not_trusted(tmp_path):
+    root = make_driver(tmp_path / "root", extra=False)
+    c = cfg(root)
+    load_or_build(c)
+    path = Path(snapshot.snapshot_path(c))
+    os.chmod(path, 0o666)
+    with pytest.raises(Exception, match="writable"):
+        snapshot.load(c)
+    other = replace(c, mps_pipe_dir="/elsewhere")
+    assert snapshot.snapshot_path(other) != str(path)
+
+
+def test_snapshot_save_failure_is_a_warning(tmp_path, capsys):
+    root = make_driver(tmp_path / "root", extra=False)
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    c = replace(cfg(root), snapshot_dir=str(blocker / "snap"))
+    inv = load_or_build(c)
+    assert inv.usable
+    assert "cannot save the inventory snapshot" in capsys.readouterr().err
+
+
+def test_snapshot_load_imports_neither_pyelftools_nor_jsonschema(tmp_path):
+    root = make_driver(tmp_path / "root", extra=False)
+    c = cfg(root)
+    load_or_build(c)
+    code = f"""
+import sys
+from dataclasses import replace
+from pyxis_hook.config import Config
+from pyxis_hook import snapshot
+c = replace(Config(), driver_root={str(root)!r}, proc_root={c.proc_root!r}, dev_root={c.dev_root!r},
+            snapshot_dir={c.snapshot_dir!r})
+inv = snapshot.load_or_build(c)
+assert inv.driver_version == {V!r}
+bad = sorted(m for m in sys.modules if m.split('.')[0] in ('elftools', 'jsonschema') or m == 'pyxis_hook.elf')
+print(bad)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

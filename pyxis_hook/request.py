@@ -1,0 +1,523 @@
+"""What the container asks for: devices, capabilities, requirements, MIG/IMEX, within Slurm's allocation.
+
+`resolve_request` turns the container environment (config.json
+`process.env`, last duplicate already applied), its annotations, the host's
+GPUs (`gpus.HostGpus`) and pyxis.conf into a `Request`.  It is pure: no file
+is read, so `plan` can show the decision for any environment and the tests
+can try every form.  The rules are NCT's (hook) and libnvidia-container's
+(CLI) as described in gpu-requests.md §2–§6; the Slurm policy is §8:
+
+* NVIDIA_VISIBLE_DEVICES unset/empty/`void` -> void: not a GPU container,
+  nothing is injected and nothing else is even parsed (as NCT exits early).
+* Indices are *host* indices (rank in PCI order, `gpus.py`), the numbering
+  Slurm's SLURM_STEP_GPUS/SLURM_JOB_GPUS use, never `/dev/nvidiaN` minors.
+* Under `slurm-policy = "allocation"` the Slurm GPU variables bound the
+  selection: `all` means the allocation, an explicit GPU outside it is an
+  error.  CUDA_VISIBLE_DEVICES never selects anything (it is renumbered per
+  task and user-editable); it is only checked against what the container
+  will see.
+* `allowed_minors` (from the hook's own device cgroup) is a hard bound too.
+
+Every decision appends a sentence to `reasons`, which `plan` prints.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Mapping
+
+from pyxis_hook import require
+from pyxis_hook.config import Config
+from pyxis_hook.errors import RequestError
+from pyxis_hook.gpus import Gpu, HostGpus, MigDevice
+
+VISIBLE = "NVIDIA_VISIBLE_DEVICES"
+CAPABILITIES = "NVIDIA_DRIVER_CAPABILITIES"
+MIG_CONFIG = "NVIDIA_MIG_CONFIG_DEVICES"
+MIG_MONITOR = "NVIDIA_MIG_MONITOR_DEVICES"
+IMEX = "NVIDIA_IMEX_CHANNELS"
+SLURM_VARS = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS")
+MAX_IMEX_CHANNEL = 1 << 20
+
+_INDEX = re.compile(r"^[0-9]+$")
+_PCI = re.compile(r"^[0-9a-fA-F]{1,8}:[0-9a-fA-F]{1,2}:[0-9a-fA-F]{1,2}\.[0-7]$")
+_GPU_MIG = re.compile(r"^([0-9]+):([0-9]+)$")
+_LEGACY_MIG = re.compile(r"^MIG-(GPU-[0-9a-fA-F-]+)/([0-9]+)/([0-9]+)$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Request:
+    """The resolved request; `void` means: leave the container exactly as the runtime made it."""
+
+    void: bool
+    #: "void", "none" (driver files + control nodes, no GPU), "all" or "list"
+    mode: str
+    #: selected GPUs in host-index order (each also gets its /dev/nvidiaN)
+    gpus: tuple[Gpu, ...] = ()
+    #: selected MIG devices (their parent GPU's node is needed too: `gpu_minor`)
+    mig_devices: tuple[MigDevice, ...] = ()
+    #: sorted driver capabilities
+    capabilities: tuple[str, ...] = ()
+    #: requirements that were checked (and held); () when disabled or none
+    requirements: tuple[require.Requirement, ...] = ()
+    requirements_disabled: bool = False
+    mig_config: bool = False
+    mig_monitor: bool = False
+    imex_channels: tuple[int, ...] = ()
+    #: what CUDA_VISIBLE_DEVICES the container needs to see every selected device (None: void)
+    cuda_visible_devices: str | None = None
+    #: host indices of the Slurm allocation in force, None when no allocation bounds the request
+    allocation: tuple[int, ...] | None = None
+    #: e.g. "SLURM_STEP_GPUS=0,1" ("" when no allocation)
+    allocation_source: str = ""
+    #: legacy CUDA_VERSION image (gpu-requests.md §5)
+    legacy: bool = False
+    #: things the user should fix but that do not stop the container
+    warnings: tuple[str, ...] = ()
+    reasons: tuple[str, ...] = ()
+
+    @property
+    def gpu_minors(self) -> tuple[int, ...]:
+        """Minors of every /dev/nvidiaN the container gets: selected GPUs and MIG parents."""
+        return tuple(sorted({g.minor for g in self.gpus} | {m.gpu_minor for m in self.mig_devices}))
+
+    def to_dict(self) -> dict:
+        """JSON-able form, valid against schemas/request.schema.json."""
+        return {
+            "void": self.void,
+            "mode": self.mode,
+            "gpus": [
+                {"index": g.index, "minor": g.minor, "uuid": g.uuid, "bus_id": g.bus_id, "model": g.model}
+                for g in self.gpus
+            ],
+            "mig_devices": [
+                {"uuid": m.uuid, "parent_uuid": m.parent_uuid, "gpu_minor": m.gpu_minor, "gi": m.gi, "ci": m.ci,
+                 "mig_index": m.mig_index}
+                for m in self.mig_devices
+            ],
+            "gpu_minors": list(self.gpu_minors),
+            "capabilities": list(self.capabilities),
+            "requirements": [{"variable": r.variable, "expression": r.expression} for r in self.requirements],
+            "requirements_disabled": self.requirements_disabled,
+            "mig_config": self.mig_config,
+            "mig_monitor": self.mig_monitor,
+            "imex_channels": list(self.imex_channels),
+            "cuda_visible_devices": self.cuda_visible_devices,
+            "allocation": None if self.allocation is None else list(self.allocation),
+            "allocation_source": self.allocation_source,
+            "legacy": self.legacy,
+            "warnings": list(self.warnings),
+            "reasons": list(self.reasons),
+        }
+
+
+def split_tokens(value: str) -> list[str]:
+    """NCT's list split: on ',', whitespace trimmed, empty tokens dropped."""
+    return [t.strip() for t in value.split(",") if t.strip()]
+
+
+# ----------------------------------------------------------------- host listing for errors
+
+
+def _gpu_label(g: Gpu) -> str:
+    return f"{g.index} ({g.uuid or 'no UUID'}, {g.bus_id})"
+
+
+def _mig_label(host: HostGpus, m: MigDevice) -> str:
+    parent = host.gpu_by_minor(m.gpu_minor)
+    idx = parent.index if parent is not None else "?"
+    return f"{idx}:{m.mig_index} ({m.uuid or f'gpu{m.gpu_minor}/gi{m.gi}/ci{m.ci}'})"
+
+
+def describe_host(host: HostGpus) -> str:
+    usable = [g for g in host.gpus if g.index is not None]
+    if not usable:
+        text = "this host has no usable GPU"
+    else:
+        text = "this host has GPUs " + ", ".join(_gpu_label(g) for g in usable)
+    if host.mig_devices:
+        text += "; MIG devices " + ", ".join(_mig_label(host, m) for m in host.mig_devices)
+    return text
+
+
+def _unknown(tok: str, host: HostGpus, hint: str = "") -> RequestError:
+    extra = f"; {hint}" if hint else ""
+    return RequestError(f"device error: {tok}: unknown device ({describe_host(host)}{extra})")
+
+
+# ----------------------------------------------------------------- token grammar (LNC select_devices)
+
+
+def _find_gpu_uuid(host: HostGpus, tok: str) -> Gpu:
+    want = tok.lower()
+    for g in host.gpus:
+        if g.uuid and g.uuid.lower() == want:
+            return g
+    prefixed = [g for g in host.gpus if g.uuid and g.uuid.lower().startswith(want)]
+    hint = ""
+    if len(prefixed) == 1:
+        hint = f"only full UUIDs match: did you mean {prefixed[0].uuid}?"
+    raise _unknown(tok, host, hint)
+
+
+def _find_mig_uuid(host: HostGpus, tok: str) -> MigDevice:
+    legacy = _LEGACY_MIG.match(tok)
+    if legacy:
+        parent_uuid, gi, ci = legacy.group(1).lower(), int(legacy.group(2)), int(legacy.group(3))
+        for m in host.mig_devices:
+            if (m.parent_uuid or "").lower() == parent_uuid and (m.gi, m.ci) == (gi, ci):
+                raise _unknown(tok, host, f"the MIG-GPU-<uuid>/<gi>/<ci> form is not supported, use "
+                                          f"{m.uuid or _mig_label(host, m).split(' ')[0]}")
+        raise _unknown(tok, host, "the MIG-GPU-<uuid>/<gi>/<ci> form is not supported, use MIG-<uuid> or <gpu>:<mig>")
+    want = tok.lower()
+    for m in host.mig_devices:
+        if m.uuid and m.uuid.lower() == want:
+            return m
+    hint = ""
+    if host.mig_devices and not any(m.uuid for m in host.mig_devices):
+        hint = "MIG UUIDs are unknown without NVML, use <gpu>:<mig>"
+    raise _unknown(tok, host, hint)
+
+
+def _find_gpu_mig(host: HostGpus, tok: str, gpu_index: int, mig_index: int) -> MigDevice:
+    parent = host.gpu_by_index(gpu_index)
+    if parent is not None:
+        for m in host.mig_devices:
+            if m.gpu_minor == parent.minor and m.mig_index == mig_index:
+                return m
+    raise _unknown(tok, host)
+
+
+def _resolve_token(host: HostGpus, tok: str) -> Gpu | MigDevice:
+    """One device token, tried in LNC's order: GPU UUID, PCI id, index, MIG UUID, <gpu>:<mig>."""
+    if tok[:4].upper() == "GPU-":
+        gpu = _find_gpu_uuid(host, tok)
+    elif _PCI.match(tok):
+        gpu = host.gpu_by_bus_id(tok)
+        if gpu is None:
+            raise _unknown(tok, host)
+    elif _INDEX.match(tok):
+        gpu = host.gpu_by_index(int(tok))
+        if gpu is None:
+            raise _unknown(tok, host, "indices count GPUs in PCI bus order, not /dev/nvidiaN minors")
+    elif tok[:4].upper() == "MIG-":
+        return _find_mig_uuid(host, tok)
+    elif (m := _GPU_MIG.match(tok)) is not None:
+        return _find_gpu_mig(host, tok, int(m.group(1)), int(m.group(2)))
+    else:
+        raise _unknown(tok, host)
+    if gpu.excluded or gpu.index is None:
+        raise RequestError(f"device error: {tok}: GPU {gpu.bus_id} is excluded on this host "
+                           f"(GPU Excluded: Yes in its /proc/driver/nvidia information)")
+    return gpu
+
+
+# ----------------------------------------------------------------- Slurm allocation
+
+
+def _slurm_allocation(env: Mapping[str, str], host: HostGpus, config: Config,
+                      reasons: list[str]) -> tuple[tuple[Gpu, ...] | None, str]:
+    if config.slurm_policy == "ignore":
+        if any(env.get(v) for v in SLURM_VARS):
+            reasons.append("slurm-policy is 'ignore': SLURM_STEP_GPUS/SLURM_JOB_GPUS are not read")
+        return None, ""
+    for var in SLURM_VARS:
+        value = env.get(var, "")
+        if not value.strip():
+            continue
+        label = f"{var}={value}"
+        gpus: dict[int, Gpu] = {}
+        for tok in split_tokens(value):
+            if _INDEX.match(tok):
+                g = host.gpu_by_index(int(tok))
+                if g is None:
+                    count = sum(1 for x in host.gpus if x.index is not None)
+                    raise RequestError(f"{label}: GPU {tok} does not exist on this host, which has {count} usable "
+                                       f"GPU(s) in PCI order (does gres.conf match the hardware?)")
+            elif tok[:4].upper() == "GPU-":
+                g = next((x for x in host.gpus if x.uuid and x.uuid.lower() == tok.lower()), None)
+                if g is None or g.index is None:
+                    raise RequestError(f"{label}: GPU {tok} does not exist on this host")
+            else:
+                raise RequestError(f"{label}: {tok!r} is not a GPU index or UUID")
+            gpus[g.minor] = g
+        allocation = tuple(sorted(gpus.values(), key=lambda g: g.index))
+        reasons.append(f"Slurm allocation from {label}: host GPUs "
+                       f"{', '.join(str(g.index) for g in allocation)} (global indices = PCI order)")
+        return allocation, label
+    return None, ""
+
+
+# ----------------------------------------------------------------- capabilities, MIG control, IMEX
+
+
+def _capabilities(env: Mapping[str, str], config: Config, legacy: bool, reasons: list[str]) -> tuple[str, ...]:
+    supported = tuple(config.supported_capabilities)
+    raw = env.get(CAPABILITIES)
+    if raw is None and legacy:
+        reasons.append(f"{CAPABILITIES} unset in a legacy CUDA_VERSION image: all supported capabilities")
+        return tuple(sorted(supported))
+    if not raw:
+        caps = tuple(sorted(c for c in config.default_capabilities if c in supported))
+        reasons.append(f"{CAPABILITIES} unset or empty: default capabilities {','.join(caps) or '(none)'}")
+        return caps
+    tokens = split_tokens(raw)
+    if "all" in tokens:
+        reasons.append(f"{CAPABILITIES}={raw}: 'all' = supported capabilities {','.join(sorted(supported))}")
+        return tuple(sorted(supported))
+    for tok in tokens:
+        if tok not in supported:
+            raise RequestError(f"unsupported capabilities found in '{raw}' (allowed '{','.join(supported)}')")
+    caps = tuple(sorted(set(tokens)))
+    reasons.append(f"{CAPABILITIES}={raw}: capabilities {','.join(caps) or '(none)'}")
+    return caps
+
+
+def _mig_control(env: Mapping[str, str], var: str, privileged: bool, specific_migs: bool,
+                 reasons: list[str]) -> bool:
+    value = env.get(var, "")
+    if not value:
+        return False
+    short = var.removeprefix("NVIDIA_")
+    if not privileged:
+        raise RequestError(f"cannot set {short} in non privileged container ({var}={value})")
+    tokens = split_tokens(value)
+    if [t.lower() for t in tokens] != ["all"]:
+        raise RequestError(f"{var}={value}: only 'all' devices are currently supported")
+    if specific_migs:
+        raise RequestError(f"{var}={value}: cannot be combined with specific MIG devices in {VISIBLE}")
+    reasons.append(f"{var}=all: MIG {'configuration' if 'CONFIG' in var else 'monitoring'} access for all GPUs")
+    return True
+
+
+def _imex_channels(env: Mapping[str, str], legacy: bool, reasons: list[str]) -> tuple[int, ...]:
+    raw = env.get(IMEX)
+    if raw is None and legacy:
+        raw = "all"
+    tokens = split_tokens(raw or "")
+    if not tokens or "void" in tokens or "none" in tokens:
+        return ()
+    if "all" in tokens:
+        reasons.append(f"{IMEX}={raw}: 'all' is dropped (as in NCT); name channel ids to get them")
+        return ()
+    channels = set()
+    for tok in tokens:
+        if not _INDEX.match(tok) or int(tok) >= MAX_IMEX_CHANNEL:
+            raise RequestError(f"{IMEX}={raw}: unsupported IMEX channel value {tok!r}")
+        channels.add(int(tok))
+    result = tuple(sorted(channels))
+    reasons.append(f"{IMEX}={raw}: IMEX channels {','.join(map(str, result))}")
+    return result
+
+
+# ----------------------------------------------------------------- CUDA_VISIBLE_DEVICES consistency
+
+
+def _cuda_visible(env: Mapping[str, str], gpus: tuple[Gpu, ...], migs: tuple[MigDevice, ...],
+                  allocation: tuple[Gpu, ...] | None, reasons: list[str], warnings: list[str]) -> str:
+    """What CUDA_VISIBLE_DEVICES the container needs, and whether its own value agrees.
+
+    Inside the container CUDA enumerates only the injected GPUs, so they are
+    local indices 0..n-1 (what Slurm sets under ConstrainDevices=yes); MIG
+    devices are named by UUID.
+    """
+    n = len(gpus)
+    needed_parts = [str(i) for i in range(n)]
+    mig_uuids = [m.uuid for m in migs if m.uuid]
+    needed_parts += mig_uuids
+    needed = ",".join(needed_parts)
+    actual = env.get("CUDA_VISIBLE_DEVICES")
+    if actual is None:
+        if n or migs:
+            reasons.append(f"CUDA_VISIBLE_DEVICES is unset: CUDA will use every injected device ({needed or 'none'})")
+        return needed
+    tokens = split_tokens(actual)
+    if actual.strip() == "NoDevFiles":
+        warnings.append("CUDA_VISIBLE_DEVICES=NoDevFiles (pre-19.05 Slurm: no GPU allocated): CUDA will see no device")
+        return needed
+    uuids = {g.uuid.lower() for g in gpus if g.uuid} | {u.lower() for u in mig_uuids}
+    bad = []
+    for tok in tokens:
+        if _INDEX.match(tok):
+            if int(tok) >= n:
+                bad.append(tok)
+        elif tok[:4].upper() in ("GPU-", "MIG-"):
+            if tok.lower() not in uuids and not (tok[:4].upper() == "MIG-" and migs and not mig_uuids):
+                bad.append(tok)
+        else:
+            bad.append(tok)
+    if bad:
+        msg = (f"CUDA_VISIBLE_DEVICES={actual} disagrees with the injected devices: {','.join(bad)} "
+               f"will not exist in the container, which sees {n} GPU(s); use CUDA_VISIBLE_DEVICES={needed} "
+               f"or unset it")
+        if allocation is not None and [t for t in tokens if _INDEX.match(t)] == [str(g.index) for g in allocation] \
+                and n and any(g.index != i for i, g in enumerate(allocation)):
+            msg += " (these are Slurm's global indices: is ConstrainDevices=yes set in cgroup.conf?)"
+        warnings.append(msg)
+    elif len(set(tokens)) < n + len(mig_uuids):
+        reasons.append(f"CUDA_VISIBLE_DEVICES={actual} selects a subset of the {n} injected GPU(s) ({needed})")
+    else:
+        reasons.append(f"CUDA_VISIBLE_DEVICES={actual} agrees with the injected devices")
+    return needed
+
+
+# ----------------------------------------------------------------- main entry
+
+
+def resolve_request(
+    env: Mapping[str, str],
+    annotations: Mapping[str, str],
+    host: HostGpus,
+    config: Config,
+    allowed_minors: frozenset[int] | None = None,
+    *,
+    cuda_version: str | None = None,
+    privileged: bool = False,
+    cgroup_allowed: frozenset[int] | None = None,
+) -> Request:
+    """Resolve what the container asked for; raise RequestError/RequirementError (one line) if impossible.
+
+    `allowed_minors`: GPU minors the hook's device cgroup allows (None = not
+    confined); `cgroup_allowed` is the same, under design.md's name.
+    `cuda_version` (`major.minor`, from the inventory) feeds `cuda` requirements;
+    falls back to `host.cuda_version` when the object has one.  `privileged`
+    (CAP_SYS_ADMIN in the bounding set, `oci.Bundle.privileged`) gates MIG
+    config/monitor like NCT.
+    """
+    if allowed_minors is None:
+        allowed_minors = cgroup_allowed
+    reasons: list[str] = []
+    warnings: list[str] = []
+    legacy = require.is_legacy(env)
+
+    raw = env.get(VISIBLE)
+    if raw is None and legacy:
+        raw = "all"
+        reasons.append(f"{VISIBLE} unset in a legacy image (CUDA_VERSION set, NVIDIA_REQUIRE_CUDA unset): 'all'")
+    tokens = split_tokens(raw or "")
+    if not tokens:
+        why = "unset" if raw is None else "empty"
+        return Request(void=True, mode="void", legacy=legacy,
+                       reasons=(f"{VISIBLE} is {why}: not a GPU container, nothing is injected",))
+    if "void" in tokens:
+        return Request(void=True, mode="void", legacy=legacy,
+                       reasons=(f"{VISIBLE}={raw}: 'void': not a GPU container, nothing is injected",))
+    special = next((t for t in tokens if t in ("all", "none")), None)
+    if special is None and any(t.lower() == "all" for t in tokens):
+        special = "all"  # the CLI accepts 'all' in any case
+    mode = special or "list"
+
+    allocation, allocation_source = _slurm_allocation(env, host, config, reasons)
+    allowed_by_slurm = None if allocation is None else {g.minor for g in allocation}
+
+    def check_allowed(tok: str, gpu: Gpu, what: str) -> None:
+        if allowed_by_slurm is not None and gpu.minor not in allowed_by_slurm:
+            raise RequestError(f"{what} {tok} is not in this job's allocation ({allocation_source})")
+        if allowed_minors is not None and gpu.minor not in allowed_minors:
+            allowed = ",".join(map(str, sorted(allowed_minors))) or "none"
+            raise RequestError(f"{what} {tok} (/dev/nvidia{gpu.minor}) is not allowed by this process's device "
+                               f"cgroup (allowed GPU minors: {allowed})")
+
+    gpus: dict[int, Gpu] = {}
+    migs: dict[tuple[int, int, int], MigDevice] = {}
+    if mode == "none":
+        reasons.append(f"{VISIBLE}={raw}: 'none': driver files and control nodes, no GPU")
+    elif mode == "all":
+        candidates = [g for g in host.gpus if g.index is not None and not g.excluded]
+        dropped = []
+        for g in candidates:
+            if (allowed_by_slurm is None or g.minor in allowed_by_slurm) and \
+                    (allowed_minors is None or g.minor in allowed_minors):
+                gpus[g.minor] = g
+            else:
+                dropped.append(g)
+        for m in host.mig_devices:
+            if m.gpu_minor in gpus:
+                migs[(m.gpu_minor, m.gi, m.ci)] = m
+        bound = []
+        if allocation is not None:
+            bound.append(f"the Slurm allocation ({allocation_source})")
+        if allowed_minors is not None:
+            bound.append("the device cgroup")
+        reasons.append(f"{VISIBLE}={raw}: 'all' = every GPU" + (" within " + " and ".join(bound) if bound else
+                                                                 " of the host") +
+                       f": {len(gpus)} GPU(s)" + (f", {len(migs)} MIG device(s)" if migs else ""))
+        if dropped:
+            reasons.append("left out: GPU " + ", ".join(str(g.index) for g in dropped))
+        if candidates and not gpus:
+            warnings.append(f"{VISIBLE}={raw} selected no GPU: none of the host's GPUs is allowed here")
+    else:
+        for tok in tokens:
+            dev = _resolve_token(host, tok)
+            if isinstance(dev, MigDevice):
+                parent = host.gpu_by_minor(dev.gpu_minor)
+                if parent is None:
+                    raise _unknown(tok, host)
+                check_allowed(tok, parent, "MIG device")
+                migs[(dev.gpu_minor, dev.gi, dev.ci)] = dev
+            else:
+                check_allowed(tok, dev, "GPU")
+                gpus[dev.minor] = dev
+        reasons.append(f"{VISIBLE}={raw}: GPU(s) {', '.join(_gpu_label(g) for g in _sorted_gpus(gpus)) or '(none)'}"
+                       + (f"; MIG device(s) {', '.join(_mig_label(host, m) for m in _sorted_migs(host, migs))}"
+                          if migs else "") + " (indices are host indices in PCI order)")
+
+    sel_gpus = _sorted_gpus(gpus)
+    sel_migs = _sorted_migs(host, migs)
+
+    specific_migs = mode == "list" and bool(migs)
+    mig_config = _mig_control(env, MIG_CONFIG, privileged, specific_migs, reasons)
+    mig_monitor = _mig_control(env, MIG_MONITOR, privileged, specific_migs, reasons)
+    capabilities = _capabilities(env, config, legacy, reasons)
+    imex = _imex_channels(env, legacy, reasons)
+
+    disabled = require.requirements_disabled(env, config.disable_require)
+    reqs = require.parse_requirements(env, config.disable_require)
+    if disabled:
+        reasons.append("requirements not checked: " + ("disable-require = true in pyxis.conf"
+                                                       if config.disable_require else "NVIDIA_DISABLE_REQUIRE is true"))
+    elif reqs:
+        if cuda_version is None:
+            cuda_version = getattr(host, "cuda_version", None)
+        facts = require.HostFacts(cuda=cuda_version, driver=host.driver_version,
+                                  devices=tuple(require.DeviceFacts() for _ in (*sel_gpus, *sel_migs)))
+        require.check_requirements(reqs, facts)
+        reasons.append("requirements hold: " + "; ".join(f"{r.variable}={r.expression}" for r in reqs) +
+                       f" ({require.describe_host(facts)}; arch/brand are unknown without NVML and pass)")
+
+    cvd = _cuda_visible(env, sel_gpus, sel_migs, allocation, reasons, warnings)
+
+    if any(k.startswith("cdi.k8s.io/") for k in annotations):
+        reasons.append("cdi.k8s.io/ annotations are for the runtime's CDI support and are ignored here")
+
+    return Request(
+        void=False,
+        mode=mode,
+        gpus=sel_gpus,
+        mig_devices=sel_migs,
+        capabilities=capabilities,
+        requirements=reqs,
+        requirements_disabled=disabled,
+        mig_config=mig_config,
+        mig_monitor=mig_monitor,
+        imex_channels=imex,
+        cuda_visible_devices=cvd,
+        allocation=None if allocation is None else tuple(g.index for g in allocation),
+        allocation_source=allocation_source,
+        legacy=legacy,
+        warnings=tuple(warnings),
+        reasons=tuple(reasons + [f"warning: {w}" for w in warnings]),
+    )
+
+
+def _sorted_gpus(gpus: dict[int, Gpu]) -> tuple[Gpu, ...]:
+    return tuple(sorted(gpus.values(), key=lambda g: (g.index, g.minor)))
+
+
+def _sorted_migs(host: HostGpus, migs: dict[tuple[int, int, int], MigDevice]) -> tuple[MigDevice, ...]:
+    def key(m: MigDevice) -> tuple[int, int, int]:
+        parent = host.gpu_by_minor(m.gpu_minor)
+        return (parent.index if parent is not None and parent.index is not None else 1 << 30, m.gi, m.ci)
+
+    return tuple(sorted(migs.values(), key=key))

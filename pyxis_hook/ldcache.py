@@ -321,7 +321,10 @@ def parse_cache(data: bytes, name: str = "<bytes>") -> LdCache:
         old_bo = r.bo
         entries, generator, endian = _parse_new(r, offset)
         r.bo = old_bo
-        old = _parse_old(r, nlibs)
+        try:  # glibc never reads this table of a compat cache; a bogus one is not fatal
+            old = _parse_old(r, nlibs)
+        except LdCacheError:
+            old = ()
         return LdCache(entries, generator, "compat", name, endian, old)
     old = _parse_old(r, nlibs)
     return LdCache(old, None, "old", name, "big" if r.bo == ">" else "little", old)

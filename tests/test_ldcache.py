@@ -96,6 +96,13 @@ def test_compat_hwcap_names_are_read_from_file_start_like_glibc():
     assert L.lookup(c, "libfoo.so.1", hwcaps=("x86-64-v3", "x86-64-v2"))[0].hwcap_name is None
 
 
+def test_compat_with_bogus_old_table_still_reads():
+    data = bytearray(L.serialize_cache(SAMPLE, GEN, "compat"))
+    struct.pack_into("<iII", data, 16, 0x303, 10**6, 10**6)  # old entry 0 points nowhere
+    c = L.parse_cache(bytes(data))
+    assert c.fmt == "compat" and c.old_entries == () and len(c.entries) == len(SAMPLE)
+
+
 def test_old_format_is_listable():
     c = cache_of(fmt="old")
     assert c.fmt == "old" and c.generator is None

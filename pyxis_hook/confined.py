@@ -1,0 +1,265 @@
+"""Run the host's ldconfig inside a container rootfs without trusting anything in it.
+
+ldconfig must see the container's files (its ld.so.conf, its library dirs) but
+runs with our privileges, so it is boxed in (security.md §5 rule 5, the
+CVE-2025-23267 / CVE-2024-0136 class):
+
+- the binary is the *host's*, opened before any namespace is entered and
+  copied into a sealed memfd (NCT 1.17.3 "virtual copy ... before fexecve"),
+  then exec'd from that fd: nothing the image holds, not even its
+  `/sbin/ldconfig`, is ever executed, and a swap of the host file after the
+  check changes nothing.  Scripts (Ubuntu's wrapper) are refused: an fd exec
+  of a script would need the interpreter from the rootfs.
+- a runner child joins the container's mount namespace (unless the caller
+  already did), unshares new mount/IPC/UTS/NET/PID namespaces, makes `/`
+  rprivate and forks ldconfig as pid 1 of the new PID namespace; that one
+  chroots into the rootfs through an fd, hides the live `/proc` and `/sys`
+  under empty read-only tmpfs (so `include /proc/1/root/...` in a hostile
+  ld.so.conf reaches nothing of the host), sets rlimits, drops to the rootfs
+  owner when that is not root, sets PR_SET_NO_NEW_PRIVS and execs with an
+  empty environment.  All of that happens in namespaces nothing else shares.
+- a wall-clock timeout (plus RLIMIT_CPU) kills it; a non-zero exit is an
+  ApplyError carrying the tail of ldconfig's stderr.
+
+An image without `/etc/ld.so.conf` (musl, distroless) still gets `-f
+/etc/ld.so.conf`: glibc's ldconfig treats a missing configuration file as
+empty without a message or error (measured, glibc 2.36), indexes the dirs on
+its command line plus its trusted dirs, and creates the SONAME links there.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import resource
+import select
+import signal
+import stat
+
+from pyxis_hook import kernel
+from pyxis_hook.errors import ApplyError
+
+#: (resource, limit) applied to ldconfig; FSIZE leaves room for large images' caches
+RLIMITS = (
+    (resource.RLIMIT_CPU, 10),
+    (resource.RLIMIT_AS, 2 << 30),
+    (resource.RLIMIT_NOFILE, 64),
+    (resource.RLIMIT_FSIZE, 64 << 20),
+    (resource.RLIMIT_CORE, 0),
+)
+
+DEFAULT_TIMEOUT = 30.0
+STDERR_LIMIT = 16384
+
+#: memfd seals: no writes, no resizing, no removing the seals
+_SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+
+
+def sealed_copy(host_path: str) -> int:
+    """Open a host ELF executable and return a sealed, close-on-exec memfd holding a copy of it."""
+    try:
+        src = os.open(host_path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError as e:
+        raise ApplyError(f"ldconfig {host_path}: {e.strerror}") from None
+    try:
+        st = os.fstat(src)
+        if not stat.S_ISREG(st.st_mode):
+            raise ApplyError(f"ldconfig {host_path}: not a regular file")
+        if os.pread(src, 4, 0) != b"\x7fELF":
+            raise ApplyError(f"ldconfig {host_path}: not an ELF executable (a wrapper script? use ldconfig.real)")
+        mfd = os.memfd_create("ldconfig", os.MFD_CLOEXEC | getattr(os, "MFD_ALLOW_SEALING", 2))
+        try:
+            offset = 0
+            while offset < st.st_size:
+                n = os.sendfile(mfd, src, offset, st.st_size - offset)
+                if n == 0:
+                    break
+                offset += n
+            os.fchmod(mfd, 0o555)
+            fcntl.fcntl(mfd, fcntl.F_ADD_SEALS, _SEALS)
+        except BaseException:
+            os.close(mfd)
+            raise
+        return mfd
+    except OSError as e:
+        raise ApplyError(f"ldconfig {host_path}: cannot copy: {e.strerror}") from None
+    finally:
+        os.close(src)
+
+
+def ldconfig_argv(lib_dirs: tuple[str, ...] | list[str], conf: str = "/etc/ld.so.conf",
+                  cache: str = "/etc/ld.so.cache") -> list[str]:
+    """The command line, as libnvidia-container builds it (driver-files.md §8)."""
+    return ["ldconfig", "-f", conf, "-C", cache, *lib_dirs]
+
+
+def run_ldconfig(rootfs: str, exe_fd: int, lib_dirs: tuple[str, ...] | list[str], *,
+                 mntns_fd: int | None = None, root_fd: int | None = None,
+                 owner: tuple[int, int] | None = None, timeout: float = DEFAULT_TIMEOUT) -> str:
+    """Run the sealed ldconfig `exe_fd` chrooted into `rootfs`; return its stderr (warnings).
+
+    `mntns_fd` is the container's /proc/<pid>/ns/mnt, or None when the caller
+    is already inside it.  The rootfs is opened by name *after* the new mount
+    namespace exists (an fd from before would pin the old namespace's mount,
+    and chroot through it would make every later mount fail with EINVAL);
+    `root_fd`, when given, is the caller's fd of the same directory and the
+    reopened one must be the same inode, so a swapped path is refused.
+    """
+    label = rootfs
+    argv = ldconfig_argv(lib_dirs)
+    for d in lib_dirs:
+        if not d.startswith("/") or "\0" in d:
+            raise ApplyError(f"ldconfig: library dir {d!r} is not an absolute container path")
+    errr, errw = os.pipe2(os.O_CLOEXEC)
+    devnull = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        try:
+            os.close(errr)
+            _runner(rootfs, root_fd, exe_fd, argv, mntns_fd, owner, errw, devnull)
+        except BaseException as e:  # noqa: BLE001 - report anything, exit
+            try:
+                os.write(errw, f"pyxis-hook: ldconfig setup: {e}\n".encode())
+            except OSError:
+                pass
+        os._exit(127)
+    os.close(errw)
+    os.close(devnull)
+    try:
+        status, err = _wait(pid, errr, timeout)
+    finally:
+        os.close(errr)
+    text = err.decode("utf-8", "replace")
+    if status is None:
+        raise ApplyError(f"ldconfig in {label}: no result after {timeout:g} s, killed")
+    if status != 0:
+        tail = " | ".join(line for line in text.strip().splitlines()[-3:]) or "no message"
+        raise ApplyError(f"ldconfig in {label} failed with exit code {status}: {tail}")
+    return text
+
+
+def _wait(pid: int, errr: int, timeout: float) -> tuple[int | None, bytes]:
+    """Collect stderr while waiting for `pid`; a None status means it was killed at the timeout."""
+    import time
+
+    pidfd = os.pidfd_open(pid)
+    poller = select.poll()
+    poller.register(errr, select.POLLIN)
+    poller.register(pidfd, select.POLLIN)
+    buf = b""
+    deadline = time.monotonic() + timeout
+    exited = timed_out = False
+    pipe_open = True
+    try:
+        while not exited:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                os.kill(pid, signal.SIGKILL)  # its pid-1 child dies with it (PDEATHSIG)
+                timed_out = True
+                break
+            for fd, _ev in poller.poll(int(left * 1000) + 1):
+                if fd == pidfd:
+                    exited = True
+                elif pipe_open:
+                    chunk = os.read(errr, 4096)
+                    if not chunk:
+                        poller.unregister(errr)
+                        pipe_open = False
+                    buf = (buf + chunk)[-STDERR_LIMIT:]
+        # drain what is left; bounded, in case a killed grandchild lingers a moment
+        poller.unregister(pidfd)
+        drain_deadline = time.monotonic() + 2.0
+        while pipe_open and time.monotonic() < drain_deadline:
+            if not poller.poll(200):
+                continue
+            chunk = os.read(errr, 4096)
+            if not chunk:
+                break
+            buf = (buf + chunk)[-STDERR_LIMIT:]
+    finally:
+        os.close(pidfd)
+    _, wstatus = os.waitpid(pid, 0)
+    if timed_out:
+        return None, buf
+    if os.WIFEXITED(wstatus):
+        return os.WEXITSTATUS(wstatus), buf
+    return 128 + os.WTERMSIG(wstatus), buf
+
+
+def _runner(rootfs, root_fd, exe_fd, argv, mntns_fd, owner, errw, devnull) -> None:  # pragma: no cover - child
+    """In the forked child: join, unshare, fork ldconfig as pid 1 and relay its exit status."""
+    os.dup2(devnull, 0)
+    os.dup2(devnull, 1)
+    os.dup2(errw, 2)
+    kernel.prctl(kernel.PR_SET_PDEATHSIG, signal.SIGKILL)
+    if mntns_fd is not None:
+        kernel.setns(mntns_fd, kernel.CLONE_NEWNS, "container mount namespace")
+    if root_fd is None:
+        root_fd = os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    expect = os.fstat(root_fd)
+    flags = kernel.CLONE_NEWNS | kernel.CLONE_NEWIPC | kernel.CLONE_NEWUTS | kernel.CLONE_NEWPID
+    kernel.unshare(flags)
+    try:
+        kernel.unshare(kernel.CLONE_NEWNET)
+    except kernel.SyscallError:
+        pass  # not essential: ldconfig opens no sockets
+    kernel.mount(None, "/", None, kernel.MS_REC | kernel.MS_PRIVATE, what="/ (make rprivate)")
+    root_fd = os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    st = os.fstat(root_fd)
+    if (st.st_dev, st.st_ino) != (expect.st_dev, expect.st_ino):
+        raise ApplyError(f"{rootfs}: changed while preparing ldconfig")
+    child = os.fork()
+    if child == 0:
+        try:
+            _exec_ldconfig(root_fd, exe_fd, argv, owner)
+        except BaseException as e:  # noqa: BLE001
+            try:
+                os.write(2, f"pyxis-hook: ldconfig setup: {e}\n".encode())
+            except OSError:
+                pass
+        os._exit(127)
+    while True:
+        try:
+            _, wstatus = os.waitpid(child, 0)
+            break
+        except InterruptedError:
+            continue
+    if os.WIFSIGNALED(wstatus):
+        os.write(2, f"ldconfig killed by signal {os.WTERMSIG(wstatus)}\n".encode())
+        os._exit(128 + os.WTERMSIG(wstatus))
+    os._exit(os.WEXITSTATUS(wstatus))
+
+
+def _exec_ldconfig(root_fd, exe_fd, argv, owner) -> None:  # pragma: no cover - child
+    """pid 1 of the new PID namespace: chroot, hide live procfs/sysfs, limit, drop, exec."""
+    os.fchdir(root_fd)
+    os.chroot(".")
+    os.chdir("/")
+    for d in ("/proc", "/sys"):
+        try:
+            st = os.lstat(d)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            kernel.mount("tmpfs", d, "tmpfs",
+                         kernel.MS_RDONLY | kernel.MS_NOSUID | kernel.MS_NODEV | kernel.MS_NOEXEC, "size=4k",
+                         what=f"{d} (mask)")
+    for res, value in RLIMITS:
+        soft, hard = resource.getrlimit(res)
+        lim = value if hard == resource.RLIM_INFINITY else min(value, hard)
+        resource.setrlimit(res, (lim, lim))
+    if owner and owner != (0, 0):
+        os.setgroups([])
+        os.setgid(owner[1])
+        os.setuid(owner[0])
+    kernel.prctl(kernel.PR_SET_PDEATHSIG, signal.SIGKILL)
+    kernel.no_new_privs()
+    os.closerange(3, exe_fd)
+    os.closerange(exe_fd + 1, 65536)
+    try:
+        os.execve(exe_fd, argv, {})
+    except OSError as e:
+        if e.errno == errno.ENOENT:
+            raise ApplyError("exec of the sealed ldconfig copy failed: ENOENT") from None
+        raise

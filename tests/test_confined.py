@@ -1,0 +1,176 @@
+"""The confined ldconfig run: host binary from a sealed memfd, chrooted, namespaced, limited.
+
+Oracles: glibc's own `ldconfig -p -C <cache>` reads back what the confined run
+wrote; static helper programs built with gcc stand in for a failing or hanging
+ldconfig.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from fixtures.synth import build_lib
+from pyxis_hook import confined
+from pyxis_hook.errors import ApplyError
+
+pytestmark = pytest.mark.root
+
+LIBDIR = "usr/lib/x86_64-linux-gnu"
+
+
+def _static(tmp_path: Path, name: str, source: str) -> Path:
+    src = tmp_path / f"{name}.c"
+    src.write_text(source)
+    out = tmp_path / name
+    subprocess.run(["gcc", "-static", "-O0", str(src), "-o", str(out)], check=True, capture_output=True)
+    return out
+
+
+@pytest.fixture
+def rootfs(tmp_path):
+    root = tmp_path / "rootfs"
+    (root / "etc").mkdir(parents=True)
+    (root / "opt/vendor").mkdir(parents=True)
+    build_lib(root / LIBDIR, "libcuda.so.1", filename="libcuda.so.535.104.05")
+    build_lib(root / "opt/vendor", "libvendor.so.2", filename="libvendor.so.2.0")
+    (root / "etc/ld.so.conf").write_text("/opt/vendor\n")
+    return root
+
+
+def _listing(root: Path) -> str:
+    return subprocess.run(["ldconfig", "-p", "-C", str(root / "etc/ld.so.cache")], check=True,
+                          capture_output=True, text=True).stdout
+
+
+def test_sealed_copy_refuses_scripts_and_dirs(tmp_path):
+    script = tmp_path / "ldconfig"
+    script.write_text("#!/bin/sh\nexit 0\n")
+    with pytest.raises(ApplyError, match="not an ELF"):
+        confined.sealed_copy(str(script))
+    with pytest.raises(ApplyError, match="not a regular file"):
+        confined.sealed_copy(str(tmp_path))
+    with pytest.raises(ApplyError, match="No such file"):
+        confined.sealed_copy(str(tmp_path / "none"))
+
+
+def test_sealed_copy_is_sealed():
+    fd = confined.sealed_copy("/sbin/ldconfig")
+    try:
+        with pytest.raises(OSError):
+            os.write(fd, b"x")
+        with pytest.raises(OSError):
+            os.ftruncate(fd, 0)
+        assert os.pread(fd, 4, 0) == b"\x7fELF"
+    finally:
+        os.close(fd)
+
+
+def test_ldconfig_indexes_cmdline_and_conf_dirs(rootfs):
+    exe = confined.sealed_copy("/sbin/ldconfig")
+    try:
+        confined.run_ldconfig(str(rootfs), exe, ["/" + LIBDIR])
+    finally:
+        os.close(exe)
+    out = _listing(rootfs)
+    assert f"libcuda.so.1 (libc6,x86-64) => /{LIBDIR}/libcuda.so.1" in out
+    assert "libvendor.so.2 (libc6,x86-64) => /opt/vendor/libvendor.so.2" in out
+    # SONAME links were made by ldconfig, inside the rootfs
+    assert os.readlink(rootfs / LIBDIR / "libcuda.so.1") == "libcuda.so.535.104.05"
+
+
+def test_image_without_ld_so_conf_still_gets_cache(rootfs):
+    (rootfs / "etc/ld.so.conf").unlink()
+    exe = confined.sealed_copy("/sbin/ldconfig")
+    try:
+        err = confined.run_ldconfig(str(rootfs), exe, ["/" + LIBDIR])
+    finally:
+        os.close(exe)
+    assert "libcuda.so.1" in _listing(rootfs)
+    assert err == ""
+
+
+def test_image_ldconfig_never_runs_and_hostile_conf_reaches_nothing(rootfs, tmp_path):
+    marker = tmp_path / "marker"
+    evil = f"#!/bin/sh\necho pwned > {marker}\necho pwned > /marker\n"
+    for p in ("sbin/ldconfig", "usr/sbin/ldconfig", "sbin/ldconfig.real", "bin/sh"):
+        f = rootfs / p
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(evil)
+        f.chmod(0o755)
+    # the image's conf points through live procfs at the host's root
+    (rootfs / "proc").mkdir()
+    subprocess.run(["mount", "-t", "proc", "proc", str(rootfs / "proc")], check=True)
+    try:
+        (rootfs / "etc/ld.so.conf").write_text(
+            "include /proc/1/root/etc/ld.so.conf.d/*.conf\n/proc/1/root/usr/lib/x86_64-linux-gnu\n"
+            "/proc/self/root/usr/lib/x86_64-linux-gnu\n")
+        host_dir = Path("/usr/lib/x86_64-linux-gnu")
+        before = sorted(os.listdir(host_dir))
+        exe = confined.sealed_copy("/sbin/ldconfig")
+        try:
+            confined.run_ldconfig(str(rootfs), exe, ["/" + LIBDIR])
+        finally:
+            os.close(exe)
+        assert sorted(os.listdir(host_dir)) == before
+    finally:
+        subprocess.run(["umount", "-l", str(rootfs / "proc")], check=True)
+    out = _listing(rootfs)
+    assert "libcuda.so.1" in out
+    assert "libc.so.6" not in out  # the host's libc was never reachable
+    assert not marker.exists() and not (rootfs / "marker").exists()
+
+
+def test_environment_is_empty_and_limits_set(rootfs, tmp_path):
+    prog = _static(tmp_path, "probe", r'''
+#include <stdio.h>
+#include <sys/resource.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+extern char **environ;
+int main(int argc, char **argv) {
+    struct rlimit r; int n = 0;
+    for (char **e = environ; *e; e++) n++;
+    getrlimit(RLIMIT_NOFILE, &r);
+    fprintf(stderr, "env=%d nofile=%ld nnp=%d pid=%d argv1=%s\n", n, (long)r.rlim_cur,
+            prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0), (int)getpid(), argv[1]);
+    return 0;
+}
+''')
+    exe = confined.sealed_copy(str(prog))
+    try:
+        os.environ["LD_PRELOAD"] = "/evil.so"
+        err = confined.run_ldconfig(str(rootfs), exe, ["/" + LIBDIR])
+    finally:
+        os.environ.pop("LD_PRELOAD", None)
+        os.close(exe)
+    assert err.strip() == "env=0 nofile=64 nnp=1 pid=1 argv1=-f"
+
+
+def test_failure_and_timeout_are_one_line(rootfs, tmp_path):
+    fail = _static(tmp_path, "fail", '#include <stdio.h>\nint main(void){fputs("first\\nbad conf\\n", stderr);'
+                   'return 3;}\n')
+    exe = confined.sealed_copy(str(fail))
+    try:
+        with pytest.raises(ApplyError) as e:
+            confined.run_ldconfig(str(rootfs), exe, ["/" + LIBDIR])
+    finally:
+        os.close(exe)
+    msg = str(e.value)
+    assert "exit code 3" in msg and "bad conf" in msg and "\n" not in msg
+
+    hang = _static(tmp_path, "hang", "#include <unistd.h>\nint main(void){for(;;) pause();}\n")
+    exe = confined.sealed_copy(str(hang))
+    try:
+        with pytest.raises(ApplyError, match="no result after 1 s"):
+            confined.run_ldconfig(str(rootfs), exe, ["/" + LIBDIR], timeout=1)
+    finally:
+        os.close(exe)
+
+
+def test_relative_lib_dir_refused(rootfs):
+    with pytest.raises(ApplyError, match="not an absolute"):
+        confined.run_ldconfig(str(rootfs), 0, ["usr/lib"])

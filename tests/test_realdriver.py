@@ -1,0 +1,169 @@
+"""Inventory on the real NVIDIA user-space driver (Debian's 535 and tesla-470 packages), four layouts.
+
+The trees come from tests/fixtures/realdriver.py (downloaded once into the
+cache, caches built by glibc's `ldconfig -r`).  In CI a failed download fails
+these tests; elsewhere they are skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from fixtures import hosttree, realdriver
+from pyxis_hook.config import Config
+from pyxis_hook.inventory import Inventory, discover
+
+pytestmark = [pytest.mark.realdriver, pytest.mark.slow]
+
+LINES = ("535", "470")
+
+
+def config_for(root: Path, layout: str, tmp_path: Path, host=None) -> Config:
+    return replace(Config(), driver_root=str(root),
+                   proc_root=str(host.proc_root) if host else str(tmp_path / "no-proc"),
+                   dev_root=str(host.dev_root) if host else str(tmp_path / "no-dev"),
+                   path=realdriver.BIN_DIRS[layout], snapshot_dir=str(tmp_path / "snap"))
+
+
+_cache: dict[tuple[str, str], Inventory] = {}
+
+
+def inventory(line: str, layout: str, tmp_path: Path) -> Inventory:
+    if (line, layout) not in _cache:
+        root = realdriver.require_driver_root(line, layout)
+        _cache[(line, layout)] = discover(config_for(root, layout, tmp_path))
+    return _cache[(line, layout)]
+
+
+def logical(inv: Inventory) -> set[tuple[str, str, str]]:
+    """What must not depend on the layout: kind, capability, SONAME (or file name) of each file."""
+    return {(f.kind, f.capability, f.soname or f.name) for f in inv.files}
+
+
+@pytest.mark.parametrize("line", LINES)
+def test_same_logical_set_in_every_layout(line, tmp_path):
+    sets = {layout: logical(inventory(line, layout, tmp_path)) for layout in realdriver.LAYOUTS}
+    reference = sets["debian"]
+    for layout, got in sets.items():
+        assert got == reference, f"{line}/{layout} differs from debian: {got ^ reference}"
+    version = realdriver.driver_version(line)
+    for layout in realdriver.LAYOUTS:
+        inv = inventory(line, layout, tmp_path)
+        assert inv.driver_version == version and inv.version_source == "files"
+        assert inv.usable, inv.errors
+        assert all(f.name.endswith(f".so.{version}") for f in inv.files if f.kind == "lib")
+        # every host path lies inside the tree and is a regular file (links resolved there)
+        for f in inv.files:
+            assert f.host_path.startswith(inv.driver_root + "/")
+            assert os.path.isfile(f.host_path) and not os.path.islink(f.host_path)
+    want = {("lib", "compute", "libcuda.so.1"), ("lib", "utility", "libnvidia-ml.so.1"),
+            ("lib", "compute", "libnvidia-ptxjitcompiler.so.1"), ("lib", "video", "libnvcuvid.so.1"),
+            ("lib", "video", "libnvidia-encode.so.1"), ("lib", "graphics", "libGLX_nvidia.so.0"),
+            ("lib", "graphics", "libEGL_nvidia.so.0"), ("bin", "utility", "nvidia-smi")}
+    assert want <= reference
+
+
+def test_debian_layout_follows_alternatives_links(tmp_path):
+    inv = inventory("535", "debian", tmp_path)
+    cuda = next(f for f in inv.files if f.soname == "libcuda.so.1")
+    assert cuda.path == "/usr/lib/x86_64-linux-gnu/nvidia/current/libcuda.so.535.309.01"
+    assert ("libcuda.so.1", "libcuda.so.535.309.01") in cuda.links
+    smi = next(f for f in inv.files if f.kind == "bin" and f.name == "nvidia-smi")
+    assert smi.path == "/usr/lib/nvidia/current/nvidia-smi"
+
+
+@pytest.mark.parametrize("line", LINES)
+def test_glx_closure_and_libx11(line, tmp_path):
+    """libGLX_nvidia needs libnvidia-glsi/-tls/-glcore (driver files) and libX11.so.6 (not one)."""
+    version = realdriver.driver_version(line)
+    for layout in realdriver.LAYOUTS:
+        inv = inventory(line, layout, tmp_path)
+        glx = next(f for f in inv.files if f.soname == "libGLX_nvidia.so.0")
+        inner = {f"libnvidia-glsi.so.{version}", f"libnvidia-tls.so.{version}", f"libnvidia-glcore.so.{version}"}
+        assert inner <= set(glx.needed)
+        have = {f.name for f in inv.files if f.kind == "lib" and f.capability == "graphics"}
+        assert inner <= have
+        x11 = next(d for d in inv.non_driver_deps if d.name == "libX11.so.6")
+        assert "libGLX_nvidia.so.0" in x11.needed_by and x11.host_path is None
+        assert not any(f.name.startswith("libX11") for f in inv.files)
+        enc = next(f for f in inv.files if f.soname == "libnvidia-encode.so.1")
+        assert "libnvcuvid.so.1" in enc.needed
+
+
+def test_gsp_firmware_and_icd_files(tmp_path):
+    inv = inventory("535", "rhel", tmp_path)
+    fw = sorted(f.path for f in inv.files if f.kind == "firmware")
+    assert fw == ["/lib/firmware/nvidia/535.309.01/gsp_ga10x.bin", "/lib/firmware/nvidia/535.309.01/gsp_tu10x.bin"]
+    icd = {f.path for f in inv.files if f.kind == "icd"}
+    assert {"/usr/share/glvnd/egl_vendor.d/10_nvidia.json", "/usr/share/vulkan/icd.d/nvidia_icd.json",
+            "/etc/OpenCL/vendors/nvidia.icd"} <= icd
+    assert not any(f.inject for f in inv.files if f.kind == "icd")
+
+
+def test_cuda_version_of_the_535_line(tmp_path):
+    inv = inventory("535", "installer", tmp_path)
+    try:
+        import pyxis_hook.cudaversion  # noqa: F401
+    except ImportError:
+        pytest.skip("pyxis_hook.cudaversion not present")
+    assert inv.cuda_version == 12020
+
+
+def _mixed_tree(tmp_path: Path) -> Path:
+    """The 535 installer tree plus leftovers of 470, re-cached by ldconfig.
+
+    The 470 libcuda/libnvidia-ml sit in their own directory (listed in
+    ld.so.conf.d, as a second flavor would be), so the cache holds two
+    libcuda.so.1 entries; 470's libnvidia-glcore/-tls, whose SONAMEs carry the
+    full version, sit in the same flat directory as 535's.
+    """
+    src535 = realdriver.require_driver_root("535", "installer")
+    src470 = realdriver.require_driver_root("470", "installer")
+    root = tmp_path / "mixed"
+    shutil.copytree(src535, root, symlinks=True, copy_function=os.link)
+    lib = "usr/lib/x86_64-linux-gnu"
+    v470 = realdriver.driver_version("470")
+    (root / "usr/lib/nvidia-470").mkdir(parents=True)
+    for stem in ("libcuda.so", "libnvidia-ml.so"):
+        os.link(src470 / lib / f"{stem}.{v470}", root / "usr/lib/nvidia-470" / f"{stem}.{v470}")
+    for stem in ("libnvidia-glcore.so", "libnvidia-tls.so"):
+        os.link(src470 / lib / f"{stem}.{v470}", root / lib / f"{stem}.{v470}")
+    (root / "etc/ld.so.conf.d/nvidia-470.conf").write_text("/usr/lib/nvidia-470\n")
+    (root / "etc/ld.so.cache").unlink()
+    realdriver.run_ldconfig(root)
+    return root
+
+
+def _loader_choice(root: Path, soname: str) -> str:
+    """The file glibc's loader would open for `soname`: first `ldconfig -p` line for it, resolved."""
+    import subprocess
+
+    out = subprocess.run([realdriver.ldconfig_binary(), "-p", "-C", str(root / "etc/ld.so.cache")],
+                         capture_output=True, text=True, check=True).stdout
+    line = next(x for x in out.splitlines() if x.strip().startswith(soname + " "))
+    return os.path.basename(os.path.realpath(root / line.split("=> ")[1].lstrip("/")))
+
+
+def test_leftover_other_version_is_skipped_with_kernel_module(tmp_path):
+    root = _mixed_tree(tmp_path)
+    v535, v470 = realdriver.driver_version("535"), realdriver.driver_version("470")
+    host = hosttree.make_host_tree(tmp_path / "host", driver_version=v535, make_nodes=False)
+    inv = discover(config_for(root, "installer", tmp_path, host))
+    assert inv.driver_version == v535 and inv.version_source == "procfs"
+    assert not any(v470 in f.name for f in inv.files)
+    assert v470 in inv.other_versions
+    assert any(f"libnvidia-glcore.so.{v470}: skipping: not driver version {v535}" in w for w in inv.warnings)
+    assert logical(inv) == logical(inventory("535", "installer", tmp_path))
+
+
+def test_two_versions_without_kernel_module_follow_libcuda_so_1(tmp_path):
+    root = _mixed_tree(tmp_path)
+    inv = discover(config_for(root, "installer", tmp_path))
+    assert _loader_choice(root, "libcuda.so.1").endswith(inv.driver_version)
+    assert all(f.name.endswith(inv.driver_version) for f in inv.files if f.kind == "lib")
+    assert any("several driver versions" in w for w in inv.warnings)

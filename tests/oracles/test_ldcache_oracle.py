@@ -140,7 +140,6 @@ def test_fixture_caches_print_and_serialize_like_ldconfig(tmp_path, fmt):
         ldconfig_p(cache_file).replace(cache_file.encode(), b"X")
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["new", "compat"])
 def test_hundreds_of_libs(tmp_path, fmt):
     root = build_root(tmp_path / "root", many=600, m32=have_m32())

@@ -14,7 +14,7 @@ from fixtures.hosttree import fake_gpus, make_host_tree
 from pyxis_hook.config import Config, load_schema
 from pyxis_hook.errors import PyxisHookError, RequestError, RequirementError
 from pyxis_hook.gpus import DeviceMajors, Gpu, HostGpus, MigDevice, discover_gpus
-from pyxis_hook.request import Request, resolve_request
+from pyxis_hook.request import Request, parse_devices_list, resolve_request
 
 CFG = Config()
 SCHEMA = load_schema("request.schema.json")
@@ -611,3 +611,30 @@ def test_random_order_smoke():
 
 def test_schema_is_valid_draft7():
     jsonschema.Draft7Validator.check_schema(SCHEMA)
+
+
+@pytest.mark.parametrize("text, want", [
+    ("a *:* rwm\n", None),
+    ("c 195:* rwm\n", None),
+    ("c *:* rw\n", None),
+    ("c 1:3 rwm\nc 195:255 rw\nc 195:0 rw\nc 195:3 rwm\n", frozenset({0, 3})),
+    ("c 195:1 r\nc 195:2 m\n", frozenset()),
+    ("b 195:* rwm\nc 511:0 rw\n", frozenset()),
+    ("", frozenset()),
+    ("garbage\n", frozenset()),
+])
+def test_parse_devices_list(text, want):
+    assert parse_devices_list(text) == want
+
+
+def test_devices_list_feeds_resolve():
+    allowed = parse_devices_list("c 195:255 rw\nc 195:2 rw\nc 195:0 rw\n")
+    assert [g.minor for g in resolve({"NVIDIA_VISIBLE_DEVICES": "all"}, SWAPPED, allowed=allowed).gpus] == [2, 0]
+
+
+def test_host_without_gpus_warns_for_all():
+    empty = HostGpus(driver_version=None, gpus=(), majors=DeviceMajors(None, None, None, None))
+    req = resolve({"NVIDIA_VISIBLE_DEVICES": "all"}, empty)
+    assert req.gpus == () and "no usable GPU" in req.warnings[0]
+    with pytest.raises(RequestError, match="this host has no usable GPU"):
+        resolve({"NVIDIA_VISIBLE_DEVICES": "0"}, empty)

@@ -638,3 +638,19 @@ def test_host_without_gpus_warns_for_all():
     assert req.gpus == () and "no usable GPU" in req.warnings[0]
     with pytest.raises(RequestError, match="this host has no usable GPU"):
         resolve({"NVIDIA_VISIBLE_DEVICES": "0"}, empty)
+
+
+def test_cuda_visible_devices_empty_warned():
+    req = resolve({"NVIDIA_VISIBLE_DEVICES": "0,1", "CUDA_VISIBLE_DEVICES": ""})
+    assert "set but empty" in req.warnings[0] and "CUDA_VISIBLE_DEVICES=0,1" in req.warnings[0]
+
+
+def test_request_import_is_cheap():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-I", "-c", "import sys, pyxis_hook.request, pyxis_hook.oci; "
+                          "print(' '.join(sorted(sys.modules)))"], capture_output=True, text=True, check=True)
+    mods = out.stdout.split()
+    assert "pyxis_hook.request" in mods
+    assert not [m for m in mods if m.split(".")[0] in ("elftools", "jsonschema", "ctypes", "subprocess")]

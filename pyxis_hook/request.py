@@ -398,6 +398,28 @@ def _cuda_visible(env: Mapping[str, str], gpus: tuple[Gpu, ...], migs: tuple[Mig
 # ----------------------------------------------------------------- main entry
 
 
+def void_request(env: Mapping[str, str]) -> Request | None:
+    """The void Request when the container asks for no GPU at all, else None.
+
+    Needs nothing but the env, so `prestart` can exit before loading the
+    inventory or reading /proc (design.md: the hot path "exits at once when
+    the container asked for no GPU").  `resolve_request` gives the same answer.
+    """
+    legacy = require.is_legacy(env)
+    raw = env.get(VISIBLE)
+    if raw is None and legacy:
+        return None
+    tokens = split_tokens(raw or "")
+    if not tokens:
+        why = "unset" if raw is None else "empty"
+        return Request(void=True, mode="void", legacy=legacy,
+                       reasons=(f"{VISIBLE} is {why}: not a GPU container, nothing is injected",))
+    if "void" in tokens:
+        return Request(void=True, mode="void", legacy=legacy,
+                       reasons=(f"{VISIBLE}={raw}: 'void': not a GPU container, nothing is injected",))
+    return None
+
+
 def resolve_request(
     env: Mapping[str, str],
     annotations: Mapping[str, str],
@@ -424,18 +446,14 @@ def resolve_request(
     warnings: list[str] = []
     legacy = require.is_legacy(env)
 
+    void = void_request(env)
+    if void is not None:
+        return void
     raw = env.get(VISIBLE)
     if raw is None and legacy:
         raw = "all"
         reasons.append(f"{VISIBLE} unset in a legacy image (CUDA_VERSION set, NVIDIA_REQUIRE_CUDA unset): 'all'")
     tokens = split_tokens(raw or "")
-    if not tokens:
-        why = "unset" if raw is None else "empty"
-        return Request(void=True, mode="void", legacy=legacy,
-                       reasons=(f"{VISIBLE} is {why}: not a GPU container, nothing is injected",))
-    if "void" in tokens:
-        return Request(void=True, mode="void", legacy=legacy,
-                       reasons=(f"{VISIBLE}={raw}: 'void': not a GPU container, nothing is injected",))
     special = next((t for t in tokens if t in ("all", "none")), None)
     if special is None and any(t.lower() == "all" for t in tokens):
         special = "all"  # the CLI accepts 'all' in any case

@@ -14,7 +14,7 @@ from fixtures.hosttree import fake_gpus, make_host_tree
 from pyxis_hook.config import Config, load_schema
 from pyxis_hook.errors import PyxisHookError, RequestError, RequirementError
 from pyxis_hook.gpus import DeviceMajors, Gpu, HostGpus, MigDevice, discover_gpus
-from pyxis_hook.request import Request, parse_devices_list, resolve_request
+from pyxis_hook.request import Request, parse_devices_list, resolve_request, void_request
 
 CFG = Config()
 SCHEMA = load_schema("request.schema.json")
@@ -584,6 +584,7 @@ def test_property_void_never_changes_the_container(env, allowed, config, visible
     else:
         env["NVIDIA_VISIBLE_DEVICES"] = visible
     req = resolve_request(env, {}, MIGHOST, config, allowed)
+    assert void_request(env) == req
     assert req.void and req.gpus == () and req.mig_devices == () and req.capabilities == ()
     assert req.imex_channels == () and not req.mig_config and req.gpu_minors == ()
 
@@ -654,3 +655,14 @@ def test_request_import_is_cheap():
     mods = out.stdout.split()
     assert "pyxis_hook.request" in mods
     assert not [m for m in mods if m.split(".")[0] in ("elftools", "jsonschema", "ctypes", "subprocess")]
+
+
+@settings(max_examples=300, deadline=None)
+@given(ENVS)
+def test_property_void_request_agrees_with_resolve(env):
+    early = void_request(env)
+    full = outcome(env, None, CFG)
+    if early is not None:
+        assert full == early
+    else:
+        assert not (isinstance(full, Request) and full.void)

@@ -650,3 +650,15 @@ def with_host(inv: Inventory, host: HostGpus) -> Inventory:
     """The same driver files with fresh GPU facts (GPUs and MIG change without a driver change)."""
     extra = tuple(w for w in inv.warnings if w not in inv.host.warnings)
     return replace(inv, host=host, warnings=tuple(host.warnings) + extra)
+
+
+def refresh_live(inv: Inventory, config, host: HostGpus) -> Inventory:
+    """`inv` with the facts that change while the driver stays: GPUs and the IPC sockets/MPS dir.
+
+    Daemons (persistenced, fabricmanager, MPS) start and stop at any time, so
+    a snapshot must not freeze their sockets; re-checking them is a few stats.
+    """
+    st = _State(root=inv.driver_root)
+    _ipc(st, config)
+    files = tuple(f for f in inv.files if f.kind != "ipc") + tuple(st.files)
+    return with_host(replace(inv, files=files), host)

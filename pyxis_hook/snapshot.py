@@ -10,8 +10,9 @@ provably current:
 - invalidated by the driver version the kernel module reports now and by the
   stat signature (st_dev, st_ino, st_size, st_mtime_ns) of every file it came
   from (ld.so.cache, each library/binary/firmware/ICD file, procfs version);
-- GPU facts (GPUs, MIG devices, nodes) are re-read from procfs on every load
-  (cheap, no ELF parsing), since they change without any driver file changing.
+- GPU facts (GPUs, MIG devices, nodes) are re-read from procfs on every load,
+  and the IPC sockets / MPS dir re-checked (cheap, no ELF parsing): they change
+  without any driver file changing.
 
 A snapshot that is stale, corrupt, not owned by root (or by us) or writable
 by others is rebuilt, never trusted.  Written atomically (tmp + rename),
@@ -66,7 +67,7 @@ def load(config, host=None):
     `host` are fresh GPU facts (discovered when None); they replace the saved ones.
     """
     from pyxis_hook.gpus import discover_gpus
-    from pyxis_hook.inventory import Inventory, stat_signature, with_host
+    from pyxis_hook.inventory import Inventory, refresh_live, stat_signature
 
     path = snapshot_path(config)
     try:
@@ -99,7 +100,7 @@ def load(config, host=None):
         raise SnapshotError(f"{path}: stale: driver version is now {host.driver_version}")
     if inv.version_source == "files" and host.driver_version and host.driver_version != inv.driver_version:
         raise SnapshotError(f"{path}: stale: kernel module {host.driver_version} loaded since")
-    return with_host(inv, host)
+    return refresh_live(inv, config, host)
 
 
 def save(config, inv) -> str:

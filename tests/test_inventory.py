@@ -380,3 +380,20 @@ print(bad)
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_snapshot_rechecks_ipc_sockets_on_load(tmp_path):
+    """A daemon started after the snapshot was built still gets its socket injected."""
+    root = make_driver(tmp_path / "r", extra=False)
+    c = cfg(root)
+    load_or_build(c)
+    (root / "run/nvidia-persistenced").mkdir(parents=True)
+    (root / "var").mkdir(exist_ok=True)
+    os.symlink("/run", root / "var/run")
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(root / "run/nvidia-persistenced/socket"))
+    try:
+        inv = snapshot.load(c)
+    finally:
+        s.close()
+    assert [f.path for f in inv.files if f.kind == "ipc"] == ["/run/nvidia-persistenced/socket"]

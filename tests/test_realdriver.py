@@ -167,3 +167,16 @@ def test_two_versions_without_kernel_module_follow_libcuda_so_1(tmp_path):
     assert _loader_choice(root, "libcuda.so.1").endswith(inv.driver_version)
     assert all(f.name.endswith(inv.driver_version) for f in inv.files if f.kind == "lib")
     assert any("several driver versions" in w for w in inv.warnings)
+
+
+def test_download_failure_fails_in_ci_and_skips_elsewhere(monkeypatch):
+    def broken(line):
+        raise realdriver.DownloadError("apt-get update failed (100): no network")
+
+    monkeypatch.setattr(realdriver, "extract", broken)
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="unavailable in CI"):
+        realdriver.require_driver_root("535", "debian")
+    monkeypatch.setenv("CI", "")
+    with pytest.raises(pytest.skip.Exception):
+        realdriver.require_driver_root("535", "debian")

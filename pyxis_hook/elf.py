@@ -117,12 +117,10 @@ def parse_header(raw: bytes, path: str) -> ElfHeader:
     Raises ElfError for a missing magic number or fewer bytes than the header
     of its class needs ("file too short", glibc's wording).
     """
-    if len(raw) < 4 or raw[:4] != ELFMAG:
-        if len(raw) < 4 and ELFMAG.startswith(raw):
-            raise ElfError(f"{path}: file too short ({len(raw)} bytes)")
-        raise ElfError(f"{path}: not an ELF file (invalid ELF header)")
-    if len(raw) < 16:
+    if len(raw) < 16:  # glibc checks the length before the magic: a 7-byte file is "too short"
         raise ElfError(f"{path}: file too short ({len(raw)} bytes)")
+    if raw[:4] != ELFMAG:
+        raise ElfError(f"{path}: not an ELF file (invalid ELF header)")
     cls = {1: 32, 2: 64}.get(raw[4], 0)
     data = {1: "little", 2: "big"}.get(raw[5], "invalid")
     need = EHDR_SIZE.get(cls, 64)

@@ -332,7 +332,8 @@ class _Resolver:
     def __init__(self, env: LoaderEnv) -> None:
         self.env = env
         self.chain: list[_Obj] = []
-        self.order: list[_Obj] = []
+        self.order: list[_Obj] = []  # load order, without the interpreter
+        self.searchlist: list[_Obj] = []  # breadth-first, found objects only
 
     # -- files
 
@@ -481,9 +482,7 @@ class _Resolver:
             name = expanded
         for o in self.chain:
             if o.matches(name):
-                if not o.placed:
-                    o.placed = True
-                    self.order.append(o)
+                self.place(o)
                 return None
         hit = self.search(name, loader, want)
         if hit is None:
@@ -494,14 +493,30 @@ class _Resolver:
         for o in self.chain:
             if not o.faked and fid is not None and o.file_id == fid:
                 o.names.append(name)
-                if not o.placed:
-                    o.placed = True
-                    self.order.append(o)
+                self.place(o)
                 return None
         obj = _Obj([name], path, info, loader, fid, how=how)
         self.chain.append(obj)
         self.order.append(obj)
+        self.searchlist.append(obj)
         return obj
+
+    def place(self, o: _Obj) -> None:
+        """The interpreter joins the search list when first named (it is in the chain from the start)."""
+        if not o.placed:
+            o.placed = True
+            self.searchlist.append(o)
+
+    def load_order(self) -> list[_Obj]:
+        """The link-map chain ld.so prints: load order, with the interpreter put back right after its
+        predecessor in the search list (rtld.c); not-found ("faked") objects are in the chain only."""
+        order = list(self.order)
+        for i, o in enumerate(self.searchlist):
+            if o.interpreter:
+                pred = self.searchlist[i - 1]
+                at = 0 if pred is self.chain[0] else order.index(pred) + 1
+                order.insert(at, o)
+        return order
 
     # -- the whole tree
 
@@ -515,6 +530,7 @@ class _Resolver:
         info = read_elf(host)
         main = _Obj([path], path, info, None, (st.st_dev, st.st_ino), how="main")
         self.chain.append(main)
+        self.searchlist.append(main)
         want = _Want(info.elfclass, info.machine, info.byteorder)
         rtld_path = env.rtld or info.interp or DEFAULT_RTLD.get((info.elfclass, info.machine))
         if rtld_path:
@@ -548,7 +564,7 @@ class _Resolver:
         deps = [Dependency(name=o.names[0], path=None if o.faked else o.path, how=o.how,
                            needed_by=o.loader.path if o.loader else "",
                            soname=o.info.soname if o.info else None, interpreter=o.interpreter)
-                for o in self.order]
+                for o in self.load_order()]
         if failed is not None:
             deps.append(Dependency(name=failed.name, path=failed.name, how="load fails",
                                    needed_by="", error=failed.reason))

@@ -8,7 +8,14 @@ the real run can never disagree.
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # only for type hints: plan.py imports nothing heavy
+    from pyxis_hook.config import Config
+    from pyxis_hook.inventory import DriverFile, Inventory
+    from pyxis_hook.request import Request
 
 #: mount options, as CDI/OCI spell them
 LIB_OPTIONS = ("ro", "nosuid", "nodev", "bind", "rprivate")
@@ -111,6 +118,7 @@ class Plan:
     ldcache: LdcacheUpdate = field(default_factory=lambda: LdcacheUpdate("none"))
     env: tuple[tuple[str, str], ...] = ()  # variables the container should see (reported)
     notes: tuple[str, ...] = ()  # decisions and reasons, for `plan` and the log
+    problems: tuple[str, ...] = ()  # what makes the plan unusable (prestart fails with the first)
 
     @property
     def empty(self) -> bool:
@@ -118,3 +126,137 @@ class Plan:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+#: device nodes whose absence makes the container unusable (the rest are warnings)
+_REQUIRED_NODE_PREFIXES = ("/dev/nvidiactl", "/dev/nvidia-caps/", "/dev/nvidia-caps-imex-channels/")
+
+
+def _required(path: str) -> bool:
+    return path.startswith(_REQUIRED_NODE_PREFIXES) or (
+        path.startswith("/dev/nvidia") and path[len("/dev/nvidia"):].isdigit())
+
+
+def _dev_host_path(dev_root: str, path: str) -> str:
+    return os.path.normpath(dev_root.rstrip("/") + path) if dev_root not in ("", "/") else path
+
+
+def patch_params(text: str) -> str:
+    """The driver's params with `ModifyDeviceFiles: 0`: NVML in the container must not mknod/chmod."""
+    out = []
+    for line in text.splitlines(keepends=True):
+        if line.split(":", 1)[0].strip() == "ModifyDeviceFiles":
+            line = "ModifyDeviceFiles: 0\n"
+        out.append(line)
+    return "".join(out)
+
+
+def _mount_for(f: "DriverFile", facts: ContainerFacts) -> MountEdit | None:
+    """Where one driver file lands in the container (libnvidia-container's rules)."""
+    if f.kind == "lib":
+        return MountEdit(f.host_path, f"{facts.lib_dir}/{f.name}", "file", LIB_OPTIONS, f.capability, f.source)
+    if f.kind == "lib32":
+        if not facts.lib32_dir:
+            return None
+        return MountEdit(f.host_path, f"{facts.lib32_dir}/{f.name}", "file", LIB_OPTIONS, f.capability, f.source)
+    if f.kind == "bin":
+        return MountEdit(f.host_path, f"{facts.bin_dir}/{f.name}", "file", LIB_OPTIONS, f.capability, f.source)
+    if f.kind == "ipc":
+        kind = "dir" if f.source.startswith("mps:") else "socket"
+        return MountEdit(f.host_path, f.path, kind, IPC_OPTIONS, f.capability, f.source)
+    # firmware and ICD files keep their path
+    return MountEdit(f.host_path, f.path, "file", LIB_OPTIONS, f.capability, f.source)
+
+
+def build_plan(request: "Request", inventory: "Inventory", facts: ContainerFacts, config: "Config", *,
+               proc_files: tuple[tuple[str, str], ...] | None = None) -> Plan:
+    """Request + Inventory + container facts -> Plan; pure (no I/O).
+
+    `proc_files` are the host's /proc/driver/nvidia `params`, `version` and
+    `registry` texts (None when the kernel module is not loaded: the
+    container then gets no /proc/driver/nvidia view, on purpose).
+    """
+    notes = list(request.reasons)
+    if request.void:
+        return Plan(rootfs=facts.rootfs, notes=tuple(notes) + ("nothing to do: the container is left as is",))
+    problems: list[str] = []
+    if not inventory.usable:
+        problems.extend(inventory.errors or ("no NVIDIA driver found under driver-root "
+                                             f"{inventory.driver_root}",))
+    caps = set(request.capabilities)
+    host = inventory.host
+    from pyxis_hook.gpus import device_nodes_for
+
+    nodes = device_nodes_for(
+        host, request.gpu_minors, request.mig_devices,
+        uvm=bool(caps & {"compute", "video"}), modeset="display" in caps,
+        mig_config=request.mig_config, mig_monitor=request.mig_monitor,
+        imex_channels=request.imex_channels,
+    )
+    devices: list[DeviceEdit] = []
+    for n in nodes:
+        if n.problem:
+            msg = f"device node {_dev_host_path(host.dev_root, n.path)}: {n.problem}"
+            if _required(n.path):
+                problems.append(msg)
+            else:
+                notes.append("warning: " + msg + " (skipped)")
+            continue
+        devices.append(DeviceEdit(n.path, _dev_host_path(host.dev_root, n.path), n.major, n.minor,
+                                  0o666 if n.mode is None else n.mode))
+    files = inventory.select(caps)
+    mounts: list[MountEdit] = []
+    symlinks: list[SymlinkEdit] = []
+    seen_targets: set[str] = set()
+    for f in files:
+        m = _mount_for(f, facts)
+        if m is None:
+            notes.append(f"warning: {f.name}: no 32-bit library directory in this image (skipped)")
+            continue
+        if m.container_path in seen_targets:
+            continue
+        seen_targets.add(m.container_path)
+        mounts.append(m)
+        if f.kind in ("lib", "lib32"):
+            d = os.path.dirname(m.container_path)
+            for link, target in f.links:
+                symlinks.append(SymlinkEdit(f"{d}/{link}", target))
+    if request.mode == "none":
+        notes.append("NVIDIA_VISIBLE_DEVICES=none: driver files and control nodes only, no GPU")
+    proc_driver = None
+    gpu_dirs = tuple(g.proc_name or g.bus_id for g in request.gpus) + tuple(
+        dict.fromkeys(g.proc_name or g.bus_id for m in request.mig_devices
+                      for g in host.gpus if g.minor == m.gpu_minor and g not in request.gpus))
+    if proc_files is not None:
+        files_out = tuple((name, patch_params(text) if name == "params" else text) for name, text in proc_files)
+        proc_driver = ProcDriverView(host_dir=os.path.join(host.proc_root, "driver/nvidia"), files=files_out,
+                                     gpu_dirs=gpu_dirs)
+        for m in request.mig_devices:
+            for p in m.proc_paths:
+                rel = p[len("/proc"):] if p.startswith("/proc/") else p
+                mounts.append(MountEdit(os.path.join(host.proc_root, rel.lstrip("/")), p, "file", PROC_OPTIONS,
+                                        "", "mig access file"))
+    else:
+        notes.append("no /proc/driver/nvidia on this host (kernel module not loaded): "
+                     "the container gets no /proc/driver/nvidia view")
+    lib_dirs = tuple(dict.fromkeys(os.path.dirname(m.container_path) for m in mounts
+                                   if m.container_path.startswith((facts.lib_dir + "/", facts.lib32_dir + "/"))
+                                   and facts.lib_dir))
+    if not lib_dirs:
+        ldcache = LdcacheUpdate("none", why="no libraries injected")
+    else:
+        mode = config.ldcache
+        why = f"ldcache = {mode!r} in {config.source}"
+        if mode == "merge" and not facts.has_ld_so_conf:
+            mode, why = "ldconfig", "the image has no /etc/ld.so.conf: merge cannot model its loader, ldconfig instead"
+        _, ldconfig = config.host_ldconfig()
+        ldcache = LdcacheUpdate(mode, ldconfig=ldconfig, lib_dirs=lib_dirs, why=why)
+    rules = () if config.no_cgroups else tuple(CgroupRule(d.major, d.minor) for d in devices)
+    cgroup_mode = "none" if config.no_cgroups else "auto"
+    env: tuple[tuple[str, str], ...] = ()
+    if request.cuda_visible_devices is not None and (request.gpus or request.mig_devices):
+        env = (("CUDA_VISIBLE_DEVICES", request.cuda_visible_devices),)
+    notes.extend(f"warning: {w}" for w in request.warnings)
+    return Plan(rootfs=facts.rootfs, devices=tuple(devices), mounts=tuple(mounts), symlinks=tuple(symlinks),
+                cgroup_rules=rules, cgroup_mode=cgroup_mode, proc_driver=proc_driver, ldcache=ldcache,
+                env=env, notes=tuple(notes), problems=tuple(problems))

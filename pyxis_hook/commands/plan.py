@@ -1,0 +1,91 @@
+"""`pyxis-hook plan --bundle DIR [--json]`: the dry run of `prestart`.
+
+The same `hook.prepare` the hook runs, printed instead of applied: the
+request with the reason for each decision, then every device, mount,
+symlink, cgroup rule and the ld.so.cache update.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--bundle", metavar="DIR", required=True, help="OCI bundle (holds config.json)")
+    parser.add_argument("--env", metavar="NAME=VALUE", action="append", default=[],
+                        help="add to the container's environment (as if in process.env, after it)")
+    parser.add_argument("--json", action="store_true", help="print JSON (schemas/plan.schema.json)")
+
+
+def _opts(options) -> str:
+    return ",".join(options)
+
+
+def render(prepared) -> str:
+    """Human-readable plan."""
+    r, p = prepared.request, prepared.plan
+    out = [f"container rootfs: {p.rootfs}", f"request: {r.mode}"]
+    if not r.void:
+        gpus = ", ".join(f"{g.index} (minor {g.minor}, {g.uuid}, {g.bus_id})" for g in r.gpus) or "none"
+        out.append(f"  GPUs: {gpus}")
+        if r.mig_devices:
+            out.append("  MIG devices: " + ", ".join(f"{m.uuid or f'gpu{m.gpu_minor}/gi{m.gi}/ci{m.ci}'}"
+                                                    for m in r.mig_devices))
+        out.append(f"  capabilities: {','.join(r.capabilities)}")
+        if r.cuda_visible_devices is not None:
+            out.append(f"  CUDA_VISIBLE_DEVICES the container needs: {r.cuda_visible_devices or '(empty)'}")
+    out.append("reasons:")
+    out += [f"  - {x}" for x in r.reasons]
+    if p.problems:
+        out.append("problems (the hook would fail):")
+        out += [f"  ✗ {x}" for x in p.problems]
+    if r.void:
+        return "\n".join(out) + "\n"
+    out.append(f"devices ({len(p.devices)}):")
+    out += [f"  {d.path}  c {d.major}:{d.minor}  <- {d.host_path}" for d in p.devices]
+    out.append(f"mounts ({len(p.mounts)}):")
+    out += [f"  {m.container_path}  <- {m.host_path}  [{_opts(m.options)}]" for m in p.mounts]
+    out.append(f"symlinks ({len(p.symlinks)}):")
+    out += [f"  {s.container_path} -> {s.target}" for s in p.symlinks]
+    if p.proc_driver is not None:
+        out.append(f"/proc/driver/nvidia: tmpfs with {', '.join(n for n, _ in p.proc_driver.files)} "
+                   f"(ModifyDeviceFiles: 0); gpus/{{{', '.join(p.proc_driver.gpu_dirs)}}}")
+    out.append(f"device cgroup: {p.cgroup_mode}" + (f", {len(p.cgroup_rules)} rules" if p.cgroup_rules else ""))
+    ld = p.ldcache
+    out.append(f"ld.so.cache: {ld.mode}" + (f" ({ld.ldconfig} {' '.join(ld.lib_dirs)})" if ld.mode == "ldconfig"
+                                            else "") + (f" — {ld.why}" if ld.why else ""))
+    if p.env:
+        out.append("environment: " + " ".join(f"{k}={v}" for k, v in p.env))
+    notes = [n for n in p.notes if n not in r.reasons]
+    if notes:
+        out.append("notes:")
+        out += [f"  - {n}" for n in notes]
+    return "\n".join(out) + "\n"
+
+
+def to_json(prepared) -> dict:
+    return {"request": prepared.request.to_dict(), "plan": prepared.plan.to_dict()}
+
+
+def run(args, config) -> int:
+    from dataclasses import replace
+
+    from pyxis_hook import oci
+    from pyxis_hook.errors import UsageError
+    from pyxis_hook.hook import prepare
+
+    bundle = oci.load_bundle(args.bundle)
+    if args.env:
+        extra = []
+        for item in args.env:
+            if "=" not in item:
+                raise UsageError(f"--env {item!r}: expected NAME=VALUE")
+            extra.append(tuple(item.split("=", 1)))
+        bundle = replace(bundle, env=bundle.env + tuple(extra))
+    prepared = prepare(config, bundle)
+    if args.json:
+        sys.stdout.write(json.dumps(to_json(prepared), indent=2) + "\n")
+    else:
+        sys.stdout.write(render(prepared))
+    return 1 if prepared.plan.problems else 0

@@ -1,0 +1,85 @@
+"""One container start: state -> bundle -> Request -> Inventory -> Plan (-> apply).
+
+`prepare` is shared by `prestart` (which then applies), `plan` (which
+prints) and the enroot mode (which builds a synthetic bundle), so the dry
+run and the real run take every decision in the same code.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from pyxis_hook import log
+from pyxis_hook.config import Config
+from pyxis_hook.plan import Plan
+
+PROC_DRIVER_FILES = ("params", "version", "registry")
+PROC_FILE_LIMIT = 1 << 20
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Everything decided for one container; `inventory` is None for a void request."""
+
+    bundle: object  # oci.Bundle
+    request: object  # request.Request
+    inventory: object | None  # inventory.Inventory
+    plan: Plan
+
+
+def read_proc_driver_files(proc_root: str) -> tuple[tuple[str, str], ...] | None:
+    """The host's /proc/driver/nvidia texts the container's view copies; None without the module."""
+    base = os.path.join(proc_root, "driver/nvidia")
+    if not os.path.isdir(base):
+        return None
+    out = []
+    for name in PROC_DRIVER_FILES:
+        try:
+            with open(os.path.join(base, name), "rb") as f:
+                out.append((name, f.read(PROC_FILE_LIMIT).decode("utf-8", "replace")))
+        except OSError:
+            continue
+    return tuple(out)
+
+
+def prepare(config: Config, bundle, *, state=None, pid: int | None = None) -> Prepared:
+    """Decide everything for `bundle` (an oci.Bundle); never touches the container."""
+    from pyxis_hook import oci, request as req
+
+    env = bundle.env_map()
+    annotations = oci.state_annotations(state, bundle) if state is not None else bundle.annotation_map()
+    void = req.void_request(env)
+    if void is not None:
+        from pyxis_hook.plan import Plan as _Plan
+
+        return Prepared(bundle, void, None, _Plan(rootfs=bundle.rootfs, notes=void.reasons))
+
+    from pyxis_hook import gpus, inventory as inv_mod
+    from pyxis_hook.container import container_facts
+    from pyxis_hook.plan import build_plan
+
+    inventory = inv_mod.load_or_build(config, strict=False)
+    host = gpus.discover_gpus(config.proc_root, config.dev_root)
+    inventory = inv_mod.with_host(inventory, host)
+    allowed = None
+    if pid is not None:
+        from pyxis_hook import cgroup
+
+        nv_major = host.majors.nvidia or 195
+        allowed_set = cgroup.gpu_minors_allowed("/proc", os.getpid(), [g.minor for g in host.gpus], nv_major)
+        allowed = None if allowed_set is None else frozenset(allowed_set)
+        if allowed is not None and len(allowed) == len(host.gpus):
+            allowed = None  # not confined
+    cuda = None
+    if inventory.cuda_version:
+        from pyxis_hook.cudaversion import format_cuda_version
+
+        cuda = format_cuda_version(inventory.cuda_version)
+    request = req.resolve_request(env, annotations, host, config, allowed, cuda_version=cuda,
+                                  privileged=bundle.privileged)
+    facts = container_facts(bundle.rootfs, readonly=bundle.readonly, uid=bundle.uid, gid=bundle.gid)
+    plan = build_plan(request, inventory, facts, config, proc_files=read_proc_driver_files(config.proc_root))
+    for note in plan.notes:
+        log.debug(note)
+    return Prepared(bundle, request, inventory, plan)

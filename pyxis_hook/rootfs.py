@@ -347,7 +347,7 @@ class RootFS:
                 return self.open("/".join(parts[:-1]) or "/", os.O_PATH | os.O_DIRECTORY), parts[-1]
             except RootPathError as e:
                 if e.errno not in (errno.ENOENT,):
-                    raise
+                    raise _err(path, self.path, e.errno) from None  # name the whole path
         return self._walk(path, follow_last=False, create_mode=create_mode)
 
     # -- creation ---------------------------------------------------------

@@ -1,0 +1,503 @@
+"""Plan -> kernel: the only code that mounts, links and writes cgroup rules for a container.
+
+Order (the plan's order): device binds, library/file binds, symlinks, the
+/proc/driver/nvidia view, then the ld.so.cache refresh.  Device cgroup rules
+are written first, from the host side.
+
+Why a forked child does the namespace work: `setns(CLONE_NEWNS)` fails with
+EINVAL in a multi-threaded process and changes the caller's view of the
+filesystem for good.  A child of `fork()` is single-threaded whatever the
+parent is (a test runner, a future CLI with a thread), it inherits the host
+fds opened and checked before the fork, and when it exits the parent is
+still on the host, so error reporting, logging and a second container work
+as before.  The child sends one JSON result up a pipe; the parent turns a
+failure into one PyxisHookError line (the same class the child raised).
+
+Safety rules kept here (security.md §5):
+- sources are host paths opened on the host *before* entering the container
+  namespace and checked with fstat (regular file / directory / socket as the
+  plan says; a char device with exactly the planned st_rdev, else "invalid
+  device node"); they are mounted by fd, never re-resolved by name;
+- targets are resolved and created inside the rootfs by `rootfs.RootFS`
+  (chroot semantics, O_NOFOLLOW creation), and mounted onto the target fd:
+  open_tree(OPEN_TREE_CLONE) + mount_setattr(flags, MS_PRIVATE) + move_mount
+  (atomic: no read-write window), or on kernels without the new mount API a
+  bind + remount onto /proc/self/fd/N, checking the reopened target is the
+  source inode;
+- any failure undoes every mount (umount2 MNT_DETACH, newest first) and
+  removes every mount point, directory and symlink created, so nothing is
+  left behind; the ldconfig run comes last so its failure is undone too.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import stat
+from dataclasses import dataclass
+
+from pyxis_hook import kernel, log
+from pyxis_hook.errors import ApplyError, PathError, PyxisHookError
+from pyxis_hook.plan import DEV_OPTIONS, PROC_OPTIONS, Plan
+from pyxis_hook.rootfs import Entry, RootFS, RootPathError
+
+_ATTRS = {"ro": kernel.MOUNT_ATTR_RDONLY, "nosuid": kernel.MOUNT_ATTR_NOSUID,
+          "nodev": kernel.MOUNT_ATTR_NODEV, "noexec": kernel.MOUNT_ATTR_NOEXEC}
+#: legacy MS_* flags for the same options (the values happen to match, kept explicit)
+_MS = {"ro": kernel.MS_RDONLY, "nosuid": kernel.MS_NOSUID, "nodev": kernel.MS_NODEV, "noexec": kernel.MS_NOEXEC}
+
+_BUS_RE = re.compile(r"^[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.+-]+$")
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    """What was done, for the log and for tests."""
+
+    mounted: tuple[str, ...] = ()
+    symlinks: tuple[str, ...] = ()
+    messages: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class _Bind:
+    """One host source, opened and checked on the host, and where it goes.
+
+    `tree` is a detached clone of the source made on the host with the final
+    flags already set (new mount API), or -1 (legacy: the child binds by fd
+    after checking the source is still the same inode).
+    """
+
+    container_path: str
+    fd: int
+    kind: str  # file | dir (mount point type)
+    options: tuple[str, ...]
+    host_path: str
+    tree: int = -1
+
+
+def apply_plan(plan: Plan, pid: int, config=None, *, proc: str = "/proc") -> ApplyResult:
+    """Apply `plan` to the container whose init is `pid` (in our PID namespace).
+
+    `config` is a `pyxis_hook.config.Config` (only `no_cgroups` is read; None
+    means defaults).  Raises PathError/ApplyError with one line; on error
+    nothing is left mounted or created in the rootfs.
+    """
+    messages: list[str] = []
+    no_cgroups = bool(getattr(config, "no_cgroups", False))
+    fds: list[int] = []
+    try:
+        binds = _open_sources(plan, fds)
+        gpu_dirs = _open_proc_sources(plan, fds, messages)
+        if kernel.have_new_mount_api():
+            # Clone on the host: a bind source must be a mount of the caller's namespace, and a
+            # detached clone may then be moved into any namespace (the legacy path re-opens instead).
+            binds = [_clone(b, fds) for b in binds]
+            gpu_dirs = [_clone(b, fds) for b in gpu_dirs]
+        try:
+            owner_st = os.stat(f"{proc}/{pid}")
+            ns_fd = os.open(f"{proc}/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as e:
+            raise ApplyError(f"container process {pid}: {e.strerror}") from None
+        fds.append(ns_fd)
+        owner = (owner_st.st_uid, owner_st.st_gid)
+        exe_fd = None
+        if plan.ldcache.mode == "ldconfig":
+            from pyxis_hook import confined
+
+            exe_fd = confined.sealed_copy(plan.ldcache.ldconfig)
+            fds.append(exe_fd)
+        if plan.cgroup_rules:
+            messages.append(_cgroup(plan, pid, no_cgroups, proc))
+        result = _in_child(plan, ns_fd, binds, gpu_dirs, exe_fd, owner)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return ApplyResult(tuple(result["mounted"]), tuple(result["symlinks"]),
+                       tuple(messages) + tuple(result["messages"]))
+
+
+# ---------------------------------------------------------------- host side
+
+
+def _open_sources(plan: Plan, fds: list[int]) -> list[_Bind]:
+    binds = []
+    for d in plan.devices:
+        fd = _open_host(d.host_path, fds)
+        st = os.fstat(fd)
+        if not stat.S_ISCHR(st.st_mode) or st.st_rdev != os.makedev(d.major, d.minor):
+            got = f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}" if stat.S_ISCHR(st.st_mode) else "not a char device"
+            raise ApplyError(f"invalid device node {d.host_path}: expected c {d.major}:{d.minor}, found {got}")
+        binds.append(_Bind(d.path, fd, "file", DEV_OPTIONS, d.host_path))
+    for m in plan.mounts:
+        fd = _open_host(m.host_path, fds)
+        st = os.fstat(fd)
+        want = {"file": stat.S_ISREG, "dir": stat.S_ISDIR, "socket": stat.S_ISSOCK}.get(m.kind)
+        if want is None:
+            raise ApplyError(f"mount of {m.host_path}: unknown kind {m.kind!r}")
+        if not want(st.st_mode):
+            raise ApplyError(f"unexpected source file mode for {m.host_path}: not a {m.kind}")
+        binds.append(_Bind(m.container_path, fd, "dir" if m.kind == "dir" else "file", m.options, m.host_path))
+    return binds
+
+
+def _clone(b: _Bind, fds: list[int]) -> _Bind:
+    """open_tree(OPEN_TREE_CLONE) + mount_setattr(flags, MS_PRIVATE): a detached, final mount."""
+    from dataclasses import replace
+
+    attrs = 0
+    for o in b.options:
+        attrs |= _ATTRS.get(o, 0)
+    tree = kernel.open_tree(b.fd, "", kernel.OPEN_TREE_CLONE | kernel.OPEN_TREE_CLOEXEC | kernel.AT_EMPTY_PATH,
+                            what=b.host_path)
+    fds.append(tree)
+    kernel.mount_setattr(tree, "", kernel.AT_EMPTY_PATH, attrs, 0, kernel.MS_PRIVATE, what=b.host_path)
+    return replace(b, tree=tree)
+
+
+def _open_host(path: str, fds: list[int]) -> int:
+    """O_PATH fd of a host source; host paths are trusted, symlinks among them (driver-root) are followed."""
+    try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except OSError as e:
+        raise ApplyError(f"{path}: {e.strerror}") from None
+    fds.append(fd)
+    return fd
+
+
+def _open_proc_sources(plan: Plan, fds: list[int], messages: list[str]) -> list[_Bind]:
+    view = plan.proc_driver
+    if view is None:
+        return []
+    for name, _content in view.files:
+        if not _NAME_RE.match(name) or name in (".", ".."):
+            raise ApplyError(f"/proc/driver/nvidia: bad file name {name!r} in plan")
+    out = []
+    for bus in view.gpu_dirs:
+        if not _BUS_RE.match(bus):
+            raise ApplyError(f"/proc/driver/nvidia: bad GPU bus id {bus!r} in plan")
+        path = f"{view.host_dir}/gpus/{bus}"
+        try:
+            fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as e:
+            raise ApplyError(f"{path}: {e.strerror}") from None
+        fds.append(fd)
+        out.append(_Bind(bus, fd, "dir", PROC_OPTIONS, path))
+    return out
+
+
+def _cgroup(plan: Plan, pid: int, no_cgroups: bool, proc: str) -> str:
+    """Allow the plan's devices in the container's v1 device cgroup; explain what to do on v2."""
+    rules = ", ".join(f"{r.type} {r.major}:{r.minor} {r.access}" for r in plan.cgroup_rules)
+    if no_cgroups:
+        msg = f"device cgroup: not modified (no-cgroups = true): {rules}"
+        log.info(msg)
+        return msg
+    path = f"{proc}/{pid}/cgroup"
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        raise ApplyError(f"{path}: {e.strerror}") from None
+    cg = None
+    v2 = False
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        if "devices" in parts[1].split(","):
+            cg = parts[2]
+        elif parts[0] == "0" and parts[1] == "":
+            v2 = True
+    if cg is None:
+        if v2:
+            msg = (f"device cgroup v2: not modified; the runtime must allow {rules} "
+                   "(config.json linux.resources.devices, or use CDI)")
+        else:
+            msg = f"device cgroup: no devices controller for pid {pid}: not modified"
+        log.info(msg)
+        return msg
+    d = _v1_devices_dir(cg, proc)
+    for r in plan.cgroup_rules:
+        rule = f"{r.type} {r.major}:{r.minor} {r.access}"
+        allow = f"{d}/devices.allow"
+        try:
+            fd = os.open(allow, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                os.write(fd, rule.encode())
+            finally:
+                os.close(fd)
+        except OSError as e:
+            raise ApplyError(f"{allow}: cannot allow {rule}: {e.strerror}") from None
+    msg = f"device cgroup v1 {d}: allowed {rules}"
+    log.info(msg)
+    return msg
+
+
+def _unescape(s: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), s)
+
+
+def _v1_devices_dir(cg: str, proc: str) -> str:
+    """The host directory of cgroup path `cg` in the v1 devices hierarchy (from our mountinfo)."""
+    path = f"{proc}/self/mountinfo"
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        raise ApplyError(f"{path}: {e.strerror}") from None
+    for line in lines:
+        left, sep, right = line.partition(" - ")
+        if not sep:
+            continue
+        lf, rf = left.split(), right.split()
+        if len(rf) < 3 or rf[0] != "cgroup" or "devices" not in rf[2].split(","):
+            continue
+        root, mountpoint = _unescape(lf[3]), _unescape(lf[4])
+        if root.startswith("/.."):
+            continue
+        if root != "/" and not (cg == root or cg.startswith(root + "/")):
+            continue
+        rel = cg[len(root):] if root != "/" else cg
+        return mountpoint.rstrip("/") + "/" + rel.lstrip("/") if rel.strip("/") else mountpoint
+    raise ApplyError(f"device cgroup {cg}: no cgroup v1 devices mount in {path}")
+
+
+# -------------------------------------------------------- in the namespace
+
+
+def _in_child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner) -> dict:
+    r, w = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - measured through the tests' results
+        os.close(r)
+        out: dict
+        try:
+            out = _child(plan, ns_fd, binds, gpu_dirs, exe_fd, owner)
+        except PyxisHookError as e:
+            out = {"error": str(e), "class": type(e).__name__}
+        except BaseException as e:  # noqa: BLE001 - a bug: log the traceback, report one line
+            log.exception("apply: internal error")
+            out = {"error": f"internal error while applying the plan: {type(e).__name__}: {e}",
+                   "class": "ApplyError"}
+        try:
+            data = json.dumps(out).encode()
+            while data:
+                data = data[os.write(w, data):]
+        finally:
+            os._exit(0)
+    os.close(w)
+    chunks = []
+    try:
+        while True:
+            chunk = os.read(r, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(r)
+    _, status = os.waitpid(pid, 0)
+    try:
+        out = json.loads(b"".join(chunks))
+    except ValueError:
+        raise ApplyError(f"the process applying the plan to {plan.rootfs} died "
+                         f"(wait status {status:#x}); nothing reported") from None
+    if "error" in out:
+        cls = PathError if out.get("class") in ("PathError", "RootPathError") else ApplyError
+        raise cls(out["error"])
+    return out
+
+
+class _Undo:
+    """Mounts made so far (as fds of the mount roots), undone newest first."""
+
+    def __init__(self) -> None:
+        self.mount_fds: list[tuple[int, str]] = []
+
+    def add(self, fd: int, path: str) -> None:
+        self.mount_fds.append((fd, path))
+
+    def run(self) -> list[str]:
+        problems = []
+        while self.mount_fds:
+            fd, path = self.mount_fds.pop()
+            try:
+                kernel.umount2(kernel.proc_fd_path(fd), kernel.MNT_DETACH, what=path)
+            except ApplyError as e:
+                problems.append(str(e))
+            finally:
+                os.close(fd)
+        return problems
+
+
+def _child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner) -> dict:
+    kernel.setns(ns_fd, kernel.CLONE_NEWNS, "container mount namespace")
+    undo = _Undo()
+    messages: list[str] = []
+    mounted: list[str] = []
+    links: list[str] = []
+    rfs = RootFS(plan.rootfs, owner=owner if owner != (0, 0) else None)
+    try:
+        try:
+            new_api = kernel.have_new_mount_api()
+            for b in binds:
+                entry = rfs.ensure_entry(b.container_path, b.kind)
+                try:
+                    _bind(b, entry, undo)
+                finally:
+                    entry.close()
+                mounted.append(b.container_path)
+            for s in plan.symlinks:
+                try:
+                    if rfs.symlink(s.container_path, s.target):
+                        links.append(s.container_path)
+                except RootPathError as e:
+                    if e.errno != errno.EEXIST:
+                        raise
+                    messages.append(f"symlink {s.container_path} not created: a file of the image is there")
+            if plan.proc_driver is not None:
+                mounted += _proc_view(plan, rfs, gpu_dirs, undo, new_api, messages)
+            _ldcache(plan, rfs, exe_fd, messages)
+        except BaseException:
+            problems = undo.run() + rfs.rollback()
+            for p in problems:
+                log.error(f"rollback: {p}")
+            raise
+        # success: the mounts stay; their fds are no longer needed
+        for fd, _path in undo.mount_fds:
+            os.close(fd)
+        for m in messages:
+            log.info(m)
+        return {"mounted": mounted, "symlinks": links, "messages": messages}
+    finally:
+        rfs.close()
+
+
+def _bind(b: _Bind, entry: Entry, undo: _Undo) -> int:
+    """Put source `b` onto the target entry with its flags; return the new mount's fd (for undo)."""
+    if b.tree >= 0:
+        tree = os.dup(b.tree)
+        try:
+            kernel.move_mount(tree, "", entry.fd, "", kernel.MOVE_MOUNT_F_EMPTY_PATH | kernel.MOVE_MOUNT_T_EMPTY_PATH,
+                              what=entry.path)
+        except BaseException:
+            os.close(tree)
+            raise
+        undo.add(tree, entry.path)
+        return tree
+    # legacy: the host fd belongs to another mount namespace and cannot be a bind source here,
+    # so open the same host path in this one (runc's namespace is a copy of the host's, before
+    # pivot_root) and insist it is the very inode checked on the host.
+    try:
+        src = os.open(b.host_path, os.O_PATH | os.O_CLOEXEC)
+    except OSError as e:
+        raise ApplyError(f"{b.host_path}: not reachable in the container mount namespace: {e.strerror}") from None
+    try:
+        want, got = os.fstat(b.fd), os.fstat(src)
+        if (want.st_dev, want.st_ino) != (got.st_dev, got.st_ino):
+            raise ApplyError(f"{b.host_path}: is another file in the container mount namespace")
+        flags = 0
+        for o in b.options:
+            flags |= _MS.get(o, 0)
+        kernel.mount(kernel.proc_fd_path(src), kernel.proc_fd_path(entry.fd), None, kernel.MS_BIND, what=entry.path)
+    finally:
+        os.close(src)
+    top = entry.reopen()
+    undo.add(top, entry.path)
+    got = os.fstat(top)
+    if (want.st_dev, want.st_ino) != (got.st_dev, got.st_ino):
+        raise ApplyError(f"{entry.path}: the mount point changed while mounting {b.host_path}")
+    target = kernel.proc_fd_path(top)
+    kernel.mount(None, target, None, kernel.MS_REMOUNT | kernel.MS_BIND | flags, what=entry.path)
+    kernel.mount(None, target, None, kernel.MS_PRIVATE, what=entry.path)
+    return top
+
+
+def _proc_view(plan: Plan, rfs: RootFS, gpu_dirs, undo: _Undo, new_api: bool, messages: list[str]) -> list[str]:
+    """tmpfs over the container's /proc/driver/nvidia with copied files and the selected GPUs' dirs."""
+    view = plan.proc_driver
+    target = "/proc/driver/nvidia"
+    if not rfs.exists(target):
+        messages.append(f"{target}: not in the container's /proc (no NVIDIA kernel module?): view not mounted")
+        return []
+    entry = rfs.ensure_entry(target, "dir")
+    try:
+        base = kernel.MOUNT_ATTR_NOSUID | kernel.MOUNT_ATTR_NODEV | kernel.MOUNT_ATTR_NOEXEC
+        if new_api:
+            fsfd = kernel.fsopen("tmpfs")
+            try:
+                kernel.fsconfig_string(fsfd, "mode", "0555")
+                kernel.fsconfig_string(fsfd, "size", "1m")
+                kernel.fsconfig_create(fsfd)
+                mnt = kernel.fsmount(fsfd, base)
+            finally:
+                os.close(fsfd)
+            try:
+                kernel.move_mount(mnt, "", entry.fd, "", kernel.MOVE_MOUNT_F_EMPTY_PATH | kernel.MOVE_MOUNT_T_EMPTY_PATH,
+                                  what=target)
+            except BaseException:
+                os.close(mnt)
+                raise
+            undo.add(mnt, target)
+        else:
+            kernel.mount("tmpfs", kernel.proc_fd_path(entry.fd), "tmpfs",
+                         kernel.MS_NOSUID | kernel.MS_NODEV | kernel.MS_NOEXEC, "mode=0555,size=1m", what=target)
+            mnt = entry.reopen()
+            undo.add(mnt, target)
+        for name, content in view.files:
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444, dir_fd=mnt)
+            try:
+                os.write(fd, content.encode())
+            finally:
+                os.close(fd)
+        done = [target]
+        if gpu_dirs:
+            os.mkdir("gpus", 0o555, dir_fd=mnt)
+            gfd = os.open("gpus", os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=mnt)
+            try:
+                for b in gpu_dirs:
+                    bus = b.container_path
+                    os.mkdir(bus, 0o555, dir_fd=gfd)
+                    sub = Entry(os.dup(gfd), bus,
+                                os.open(bus, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=gfd),
+                                True, f"{target}/gpus/{bus}")
+                    try:
+                        _bind(b, sub, undo)
+                    finally:
+                        sub.close()
+                    done.append(sub.path)
+            finally:
+                os.close(gfd)
+        # populated: now make the tmpfs itself read-only
+        if new_api:
+            kernel.mount_setattr(mnt, "", kernel.AT_EMPTY_PATH, kernel.MOUNT_ATTR_RDONLY, 0, 0, what=target)
+        else:
+            kernel.mount(None, kernel.proc_fd_path(mnt), None,
+                         kernel.MS_REMOUNT | kernel.MS_RDONLY | kernel.MS_NOSUID | kernel.MS_NODEV | kernel.MS_NOEXEC,
+                         "mode=0555", what=target)
+        return done
+    finally:
+        entry.close()
+
+
+def _ldcache(plan: Plan, rfs: RootFS, exe_fd, messages: list[str]) -> None:
+    mode = plan.ldcache.mode
+    if mode == "none":
+        return
+    if mode == "merge":
+        messages.append("ld.so.cache: merge mode is not implemented yet; cache left as it is")
+        return
+    if mode != "ldconfig":
+        raise ApplyError(f"ld.so.cache: unknown update mode {mode!r} in plan")
+    if rfs.readonly:
+        messages.append(f"ld.so.cache: {plan.rootfs} is read-only; ldconfig not run")
+        return
+    from pyxis_hook import confined
+
+    dirs = tuple(dict.fromkeys(plan.ldcache.conf_dirs + plan.ldcache.lib_dirs))
+    warnings = confined.run_ldconfig(plan.rootfs, exe_fd, dirs, root_fd=rfs.fd, owner=rfs.owner)
+    messages.append(f"ld.so.cache: ldconfig ran for {', '.join(dirs) or '(configured dirs)'}")
+    for line in warnings.strip().splitlines()[-5:]:
+        messages.append(f"ldconfig: {line}")

@@ -1,0 +1,409 @@
+"""apply_plan against a real kernel: a process in its own mount namespace stands in for the container.
+
+No runtime is needed: `unshare -m --propagation private sleep` is a container
+init before pivot_root as runc leaves it for prestart hooks.  Everything is
+checked from inside (nsenter, /proc/PID/mountinfo) and from the host (its
+mountinfo and file stats must not change).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from fixtures.synth import build_lib
+from pyxis_hook import apply as apply_mod
+from pyxis_hook import kernel
+from pyxis_hook.apply import apply_plan
+from pyxis_hook.config import Config
+from pyxis_hook.errors import ApplyError, PathError
+from pyxis_hook.plan import (IPC_OPTIONS, CgroupRule, DeviceEdit, LdcacheUpdate, MountEdit, Plan, ProcDriverView,
+                             SymlinkEdit)
+
+pytestmark = pytest.mark.root
+
+LIBDIR = "/usr/lib/x86_64-linux-gnu"
+
+
+@pytest.fixture(params=["new-api", "legacy"])
+def mount_api(request, monkeypatch):
+    """Run each test with open_tree/move_mount + openat2, and with bind+remount + the component walk."""
+    if request.param == "legacy":
+        monkeypatch.setattr(kernel, "HAVE_NEW_MOUNT_API", False)
+        monkeypatch.setattr(kernel, "HAVE_OPENAT2", False)
+    return request.param
+
+
+def _container(root: Path, script: str = "exec sleep 600") -> subprocess.Popen:
+    ours = os.readlink("/proc/self/ns/mnt")
+    p = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c", script])
+    for _ in range(500):
+        try:
+            if os.readlink(f"/proc/{p.pid}/ns/mnt") != ours and \
+                    os.readlink(f"/proc/{p.pid}/exe").endswith("sleep"):
+                return p
+        except OSError:
+            pass
+        time.sleep(0.01)
+    p.kill()
+    raise RuntimeError("container stand-in did not start")
+
+
+@pytest.fixture
+def world(tmp_path):
+    """Host files (sources), a rootfs, and a container process over it."""
+    host = tmp_path / "host"
+    root = tmp_path / "rootfs"
+    (host / "lib").mkdir(parents=True)
+    (host / "dev").mkdir()
+    build_lib(host / "lib", "libcuda.so.1", filename="libcuda.so.535.104.05")
+    build_lib(host / "lib", "libnvidia-ml.so.1", filename="libnvidia-ml.so.535.104.05")
+    (host / "bin").mkdir()
+    (host / "bin/nvidia-smi").write_text("#!/bin/true\n")
+    (host / "bin/nvidia-smi").chmod(0o755)
+    os.mknod(host / "dev/nvidia0", 0o666 | stat.S_IFCHR, os.makedev(195, 0))
+    os.mknod(host / "dev/nvidiactl", 0o666 | stat.S_IFCHR, os.makedev(195, 255))
+    (host / "secret").write_text("host only\n")
+    for d in ("etc", "usr/lib/x86_64-linux-gnu", "usr/bin", "dev", "tmp"):
+        (root / d).mkdir(parents=True)
+    (root / "etc/ld.so.conf").write_text("")
+    p = _container(root)
+    yield host, root, p.pid
+    p.kill()
+    p.wait()
+
+
+def _mountinfo(pid="self") -> list[list[str]]:
+    with open(f"/proc/{pid}/mountinfo") as f:
+        return [line.split() for line in f]
+
+
+def _mounts_under(pid, root: Path) -> dict[str, str]:
+    """mount point -> per-mount options, for mounts at or below `root`."""
+    out = {}
+    for f in _mountinfo(pid):
+        if f[4] == str(root) or f[4].startswith(str(root) + "/"):
+            out[f[4]] = f[5]
+    return out
+
+
+def _inside(pid: int, *cmd: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["nsenter", "-t", str(pid), "-m", "--", *cmd], capture_output=True, text=True)
+
+
+def _snapshot(d: Path) -> dict:
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(d):
+        for n in sorted(dirnames + filenames):
+            p = os.path.join(dirpath, n)
+            st = os.lstat(p)
+            # a directory's mtime moves when a mount point is made and removed again: not compared
+            mtime = None if stat.S_ISDIR(st.st_mode) else st.st_mtime_ns
+            out[p] = (st.st_mode, st.st_size, mtime, st.st_ino,
+                      os.readlink(p) if stat.S_ISLNK(st.st_mode) else None)
+    return out
+
+
+def _basic_plan(host: Path, root: Path, **kw) -> Plan:
+    return Plan(
+        rootfs=str(root),
+        devices=(DeviceEdit("/dev/nvidia0", str(host / "dev/nvidia0"), 195, 0),
+                 DeviceEdit("/dev/nvidiactl", str(host / "dev/nvidiactl"), 195, 255)),
+        mounts=(MountEdit(str(host / "lib/libcuda.so.535.104.05"), f"{LIBDIR}/libcuda.so.535.104.05"),
+                MountEdit(str(host / "lib/libnvidia-ml.so.535.104.05"), f"{LIBDIR}/libnvidia-ml.so.535.104.05"),
+                MountEdit(str(host / "bin/nvidia-smi"), "/usr/bin/nvidia-smi")),
+        symlinks=(SymlinkEdit(f"{LIBDIR}/libcuda.so", "libcuda.so.1"),),
+        **kw,
+    )
+
+
+def test_binds_are_readonly_private_and_invisible_on_host(world, mount_api):
+    host, root, pid = world
+    host_before = _mountinfo()
+    res = apply_plan(_basic_plan(host, root), pid, Config(no_cgroups=True))
+    assert set(res.mounted) == {"/dev/nvidia0", "/dev/nvidiactl", f"{LIBDIR}/libcuda.so.535.104.05",
+                                f"{LIBDIR}/libnvidia-ml.so.535.104.05", "/usr/bin/nvidia-smi"}
+    mounts = _mounts_under(pid, root)
+    lib = str(root) + f"{LIBDIR}/libcuda.so.535.104.05"
+    opts = set(mounts[lib].split(","))
+    assert {"ro", "nosuid", "nodev"} <= opts and "noexec" not in opts
+    dev = set(mounts[str(root / "dev/nvidia0")].split(","))
+    assert {"ro", "nosuid", "noexec"} <= dev and "nodev" not in dev
+    # private: no "shared:" tag on our mounts
+    for f in _mountinfo(pid):
+        if f[4].startswith(str(root)):
+            assert not any(t.startswith("shared:") for t in f[6:f.index("-")])
+    # contents are the host file's; writes fail with EROFS
+    r = _inside(pid, "cmp", lib, str(host / "lib/libcuda.so.535.104.05"))
+    assert r.returncode == 0, r.stderr
+    r = _inside(pid, "sh", "-c", f"echo x >> {lib}")
+    assert "Read-only file system" in r.stderr
+    # the device bind is the node: opening it reaches the (absent) driver -> ENXIO, not EACCES
+    r = _inside(pid, "python3", "-c", f"import os\ntry: os.open('{root}/dev/nvidia0', os.O_RDWR)\n"
+                "except OSError as e: print(e.errno)")
+    assert r.stdout.strip() == str(errno.ENXIO)
+    # symlink made in the rootfs
+    assert os.readlink(root / LIBDIR.lstrip("/") / "libcuda.so") == "libcuda.so.1"
+    # the host sees none of it
+    assert _mountinfo() == host_before
+    assert _mounts_under("self", root) == {}
+    assert (root / LIBDIR.lstrip("/") / "libcuda.so.535.104.05").stat().st_size == 0
+
+
+def test_invalid_device_node_refused(world):
+    host, root, pid = world
+    os.mknod(host / "dev/nvidia1", 0o666 | stat.S_IFCHR, os.makedev(195, 7))
+    plan = Plan(rootfs=str(root), devices=(DeviceEdit("/dev/nvidia1", str(host / "dev/nvidia1"), 195, 1),))
+    with pytest.raises(ApplyError, match=r"invalid device node .*nvidia1: expected c 195:1, found 195:7"):
+        apply_plan(plan, pid)
+    plan = Plan(rootfs=str(root), devices=(DeviceEdit("/dev/nvidia1", str(host / "secret"), 195, 1),))
+    with pytest.raises(ApplyError, match="invalid device node"):
+        apply_plan(plan, pid)
+    assert _mounts_under(pid, root) == {}
+
+
+def test_directory_source_for_file_refused(world):
+    host, root, pid = world
+    plan = Plan(rootfs=str(root), mounts=(MountEdit(str(host / "lib"), f"{LIBDIR}/x"),))
+    with pytest.raises(ApplyError, match="unexpected source file mode"):
+        apply_plan(plan, pid)
+
+
+@pytest.mark.parametrize("link", ["/", "../../../../..", "../../../../../../../../.."])
+def test_hostile_lib_dir_symlink_lands_inside_rootfs(world, mount_api, link):
+    host, root, pid = world
+    (root / "usr/lib/x86_64-linux-gnu").rmdir()
+    (root / "usr/lib/x86_64-linux-gnu").symlink_to(link)
+    host_before = _snapshot(host)
+    plan = Plan(rootfs=str(root),
+                mounts=(MountEdit(str(host / "lib/libcuda.so.535.104.05"), f"{LIBDIR}/libcuda.so.535.104.05"),),
+                symlinks=(SymlinkEdit(f"{LIBDIR}/libcuda.so.1", "libcuda.so.535.104.05"),))
+    apply_plan(plan, pid)
+    # "/usr/lib/x86_64-linux-gnu/X" is "/X" in the rootfs
+    assert set(_mounts_under(pid, root)) == {str(root / "libcuda.so.535.104.05")}
+    assert os.readlink(root / "libcuda.so.1") == "libcuda.so.535.104.05"
+    assert not os.path.lexists("/libcuda.so.535.104.05") and not os.path.lexists("/libcuda.so.1")
+    assert _snapshot(host) == host_before
+
+
+def test_dotdot_chain_in_plan_path_stays_inside(world, mount_api):
+    host, root, pid = world
+    plan = Plan(rootfs=str(root), mounts=(MountEdit(str(host / "lib/libcuda.so.535.104.05"),
+                                                    "/../../../../usr/../usr/lib/../../opt/libcuda.so.1"),))
+    apply_plan(plan, pid)
+    assert set(_mounts_under(pid, root)) == {str(root / "opt/libcuda.so.1")}
+
+
+@pytest.mark.parametrize("target", ["/etc/shadow", None, "/proc/self/root/etc/passwd"])
+def test_symlink_at_mount_target_refused(world, mount_api, target):
+    host, root, pid = world
+    t = target or str(host / "secret")
+    (root / "usr/lib/x86_64-linux-gnu/libcuda.so.1").symlink_to(t)
+    host_before = _snapshot(host)
+    plan = Plan(rootfs=str(root), mounts=(MountEdit(str(host / "lib/libcuda.so.535.104.05"),
+                                                    f"{LIBDIR}/libcuda.so.1"),))
+    with pytest.raises(PathError, match="libcuda.so.1.*symlink"):
+        apply_plan(plan, pid)
+    assert _mounts_under(pid, root) == {}
+    assert _snapshot(host) == host_before
+
+
+def test_symlink_loop_is_an_error_not_a_hang(world, mount_api):
+    host, root, pid = world
+    (root / "opt").symlink_to("loop")
+    (root / "loop").symlink_to("opt")
+    plan = Plan(rootfs=str(root), mounts=(MountEdit(str(host / "lib/libcuda.so.535.104.05"), "/opt/lib/x.so"),))
+    with pytest.raises(PathError, match="/opt/lib/x.so"):
+        apply_plan(plan, pid)
+
+
+def test_third_mount_fails_nothing_left(world, mount_api):
+    host, root, pid = world
+    (root / "usr/bin/nvidia-smi").symlink_to("/etc/shadow")  # the third target: refused
+    before = _snapshot(root)
+    plan = Plan(rootfs=str(root), mounts=(
+        MountEdit(str(host / "lib/libcuda.so.535.104.05"), "/opt/new/dir/libcuda.so.535.104.05"),
+        MountEdit(str(host / "lib/libnvidia-ml.so.535.104.05"), f"{LIBDIR}/libnvidia-ml.so.535.104.05"),
+        MountEdit(str(host / "bin/nvidia-smi"), "/usr/bin/nvidia-smi"),
+    ), symlinks=(SymlinkEdit(f"{LIBDIR}/libcuda.so", "libcuda.so.1"),))
+    with pytest.raises(PathError):
+        apply_plan(plan, pid)
+    assert _mounts_under(pid, root) == {}
+    assert _snapshot(root) == before
+
+
+def test_failing_ldconfig_rolls_back_everything(world, mount_api, tmp_path):
+    host, root, pid = world
+    src = tmp_path / "fail.c"
+    src.write_text('#include <stdio.h>\nint main(void){fputs("cannot write cache\\n", stderr); return 1;}\n')
+    subprocess.run(["gcc", "-static", str(src), "-o", str(tmp_path / "fail")], check=True)
+    before = _snapshot(root)
+    plan = _basic_plan(host, root, ldcache=LdcacheUpdate("ldconfig", str(tmp_path / "fail"), (LIBDIR,)))
+    with pytest.raises(ApplyError, match="ldconfig in .* failed with exit code 1: cannot write cache"):
+        apply_plan(plan, pid)
+    assert _mounts_under(pid, root) == {}
+    assert _snapshot(root) == before
+
+
+def test_ldconfig_refreshes_cache_and_image_ldconfig_never_runs(world, mount_api, tmp_path):
+    host, root, pid = world
+    marker = tmp_path / "marker"
+    for p in ("sbin/ldconfig", "usr/sbin/ldconfig", "bin/sh"):
+        f = root / p
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(f"#!/bin/sh\ntouch {marker}\n")
+        f.chmod(0o755)
+    # /etc/ld.so.cache is a symlink to a host file: it must stay untouched
+    (root / "etc/ld.so.cache").symlink_to(str(host / "secret"))
+    host_before = _snapshot(host)
+    plan = _basic_plan(host, root, ldcache=LdcacheUpdate("ldconfig", "/sbin/ldconfig", (LIBDIR,)))
+    res = apply_plan(plan, pid)
+    assert any("ldconfig ran" in m for m in res.messages)
+    assert not marker.exists()
+    assert _snapshot(host) == host_before
+    # the cache, read from inside the container (where the libraries are mounted), lists them
+    out = _inside(pid, "ldconfig", "-p", "-C", str(root / "etc/ld.so.cache")).stdout
+    assert f"libcuda.so.1 (libc6,x86-64) => {LIBDIR}/libcuda.so.1" in out
+    assert f"libnvidia-ml.so.1 (libc6,x86-64) => {LIBDIR}/libnvidia-ml.so.1" in out
+    assert os.readlink(root / LIBDIR.lstrip("/") / "libcuda.so.1") == "libcuda.so.535.104.05"
+
+
+def test_merge_mode_is_accepted_and_skipped(world):
+    host, root, pid = world
+    res = apply_plan(_basic_plan(host, root, ldcache=LdcacheUpdate("merge")), pid)
+    assert any("merge" in m for m in res.messages)
+
+
+def _proc_tree(host: Path, buses: list[str]) -> Path:
+    d = host / "proc/driver/nvidia"
+    for b in buses:
+        (d / "gpus" / b).mkdir(parents=True)
+        (d / "gpus" / b / "information").write_text(f"Bus Location: {b}\n")
+    return d
+
+
+def test_proc_driver_view(world, mount_api):
+    host, root, pid = world
+    hd = _proc_tree(host, ["0000:06:00.0", "0000:07:00.0"])
+    (root / "proc/driver/nvidia").mkdir(parents=True)
+    view = ProcDriverView(str(hd), (("params", "ModifyDeviceFiles: 0\n"), ("version", "NVRM 535\n")),
+                          ("0000:07:00.0",))
+    res = apply_plan(Plan(rootfs=str(root), proc_driver=view), pid)
+    base = root / "proc/driver/nvidia"
+    assert str(base) in _mounts_under(pid, root)
+    r = _inside(pid, "sh", "-c", f"cat {base}/params; ls {base}/gpus; cat {base}/gpus/*/information; "
+                f"stat -c %a {base}; touch {base}/x")
+    lines = r.stdout.splitlines()
+    assert lines == ["ModifyDeviceFiles: 0", "0000:07:00.0", "Bus Location: 0000:07:00.0", "555"]
+    assert "Read-only file system" in r.stderr
+    opts = _mounts_under(pid, root)
+    assert {"ro", "nosuid", "nodev", "noexec"} <= set(opts[f"{base}/gpus/0000:07:00.0"].split(","))
+    assert {"ro", "nosuid", "nodev", "noexec"} <= set(opts[str(base)].split(","))
+    assert "/proc/driver/nvidia" in res.mounted
+    assert not (base / "params").exists()  # host view: the tmpfs is not there
+
+
+def test_proc_driver_view_skipped_without_module(world):
+    host, root, pid = world
+    hd = _proc_tree(host, [])
+    view = ProcDriverView(str(hd), (("params", "x"),), ())
+    res = apply_plan(Plan(rootfs=str(root), proc_driver=view), pid)
+    assert any("no NVIDIA kernel module" in m for m in res.messages)
+    assert _mounts_under(pid, root) == {}
+
+
+def test_readonly_rootfs(tmp_path, mount_api):
+    host = tmp_path / "host"
+    host.mkdir()
+    build_lib(host, "libcuda.so.1", filename="libcuda.so.535.104.05")
+    root = tmp_path / "rootfs"
+    (root / "usr/lib/x86_64-linux-gnu").mkdir(parents=True)
+    (root / "usr/lib/x86_64-linux-gnu/libcuda.so.535.104.05").write_text("")
+    p = _container(root, f"mount --bind {root} {root} && mount -o remount,bind,ro {root} && exec sleep 600")
+    try:
+        ok = Plan(rootfs=str(root),
+                  mounts=(MountEdit(str(host / "libcuda.so.535.104.05"), f"{LIBDIR}/libcuda.so.535.104.05"),),
+                  ldcache=LdcacheUpdate("ldconfig", "/sbin/ldconfig", (LIBDIR,)))
+        res = apply_plan(ok, p.pid)
+        assert any("read-only" in m for m in res.messages)
+        bad = Plan(rootfs=str(root), mounts=(MountEdit(str(host / "libcuda.so.535.104.05"), "/opt/libcuda.so.1"),))
+        with pytest.raises(PathError, match=r"cannot create .*opt.*Read-only file system"):
+            apply_plan(bad, p.pid)
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_ipc_socket_is_writable(world, mount_api):
+    import socket
+
+    host, root, pid = world
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(host / "persistenced.sock"))
+    try:
+        plan = Plan(rootfs=str(root), mounts=(MountEdit(str(host / "persistenced.sock"), "/run/nvidia/sock",
+                                                        kind="socket", options=IPC_OPTIONS),))
+        apply_plan(plan, pid)
+        opts = set(_mounts_under(pid, root)[str(root / "run/nvidia/sock")].split(","))
+        assert "ro" not in opts and {"nosuid", "nodev", "noexec"} <= opts
+    finally:
+        s.close()
+
+
+def test_bad_pid_is_one_line(world):
+    host, root, _ = world
+    with pytest.raises(ApplyError, match="container process 999999"):
+        apply_plan(_basic_plan(host, root), 999999)
+
+
+# ----------------------------------------------------------------- cgroups
+
+
+def test_cgroup_v1_allows_devices(world):
+    host, root, pid = world
+    cg = Path("/sys/fs/cgroup/devices") / f"pyxis-test-{os.getpid()}"
+    if not cg.parent.is_dir():
+        pytest.skip("no cgroup v1 devices hierarchy")
+    cg.mkdir()
+    try:
+        (cg / "cgroup.procs").write_text(str(pid))
+        (cg / "devices.deny").write_text("a")
+        plan = _basic_plan(host, root, cgroup_rules=(CgroupRule(195, 0), CgroupRule(195, 255)))
+        res = apply_plan(plan, pid, Config())
+        assert any("device cgroup v1" in m for m in res.messages)
+        assert (cg / "devices.list").read_text().split("\n")[:2] == ["c 195:0 rw", "c 195:255 rw"]
+        # and the node opens as far as the (absent) driver, no longer EPERM
+        r = _inside(pid, "python3", "-c", f"import os\ntry: os.open('{root}/dev/nvidia0', os.O_RDWR)\n"
+                    "except OSError as e: print(e.errno)")
+        assert r.stdout.strip() == str(errno.ENXIO)
+    finally:
+        Path("/sys/fs/cgroup/devices/cgroup.procs").write_text(str(pid))
+        cg.rmdir()
+
+
+def test_cgroup_skipped_with_no_cgroups_and_explained_on_v2(world, tmp_path):
+    host, root, pid = world
+    plan = Plan(rootfs=str(root), cgroup_rules=(CgroupRule(195, 0),))
+    res = apply_plan(plan, pid, Config(no_cgroups=True))
+    assert res.messages[0] == "device cgroup: not modified (no-cgroups = true): c 195:0 rw"
+    fake = tmp_path / "proc" / "42"
+    fake.mkdir(parents=True)
+    (fake / "cgroup").write_text("0::/system.slice/x.scope\n")
+    msg = apply_mod._cgroup(plan, 42, False, str(tmp_path / "proc"))
+    assert "cgroup v2" in msg and "c 195:0 rw" in msg and "linux.resources.devices" in msg
+
+
+def test_v1_devices_dir_from_mountinfo(tmp_path):
+    (tmp_path / "self").mkdir()
+    (tmp_path / "self/mountinfo").write_text(
+        "30 25 0:26 / /sys/fs/cgroup/devices rw,nosuid - cgroup cgroup rw,devices\n"
+        "31 25 0:27 /.. /bad rw - cgroup cgroup rw,devices\n"
+        "32 25 0:28 / /sys/fs/cgroup/my\\040dir rw - cgroup cgroup rw,cpu\n")
+    assert apply_mod._v1_devices_dir("/a/b", str(tmp_path)) == "/sys/fs/cgroup/devices/a/b"
+    assert apply_mod._v1_devices_dir("/", str(tmp_path)) == "/sys/fs/cgroup/devices"

@@ -58,13 +58,15 @@ def test_same_logical_set_in_every_layout(line, tmp_path):
         assert inv.usable, inv.errors
         assert all(f.name.endswith(f".so.{version}") for f in inv.files if f.kind == "lib")
         # every host path lies inside the tree and is a regular file (links resolved there)
+        assert {f.elfclass for f in inv.files if f.kind == "lib32"} == {32}
         for f in inv.files:
             assert f.host_path.startswith(inv.driver_root + "/")
             assert os.path.isfile(f.host_path) and not os.path.islink(f.host_path)
     want = {("lib", "compute", "libcuda.so.1"), ("lib", "utility", "libnvidia-ml.so.1"),
             ("lib", "compute", "libnvidia-ptxjitcompiler.so.1"), ("lib", "video", "libnvcuvid.so.1"),
             ("lib", "video", "libnvidia-encode.so.1"), ("lib", "graphics", "libGLX_nvidia.so.0"),
-            ("lib", "graphics", "libEGL_nvidia.so.0"), ("bin", "utility", "nvidia-smi")}
+            ("lib", "graphics", "libEGL_nvidia.so.0"), ("bin", "utility", "nvidia-smi"),
+            ("lib32", "compute", "libcuda.so.1"), ("lib32", "utility", "libnvidia-ml.so.1")}
     assert want <= reference
 
 

@@ -61,6 +61,19 @@ def _trusted_file(fd: int, path: str) -> None:
         raise SnapshotError(f"{path}: writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})")
 
 
+def _trusted_dir(path: str) -> None:
+    """The snapshot dir must be ours (root's) and closed to others, or anyone could swap the file."""
+    d = os.path.dirname(path)
+    try:
+        st = os.stat(d)
+    except OSError as e:
+        raise SnapshotError(f"{d}: {e.strerror}") from None
+    if st.st_uid not in (0, os.geteuid()):
+        raise SnapshotError(f"{d}: owned by uid {st.st_uid}, not root")
+    if st.st_mode & 0o022:
+        raise SnapshotError(f"{d}: writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})")
+
+
 def load(config, host=None):
     """The saved Inventory if it is current for `config`, else raise SnapshotError saying why.
 
@@ -70,6 +83,7 @@ def load(config, host=None):
     from pyxis_hook.inventory import Inventory, refresh_live, stat_signature
 
     path = snapshot_path(config)
+    _trusted_dir(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as e:

@@ -16,6 +16,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from fixtures import hosttree
 from fixtures.realdriver import run_ldconfig
@@ -23,7 +25,7 @@ from fixtures.synth import _cc, build_lib
 from pyxis_hook import snapshot
 from pyxis_hook.config import Config, load_schema
 from pyxis_hook.errors import DriverError
-from pyxis_hook.inventory import Inventory, discover, load_or_build
+from pyxis_hook.inventory import DriverFile, Inventory, discover, load_or_build
 
 V = "550.54.14"
 OLD = "535.104.05"
@@ -348,8 +350,16 @@ def test_snapshot_for_other_config_or_world_writable_not_trusted(tmp_path):
     os.chmod(path, 0o666)
     with pytest.raises(Exception, match="writable"):
         snapshot.load(c)
+    os.chmod(path, 0o644)
+    assert snapshot.load(c).usable
+    os.chmod(path.parent, 0o777)
+    with pytest.raises(Exception, match="writable by group or others"):
+        snapshot.load(c)
+    os.chmod(path.parent, 0o755)
     other = replace(c, mps_pipe_dir="/elsewhere")
     assert snapshot.snapshot_path(other) != str(path)
+    with pytest.raises(Exception):
+        snapshot.load(other)
 
 
 def test_snapshot_save_failure_is_a_warning(tmp_path, capsys):
@@ -397,3 +407,24 @@ def test_snapshot_rechecks_ipc_sockets_on_load(tmp_path):
     finally:
         s.close()
     assert [f.path for f in inv.files if f.kind == "ipc"] == ["/run/nvidia-persistenced/socket"]
+
+
+_name = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789._-", min_size=1, max_size=20)
+
+
+@given(st.lists(st.builds(
+    DriverFile,
+    kind=st.sampled_from(("lib", "lib32", "bin", "firmware", "ipc", "icd")),
+    capability=st.sampled_from(("compute", "utility", "graphics", "video", "ngx")),
+    path=_name.map(lambda n: "/usr/lib/" + n), host_path=_name.map(lambda n: "/host/usr/lib/" + n),
+    name=_name, soname=st.none() | _name, elfclass=st.sampled_from((None, 32, 64)),
+    links=st.lists(st.tuples(_name, _name), max_size=3).map(tuple), source=_name,
+    needed=st.lists(_name, max_size=3).map(tuple), inject=st.booleans()), max_size=5))
+def test_inventory_dict_round_trip_property(files):
+    """Whatever files discovery records survive the snapshot's JSON round trip unchanged."""
+    from pyxis_hook.gpus import discover_gpus
+
+    host = discover_gpus("/nonexistent-proc", "/nonexistent-dev")
+    inv = Inventory(driver_version=V, cuda_version=12020, host=host, files=tuple(files),
+                    sources=(("/x", 1, 2, 3, 4),))
+    assert Inventory.from_dict(json.loads(json.dumps(inv.to_dict()))) == inv

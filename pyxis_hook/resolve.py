@@ -250,29 +250,37 @@ def cache_lookup_for(cache, *, hwcaps: tuple[str, ...] = ()) -> CacheLookup:
 def loader_env_for_root(
     root: str = "/",
     *,
-    interp: str = "/lib64/ld-linux-x86-64.so.2",
+    elfclass: int = 64,
+    machine: int = EM_X86_64,
+    interp: str | None = None,
     ld_library_path: str = "",
     inhibit_cache: bool = False,
     hwcaps: tuple[str, ...] | None = None,
     system_dirs: tuple[str, ...] | None = None,
-    platform: str | None = "x86_64",
+    platform: str | None = None,
     cache_path: str = "/etc/ld.so.cache",
     rtld: str | None = None,
     cwd: str | None = None,
 ) -> LoaderEnv:
     """The loader of `root` as ld.so would behave there: its compiled-in dirs, $LIB, hwcaps, cache.
 
+    `elfclass`/`machine` are those of the objects to resolve (the loader's own);
     `interp` is the root-relative PT_INTERP whose ld.so decides the system dirs
-    and glibc version (legacy hwcap subdirs before 2.37).  `hwcaps` defaults to
-    what this CPU supports (/proc/cpuinfo).  A missing or unreadable cache is
-    treated as no cache, as ld.so does.
+    and glibc version (legacy hwcap subdirs before 2.37), default glibc's path
+    for that class.  `hwcaps` defaults to what this CPU supports (/proc/cpuinfo;
+    x86-64 only), `platform` to AT_PLATFORM for the machine.  A missing or
+    unreadable cache is treated as no cache, as ld.so does.
     """
     root = os.path.normpath(os.path.abspath(root))
+    if interp is None:
+        interp = DEFAULT_RTLD.get((elfclass, machine), "/lib64/ld-linux-x86-64.so.2")
+    if platform is None:
+        platform = DEFAULT_PLATFORM.get(machine)
     ldso_host = resolve_in_root(root, interp)
     found_dirs, version = inspect_ldso(ldso_host)
     dirs = system_dirs or found_dirs or _heuristic_system_dirs(root, interp)
     if hwcaps is None:
-        hwcaps = detect_hwcaps() if "x86-64" in interp or "x86_64" in interp else ()
+        hwcaps = detect_hwcaps() if (elfclass, machine) == (64, EM_X86_64) else ()
     legacy: tuple[str, ...] = ()
     if version is not None and version < (2, 37) and platform == "x86_64":
         legacy = X86_64_LEGACY_SUBDIRS_236

@@ -46,7 +46,8 @@ def _one(args, path: str) -> dict:
         result["error"] = {"name": path, "reason": _reason(str(e), resolve_in_root(args.root, path))}
         return result
     interp = info.interp or DEFAULT_RTLD.get((info.elfclass, info.machine), "/lib64/ld-linux-x86-64.so.2")
-    env = loader_env_for_root(args.root, interp=interp, ld_library_path=args.library_path,
+    env = loader_env_for_root(args.root, elfclass=info.elfclass, machine=info.machine, interp=interp,
+                              ld_library_path=args.library_path,
                               inhibit_cache=args.inhibit_cache)
     result["interpreter"] = interp
     result["search"] = {

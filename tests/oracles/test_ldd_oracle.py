@@ -259,3 +259,22 @@ def test_rootfs_against_chroot(rootfs, exe, inhibit):
         assert "\tlibsym.so.1 => /opt/link/libsym.so.1" in lines
     if exe == "/bin/app-nodeflib" and not inhibit:
         assert "\tlibc.so.6 => not found" in lines  # cache hit in a system dir dropped, system dirs skipped
+
+
+# ----------------------------------------------------------------- a 32-bit executable, glibc's i386 loader
+
+LDSO32 = "/lib/ld-linux.so.2"
+
+
+@pytest.mark.skipif(not os.path.exists(LDSO32), reason="needs glibc's i386 ld.so (libc6-i386)")
+def test_32_bit_executable_with_i386_loader(tree):
+    T = str(tree)
+    build_lib(tree / "w64", "libw32.so.1")
+    build_lib(tree / "w32", "libw32.so.1", m32=True)
+    exe = build_exe(tree / "bin", "exe32", needed=("libw32.so.1", "libz.so.1"), runpath=f"{T}/w64:{T}/w32", m32=True)
+    r = subprocess.run([LDSO32, str(exe)], env={"LD_TRACE_LOADED_OBJECTS": "1"}, capture_output=True, text=True)
+    expected = [ADDR.sub("", line) for line in r.stdout.splitlines() if "linux-gate.so" not in line
+                and "linux-vdso" not in line]
+    rc, got, _ = ours(str(exe))
+    assert (rc, got) == (r.returncode, expected)
+    assert f"\tlibw32.so.1 => {T}/w32/libw32.so.1" in got

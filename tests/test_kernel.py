@@ -1,0 +1,210 @@
+"""ctypes syscall wrappers against the running kernel (no mocks).
+
+Namespace-changing checks run in a forked child so the test process keeps its
+own mount namespace; the child reports failures through a pipe.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import traceback
+
+import pytest
+
+from pyxis_hook import kernel
+from pyxis_hook.errors import ApplyError
+
+
+def in_child(fn) -> None:
+    """Run fn() in a forked child; re-raise its failure here as one AssertionError."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        msg = b""
+        try:
+            fn()
+        except BaseException:  # noqa: BLE001
+            msg = traceback.format_exc().encode()
+        os.write(w, msg)
+        os._exit(0)
+    os.close(w)
+    out = b""
+    while chunk := os.read(r, 65536):
+        out += chunk
+    os.close(r)
+    os.waitpid(pid, 0)
+    assert not out, out.decode()
+
+
+def test_errors_are_one_line_with_errno(tmp_path):
+    with pytest.raises(kernel.SyscallError) as e:
+        kernel.openat2(kernel.AT_FDCWD, str(tmp_path / "missing"), os.O_RDONLY)
+    assert e.value.errno == errno.ENOENT
+    assert isinstance(e.value, ApplyError)
+    assert str(e.value) == f"open {tmp_path}/missing: No such file or directory"
+    with pytest.raises(kernel.SyscallError, match="setns fd 9999: Bad file descriptor"):
+        kernel.setns(9999, kernel.CLONE_NEWNS)
+
+
+def test_probes_on_this_kernel():
+    assert kernel.have_openat2() is True
+    assert kernel.have_new_mount_api() is True
+
+
+def test_openat2_resolve_modes(tmp_path):
+    root = tmp_path / "r"
+    (root / "etc").mkdir(parents=True)
+    (root / "etc/x").write_text("in root")
+    (root / "abs").symlink_to("/")
+    (root / "up").symlink_to("../../../..")
+    rfd = os.open(root, os.O_PATH | os.O_DIRECTORY)
+    try:
+        for p in ("abs/etc/x", "up/etc/x", "/etc/x", "../../etc/x"):
+            fd = kernel.openat2(rfd, p, os.O_RDONLY, 0, kernel.RESOLVE_IN_ROOT)
+            assert os.read(fd, 100) == b"in root"
+            os.close(fd)
+        with pytest.raises(kernel.SyscallError) as e:
+            kernel.openat2(rfd, "abs/etc/x", os.O_RDONLY, 0, kernel.RESOLVE_BENEATH)
+        assert e.value.errno == errno.EXDEV
+    finally:
+        os.close(rfd)
+    # magic links refused
+    with pytest.raises(kernel.SyscallError) as e:
+        kernel.openat2(kernel.AT_FDCWD, "/proc/self/root/etc/passwd", os.O_RDONLY, 0, kernel.RESOLVE_NO_MAGICLINKS)
+    assert e.value.errno == errno.ELOOP
+
+
+@pytest.mark.root
+def test_unshare_mount_umount_setns(tmp_path):
+    d = tmp_path / "m"
+    d.mkdir()
+
+    def child():
+        home = os.open("/proc/self/ns/mnt", os.O_RDONLY)
+        kernel.unshare(kernel.CLONE_NEWNS)
+        kernel.mount(None, "/", None, kernel.MS_REC | kernel.MS_PRIVATE)
+        kernel.mount("tmpfs", str(d), "tmpfs", kernel.MS_NOSUID, "size=1m")
+        assert any(line.split()[4] == str(d) for line in open("/proc/self/mountinfo"))
+        kernel.setns(home, kernel.CLONE_NEWNS)
+        assert not any(line.split()[4] == str(d) for line in open("/proc/self/mountinfo"))
+
+    in_child(child)
+    assert not any(line.split()[4] == str(d) for line in open("/proc/self/mountinfo"))
+    with pytest.raises(kernel.SyscallError, match=f"umount {d}: Invalid argument"):
+        kernel.umount2(str(d))
+
+
+@pytest.mark.root
+def test_setns_mount_ns_needs_a_single_thread():
+    def child():
+        home = os.open("/proc/self/ns/mnt", os.O_RDONLY)
+        stop = threading.Event()
+        t = threading.Thread(target=stop.wait)
+        t.start()
+        try:
+            try:
+                kernel.setns(home, kernel.CLONE_NEWNS)
+            except kernel.SyscallError as e:
+                assert e.errno == errno.EINVAL
+            else:
+                raise AssertionError("setns succeeded with two threads")
+        finally:
+            stop.set()
+            t.join()
+
+    in_child(child)
+
+
+@pytest.mark.root
+def test_open_tree_setattr_move_mount_and_umount_by_fd(tmp_path):
+    src = tmp_path / "src"
+    src.write_text("host")
+    tgt = tmp_path / "tgt"
+    tgt.write_text("")
+
+    def child():
+        kernel.unshare(kernel.CLONE_NEWNS)
+        kernel.mount(None, "/", None, kernel.MS_REC | kernel.MS_PRIVATE)
+        sfd = os.open(src, os.O_PATH)
+        tfd = os.open(tgt, os.O_PATH | os.O_NOFOLLOW)
+        tree = kernel.open_tree(sfd, "", kernel.OPEN_TREE_CLONE | kernel.OPEN_TREE_CLOEXEC | kernel.AT_EMPTY_PATH)
+        kernel.mount_setattr(tree, "", kernel.AT_EMPTY_PATH,
+                             kernel.MOUNT_ATTR_RDONLY | kernel.MOUNT_ATTR_NOSUID | kernel.MOUNT_ATTR_NODEV, 0,
+                             kernel.MS_PRIVATE)
+        kernel.move_mount(tree, "", tfd, "", kernel.MOVE_MOUNT_F_EMPTY_PATH | kernel.MOVE_MOUNT_T_EMPTY_PATH)
+        assert open(tgt).read() == "host"
+        try:
+            open(tgt, "w")
+        except OSError as e:
+            assert e.errno == errno.EROFS
+        else:
+            raise AssertionError("writable")
+        line = next(x for x in open("/proc/self/mountinfo") if x.split()[4] == str(tgt))
+        assert set(line.split()[5].split(",")) >= {"ro", "nosuid", "nodev"}
+        kernel.umount2(kernel.proc_fd_path(tree), kernel.MNT_DETACH)
+        assert open(tgt).read() == ""
+
+    in_child(child)
+
+
+@pytest.mark.root
+def test_legacy_bind_remount_via_proc_fd(tmp_path):
+    src = tmp_path / "src"
+    src.write_text("host")
+    tgt = tmp_path / "tgt"
+    tgt.write_text("")
+
+    def child():
+        kernel.unshare(kernel.CLONE_NEWNS)
+        kernel.mount(None, "/", None, kernel.MS_REC | kernel.MS_PRIVATE)
+        sfd = os.open(src, os.O_PATH)
+        tfd = os.open(tgt, os.O_PATH | os.O_NOFOLLOW)
+        kernel.mount(kernel.proc_fd_path(sfd), kernel.proc_fd_path(tfd), None, kernel.MS_BIND)
+        top = os.open(tgt, os.O_PATH | os.O_NOFOLLOW)
+        kernel.mount(None, kernel.proc_fd_path(top), None,
+                     kernel.MS_REMOUNT | kernel.MS_BIND | kernel.MS_RDONLY | kernel.MS_NOSUID)
+        line = next(x for x in open("/proc/self/mountinfo") if x.split()[4] == str(tgt))
+        assert set(line.split()[5].split(",")) >= {"ro", "nosuid"}
+        kernel.umount2(kernel.proc_fd_path(top))
+        assert not any(x.split()[4] == str(tgt) for x in open("/proc/self/mountinfo"))
+
+    in_child(child)
+
+
+@pytest.mark.root
+def test_fsmount_tmpfs(tmp_path):
+    d = tmp_path / "d"
+    d.mkdir()
+
+    def child():
+        kernel.unshare(kernel.CLONE_NEWNS)
+        kernel.mount(None, "/", None, kernel.MS_REC | kernel.MS_PRIVATE)
+        fs = kernel.fsopen("tmpfs")
+        kernel.fsconfig_string(fs, "mode", "0555")
+        kernel.fsconfig_create(fs)
+        mnt = kernel.fsmount(fs, kernel.MOUNT_ATTR_NOEXEC)
+        fd = os.open("f", os.O_WRONLY | os.O_CREAT, 0o444, dir_fd=mnt)
+        os.write(fd, b"hi")
+        os.close(fd)
+        dfd = os.open(d, os.O_PATH)
+        kernel.move_mount(mnt, "", dfd, "", kernel.MOVE_MOUNT_F_EMPTY_PATH | kernel.MOVE_MOUNT_T_EMPTY_PATH)
+        assert open(d / "f").read() == "hi"
+        assert oct(os.stat(d).st_mode & 0o777) == "0o555"
+        try:
+            kernel.fsconfig_string(fs, "nonsense-key", "1")
+        except kernel.SyscallError as e:
+            assert "fsconfig nonsense-key=1" in str(e)
+
+    in_child(child)
+
+
+def test_no_new_privs():
+    def child():
+        kernel.no_new_privs()
+        status = open("/proc/self/status").read()
+        assert "NoNewPrivs:\t1" in status
+
+    in_child(child)

@@ -492,11 +492,7 @@ def _lookup_dep(st: _State, cache, name: str, flags_ok: tuple[int, ...], require
     """Where the driver root's loader would find `name`: the cache, else next to the requirer."""
     from pyxis_hook import ldcache
 
-    hit = None
-    try:
-        hit = ldcache.search_cache(cache, name, flags_ok)
-    except Exception:  # a lookup helper changing shape must not break discovery
-        hit = None
+    hit = ldcache.search_cache(cache, name, flags_ok)
     if hit is None:
         hit = next((e for e in cache.entries if e.key == name and e.flags in flags_ok), None)
     if hit is not None:

@@ -87,6 +87,8 @@ def apply_plan(plan: Plan, pid: int, config=None, *, proc: str = "/proc") -> App
     """
     messages: list[str] = []
     no_cgroups = bool(getattr(config, "no_cgroups", False))
+    if plan.empty and not plan.cgroup_rules and plan.ldcache.mode == "none":
+        return ApplyResult()
     fds: list[int] = []
     try:
         binds = _open_sources(plan, fds)
@@ -107,7 +109,7 @@ def apply_plan(plan: Plan, pid: int, config=None, *, proc: str = "/proc") -> App
         if plan.ldcache.mode == "ldconfig":
             from pyxis_hook import confined
 
-            exe_fd = confined.sealed_copy(plan.ldcache.ldconfig)
+            exe_fd = confined.sealed_copy(_host_ldconfig(plan, config))
             fds.append(exe_fd)
         if plan.cgroup_rules:
             messages.append(_cgroup(plan, pid, no_cgroups, proc))
@@ -120,6 +122,19 @@ def apply_plan(plan: Plan, pid: int, config=None, *, proc: str = "/proc") -> App
 
 
 # ---------------------------------------------------------------- host side
+
+
+def _host_ldconfig(plan: Plan, config) -> str:
+    """The plan's ldconfig, else the configured one; only ever a host binary."""
+    if plan.ldcache.ldconfig:
+        return plan.ldcache.ldconfig
+    if config is not None:
+        is_host, path = config.host_ldconfig()
+        if not is_host:
+            raise ApplyError(f"ldconfig = {path!r} names a binary in the image; only host binaries "
+                             "('@/sbin/ldconfig') are run")
+        return path
+    raise ApplyError("ld.so.cache: the plan asks for ldconfig but names no host ldconfig binary")
 
 
 def _open_sources(plan: Plan, fds: list[int]) -> list[_Bind]:

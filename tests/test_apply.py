@@ -407,3 +407,67 @@ def test_v1_devices_dir_from_mountinfo(tmp_path):
         "32 25 0:28 / /sys/fs/cgroup/my\\040dir rw - cgroup cgroup rw,cpu\n")
     assert apply_mod._v1_devices_dir("/a/b", str(tmp_path)) == "/sys/fs/cgroup/devices/a/b"
     assert apply_mod._v1_devices_dir("/", str(tmp_path)) == "/sys/fs/cgroup/devices"
+
+
+def test_empty_plan_does_nothing(world):
+    host, root, pid = world
+    assert apply_plan(Plan(rootfs=str(root)), pid) == apply_mod.ApplyResult()
+
+
+def test_ldconfig_from_image_is_refused(world):
+    host, root, pid = world
+    plan = _basic_plan(host, root, ldcache=LdcacheUpdate("ldconfig", "", (LIBDIR,)))
+    with pytest.raises(ApplyError, match="names a binary in the image"):
+        apply_plan(plan, pid, Config(ldconfig="/sbin/ldconfig"))
+    assert _mounts_under(pid, root) == {}
+
+
+@pytest.mark.slow
+def test_racing_symlink_flip_never_mounts_outside(world, mount_api):
+    """A thread flips the lib dir between a real dir and links to '/' and to the host; mounts stay inside."""
+    import threading
+
+    from pyxis_hook.errors import PyxisHookError
+
+    host, root, pid = world
+    libdir = root / "usr/lib/x86_64-linux-gnu"
+    host_before = _snapshot(host)
+    stop = threading.Event()
+
+    def flip():
+        targets = ["/", str(host), "../../.."]
+        i = 0
+        while not stop.is_set():
+            try:
+                if libdir.is_symlink():
+                    libdir.unlink()
+                    libdir.mkdir()
+                else:
+                    for f in libdir.iterdir():
+                        f.unlink() if not f.is_dir() or f.is_symlink() else None
+                    libdir.rmdir()
+                    libdir.symlink_to(targets[i % len(targets)])
+                    i += 1
+            except OSError:
+                pass
+
+    t = threading.Thread(target=flip)
+    t.start()
+    outcomes = {"ok": 0, "refused": 0}
+    try:
+        for _ in range(40):
+            plan = Plan(rootfs=str(root), mounts=(
+                MountEdit(str(host / "lib/libcuda.so.535.104.05"), f"{LIBDIR}/libcuda.so.535.104.05"),))
+            try:
+                apply_plan(plan, pid)
+                outcomes["ok"] += 1
+            except PyxisHookError:
+                outcomes["refused"] += 1
+    finally:
+        stop.set()
+        t.join()
+    for f in _mountinfo(pid):
+        if "libcuda" in f[4]:
+            assert f[4].startswith(str(root) + "/"), f[4]
+    assert _snapshot(host) == host_before
+    assert outcomes["ok"] + outcomes["refused"] == 40

@@ -150,14 +150,17 @@ class Inventory:
         """The files a request for `capabilities` gets, each host file once.
 
         32-bit libraries come only with `compat32`, and then for the other
-        requested capabilities; ICD files only when marked `inject` unless
-        `include_uninjected`.
+        requested capabilities; GSP firmware comes with any capability (the
+        kernel module needs it whatever the container does; LNC); ICD files
+        only when marked `inject` unless `include_uninjected`.
         """
         wanted = set(capabilities)
         out: list[DriverFile] = []
         seen: set[tuple[str, str]] = set()
         for f in self.files:
-            if f.kind not in kinds or f.capability not in wanted:
+            if f.kind not in kinds:
+                continue
+            if f.capability not in wanted and not (f.kind == "firmware" and wanted):
                 continue
             if f.kind == "lib32" and "compat32" not in wanted:
                 continue

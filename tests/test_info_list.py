@@ -71,7 +71,8 @@ def test_list_json_schema_and_selection(tmp_path, driver):
     doc = json.loads(p.stdout)
     jsonschema.validate(doc, load_schema("list.schema.json"))
     assert doc["capabilities"] == ["compute"]
-    assert {f["capability"] for f in doc["files"]} == {"compute"}
+    assert {f["capability"] for f in doc["files"] if f["kind"] != "firmware"} == {"compute"}
+    assert [f["name"] for f in doc["files"] if f["kind"] == "firmware"] == ["gsp_ga10x.bin"]  # any capability
     assert f"/{LIB}/libcuda.so.{V}" in [f["path"] for f in doc["files"]]
     assert [g["minor"] for g in doc["gpus"]] == [1]
     paths = [d["path"] for d in doc["devices"]]

@@ -224,6 +224,8 @@ def test_compat32_libraries(tmp_path):
     lib32 = [f for f in inv.files if f.kind == "lib32"]
     assert [(f.name, f.capability, f.elfclass) for f in lib32] == [(f"libcuda.so.{V}", "compute", 32)]
     assert not any(f.kind == "lib32" for f in inv.select(("compute",)))
+    assert [f.name for f in inv.select(("compute",)) if f.kind == "firmware"] == ["gsp_ga10x.bin"]
+    assert not inv.select(())
     assert any(f.kind == "lib32" for f in inv.select(("compute", "compat32")))
 
 

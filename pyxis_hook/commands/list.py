@@ -64,7 +64,7 @@ def list_dict(inv, caps, gpus, migs, nodes, warnings) -> dict:
 def format_text(doc: dict) -> str:
     lines = [f"driver {doc['driver_version'] or 'unknown'} in {doc['driver_root']}; "
              f"capabilities: {', '.join(doc['capabilities']) or 'none'}"]
-    for cap in doc["capabilities"]:
+    for cap in dict.fromkeys(list(doc["capabilities"]) + [f["capability"] for f in doc["files"]]):
         files = [f for f in doc["files"] if f["capability"] == cap]
         if not files:
             continue

@@ -197,7 +197,9 @@ def _open_proc_sources(plan: Plan, fds: list[int], messages: list[str]) -> list[
         try:
             fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as e:
-            raise ApplyError(f"{path}: {e.strerror}") from None
+            # less access, never more: the view is still made, without this GPU's entry
+            messages.append(f"{path}: {e.strerror}; not bound into /proc/driver/nvidia/gpus")
+            continue
         fds.append(fd)
         out.append(_Bind(bus, fd, "dir", PROC_OPTIONS, path))
     return out

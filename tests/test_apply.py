@@ -471,3 +471,15 @@ def test_racing_symlink_flip_never_mounts_outside(world, mount_api):
             assert f[4].startswith(str(root) + "/"), f[4]
     assert _snapshot(host) == host_before
     assert outcomes["ok"] + outcomes["refused"] == 40
+
+
+def test_proc_view_without_host_gpu_dir(world):
+    host, root, pid = world
+    hd = _proc_tree(host, [])
+    (root / "proc/driver/nvidia").mkdir(parents=True)
+    view = ProcDriverView(str(hd), (("params", "ModifyDeviceFiles: 0\n"),), ("0000:09:00.0",))
+    res = apply_plan(Plan(rootfs=str(root), proc_driver=view), pid)
+    assert any("0000:09:00.0" in m and "not bound" in m for m in res.messages)
+    assert set(_mounts_under(pid, root)) == {str(root / "proc/driver/nvidia")}
+    with pytest.raises(ApplyError, match="bad GPU bus id"):
+        apply_plan(Plan(rootfs=str(root), proc_driver=ProcDriverView(str(hd), (), ("../../x",))), pid)

@@ -22,12 +22,17 @@ def interpreter() -> str:
 
 def hook_document(stage: str = "prestart", config_path: str | None = None,
                   python: str | None = None, timeout: int | None = None) -> dict:
-    """The hooks.d document for this install: run `python -I -m pyxis_hook <stage>`."""
+    """The hooks.d document for this install: run `python -I -m pyxis_hook <stage>`.
+
+    argv[0] is the interpreter's absolute path, not its basename: CPython
+    derives sys.prefix from argv[0], and a bare `python3` would be looked up
+    on the hook's PATH and could pick another installation.
+    """
     python = python or interpreter()
     env = [HOOK_ENV_PATH]
     if config_path:
         env.append(f"PYXIS_HOOK_CONFIG={config_path}")
-    hook: dict = {"path": python, "args": [os.path.basename(python), "-I", "-m", "pyxis_hook", stage], "env": env}
+    hook: dict = {"path": python, "args": [python, "-I", "-m", "pyxis_hook", stage], "env": env}
     if timeout:
         hook["timeout"] = timeout
     return {"version": "1.0.0", "hook": hook, "when": {"always": True}, "stages": [stage]}

@@ -1,0 +1,203 @@
+"""The prestart hook, end to end, with real runc and crun (root).
+
+Each test builds a fake GPU host (procfs + real char nodes made with
+mknod), a driver tree, and a small glibc rootfs, then starts the container
+with the runtime and asserts from inside: the device nodes, the driver
+libraries the loader finds, what the libraries answer (as a GPU node without
+the kernel module would), and that the host's mount table did not change.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+
+import pytest
+
+from e2e.conftest import bundle_for, host as host_fixture, make_host, mount_table, run_container  # noqa: F401
+
+pytestmark = [pytest.mark.e2e, pytest.mark.root, pytest.mark.slow]
+
+RUNTIMES = [r for r in ("runc", "crun") if shutil.which(r)]
+
+PROBE = ("ls /dev | grep nvidia | sort | tr '\\n' ' '; echo; "
+         "for n in /dev/nvidia*; do [ -c $n ] && stat -c 'node %n %t:%T' $n; done; "
+         "/usr/bin/gputest; ldconfig -p | grep -c nvidia-ml | sed 's/^/nvml-cache-entries=/'; "
+         "cat /dev/nvidia0 2>&1 | head -1 | sed 's/^/open0: /'; "
+         "if [ -x /usr/bin/nvidia-smi ]; then nvidia-smi; echo smi-rc=$?; fi; "
+         "echo CVD=$CUDA_VISIBLE_DEVICES")
+
+
+def _nodes(out: str) -> set[str]:
+    first = out.splitlines()[0] if out else ""
+    return set(first.split())
+
+
+def _start(runtime, tmp_path, host, env, script=PROBE, **kw):
+    bundle = bundle_for(tmp_path, host, env, script, **kw)
+    before = mount_table()
+    res = run_container(runtime, bundle, f"pyxis-{os.getpid()}-{tmp_path.name[-12:]}")
+    assert mount_table() == before, "host mount table changed"
+    return res
+
+
+@pytest.fixture
+def host(tmp_path):
+    return make_host(tmp_path)
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_subset_gets_exactly_those_gpus(runtime, tmp_path, host):
+    r = _start(runtime, tmp_path, host, ("NVIDIA_VISIBLE_DEVICES=0,2",))
+    assert r.rc == 0, r.stderr
+    assert _nodes(r.stdout) == {"nvidia-uvm", "nvidia-uvm-tools", "nvidia0", "nvidia2", "nvidiactl"}
+    assert "node /dev/nvidia2 c3:2" in r.stdout  # 195 = 0xc3
+    assert "node /dev/nvidiactl c3:ff" in r.stdout
+    assert "cuDriverGetVersion=12020 rc=0" in r.stdout
+    assert "cuInit=100" in r.stdout and "nvmlInit_v2=9" in r.stdout
+    assert "nvml-cache-entries=1" in r.stdout
+    assert "smi-rc=9" in r.stdout and "couldn't communicate with the NVIDIA driver" in r.stdout
+    # device cgroup: the allowed node opens as far as the (absent) driver: ENXIO, not EPERM
+    assert "open0: cat: can't open '/dev/nvidia0': No such device or address" in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_all_and_uuid(runtime, tmp_path, host):
+    r = _start(runtime, tmp_path / "a", host, ("NVIDIA_VISIBLE_DEVICES=all",))
+    assert r.rc == 0, r.stderr
+    assert {"nvidia0", "nvidia1", "nvidia2", "nvidia3"} <= _nodes(r.stdout)
+    uuid = host.tree.gpus[3].uuid
+    r = _start(runtime, tmp_path / "b", host, (f"NVIDIA_VISIBLE_DEVICES={uuid}",))
+    assert r.rc == 0, r.stderr
+    assert _nodes(r.stdout) == {"nvidia-uvm", "nvidia-uvm-tools", "nvidia3", "nvidiactl"}
+
+
+def test_none_void_unset(tmp_path, host):
+    r = _start("runc", tmp_path / "none", host, ("NVIDIA_VISIBLE_DEVICES=none",))
+    assert r.rc == 0, r.stderr
+    assert _nodes(r.stdout) == {"nvidia-uvm", "nvidia-uvm-tools", "nvidiactl"}
+    assert "cuDriverGetVersion=12020" in r.stdout
+    for env in (("NVIDIA_VISIBLE_DEVICES=void",), (), ("NVIDIA_VISIBLE_DEVICES=",)):
+        sub = tmp_path / ("case%d" % len(os.listdir(tmp_path)))
+        r = _start("runc", sub, host, env)
+        assert r.rc == 0, r.stderr
+        assert _nodes(r.stdout) == set()
+        assert "libcuda.so.1: cannot open shared object file" in r.stdout
+
+
+def test_utility_only_gets_no_cuda(tmp_path, host):
+    r = _start("runc", tmp_path, host, ("NVIDIA_VISIBLE_DEVICES=1", "NVIDIA_DRIVER_CAPABILITIES=utility"))
+    assert r.rc == 0, r.stderr
+    assert _nodes(r.stdout) == {"nvidia1", "nvidiactl"}  # no uvm without compute
+    assert "libcuda.so.1: cannot open shared object file" in r.stdout
+    assert "nvmlInit_v2=9" in r.stdout and "smi-rc=9" in r.stdout
+
+
+def test_failing_requirement_fails_creation_with_our_message(tmp_path, host):
+    r = _start("runc", tmp_path / "fail", host, ("NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_REQUIRE_CUDA=cuda>=12.4"))
+    assert r.rc != 0
+    assert "pyxis-hook: error: requirement error: unsatisfied condition: cuda>=12.4" in r.stderr
+    assert "Traceback" not in r.stderr
+    r = _start("runc", tmp_path / "ok", host, ("NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_REQUIRE_CUDA=cuda>=12.4",
+                                               "NVIDIA_DISABLE_REQUIRE=true"))
+    assert r.rc == 0, r.stderr
+    assert "nvidia0" in _nodes(r.stdout)
+
+
+def test_unknown_device_is_one_line(tmp_path, host):
+    r = _start("runc", tmp_path, host, ("NVIDIA_VISIBLE_DEVICES=7",))
+    assert r.rc != 0
+    line = [x for x in r.stderr.splitlines() if "pyxis-hook: error:" in x]
+    assert len(line) == 1 and "7" in line[0], r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_create_runtime_stage(tmp_path, host):
+    r = _start("runc", tmp_path, host, ("NVIDIA_VISIBLE_DEVICES=0",), stage="createRuntime")
+    assert r.rc == 0, r.stderr
+    assert "nvidia0" in _nodes(r.stdout)
+    assert "cuDriverGetVersion=12020" in r.stdout
+
+
+def test_host_without_kernel_module_fails_clearly(tmp_path):
+    """No module: no /proc/driver/nvidia and no nodes; a GPU request fails with one line, naming the cause."""
+    host = make_host(tmp_path, kernel_module=False)
+    r = _start("runc", tmp_path / "one", host, ("NVIDIA_VISIBLE_DEVICES=0",))
+    assert r.rc != 0
+    errors = [x for x in r.stderr.splitlines() if "pyxis-hook: error:" in x]
+    assert len(errors) == 1 and "Traceback" not in r.stderr, r.stderr
+    r = _start("runc", tmp_path / "none", host, ("NVIDIA_VISIBLE_DEVICES=none",))
+    assert r.rc != 0
+    assert "nvidiactl: missing" in r.stderr
+
+
+def test_container_proc_without_driver_dir_is_skipped(tmp_path, host):
+    """This machine's procfs has no /proc/driver/nvidia: the view is skipped on purpose, the rest works."""
+    r = _start("runc", tmp_path, host, ("NVIDIA_VISIBLE_DEVICES=2",),
+               script="ls /proc/driver/nvidia 2>&1 | head -1; /usr/bin/gputest")
+    assert r.rc == 0, r.stderr
+    assert "No such file or directory" in r.stdout
+    assert "cuDriverGetVersion=12020" in r.stdout
+    log = (host.base / "hook.log").read_text()
+    assert "/proc/driver/nvidia" in log
+
+
+def test_proc_driver_view_with_module(tmp_path, host):
+    """A node with the module: the container's /proc/driver/nvidia exists (here: the fixture's, bound in
+    by the bundle as a GPU node's procfs would show it); the hook covers it with a tmpfs holding a
+    patched params and only the selected GPU's directory."""
+    bundle = bundle_for(tmp_path, host, ("NVIDIA_VISIBLE_DEVICES=2",),
+                        "ls /proc/driver/nvidia/gpus; grep ModifyDeviceFiles /proc/driver/nvidia/params")
+    import json
+    cfg = json.loads((bundle / "config.json").read_text())
+    cfg["mounts"].insert(1, {"destination": "/proc/driver", "type": "bind",
+                             "source": os.path.join(host.proc_root, "driver"), "options": ["rbind", "ro"]})
+    (bundle / "config.json").write_text(json.dumps(cfg))
+    before = mount_table()
+    # runc refuses any mount under /proc; crun allows this stand-in for a module-loaded procfs
+    r = run_container("crun", bundle, f"pyxis-proc-{os.getpid()}")
+    assert mount_table() == before
+    assert r.rc == 0, r.stderr
+    gpu2 = host.tree.gpus[2].bus_id
+    assert r.stdout.split()[0].lower() == gpu2.lower()
+    assert len(r.stdout.split("\n")[0].split()) == 1
+    assert "ModifyDeviceFiles: 0" in r.stdout
+    with open(os.path.join(host.proc_root, "driver/nvidia/params")) as f:
+        assert "ModifyDeviceFiles: 1" in f.read()  # the host's copy is untouched
+
+
+def test_non_debian_image_gets_lib64(tmp_path, host):
+    r = _start("runc", tmp_path, host, ("NVIDIA_VISIBLE_DEVICES=0",), rootfs_kw={"debian": False},
+               script="ls /usr/lib64 | grep -c libcuda; /usr/bin/gputest")
+    assert r.rc == 0, r.stderr
+    assert "cuDriverGetVersion=12020" in r.stdout
+
+
+def test_image_without_ldconfig_still_loads(tmp_path, host):
+    r = _start("runc", tmp_path, host, ("NVIDIA_VISIBLE_DEVICES=0",),
+               rootfs_kw={"with_ldconfig": False, "with_ld_so_conf": False}, script="/usr/bin/gputest")
+    assert r.rc == 0, r.stderr
+    assert "cuDriverGetVersion=12020" in r.stdout
+
+
+def test_hostile_symlinked_libdir_stays_inside(tmp_path, host):
+    """/usr/lib/x86_64-linux-gnu -> / in the image: mounts land inside the rootfs, the host is untouched."""
+    bundle = bundle_for(tmp_path, host, ("NVIDIA_VISIBLE_DEVICES=0",), "ls /libcuda.so.* 2>&1; /usr/bin/gputest")
+    rootfs = bundle / "rootfs"
+    libdir = rootfs / "usr/lib/x86_64-linux-gnu"
+    moved = rootfs / "usr/lib/real-gnu"
+    libdir.rename(moved)
+    libdir.symlink_to("/")
+    (rootfs / "etc/ld.so.conf.d/real.conf").write_text("/usr/lib/real-gnu\n")
+    (rootfs / "lib64/ld-linux-x86-64.so.2").unlink()
+    (rootfs / "lib64/ld-linux-x86-64.so.2").symlink_to("../usr/lib/real-gnu/ld-linux-x86-64.so.2")
+    host_root_before = sorted(os.listdir("/"))
+    before = mount_table()
+    r = run_container("runc", bundle, f"pyxis-hostile-{os.getpid()}")
+    assert mount_table() == before
+    assert sorted(os.listdir("/")) == host_root_before
+    assert not any(n.startswith("libcuda") for n in os.listdir("/"))
+    assert "pyxis-hook: error" not in r.stdout
+    if r.rc == 0:
+        assert re.search(r"^/libcuda\.so\.", r.stdout, re.M), r.stdout

@@ -1,0 +1,697 @@
+"""The container's-eye view of the dynamic loader, without running anything from the image.
+
+Why: most "CUDA does not see the GPU" threads end in a loader problem inside
+the image — a toolkit stub `libcuda.so.1` or an old `compat/` dir on
+`LD_LIBRARY_PATH`, a bundled `libnvidia-ml` of another driver version, a
+truncated file earlier in the search path, a stale ld.so.cache, GLX's
+`libX11.so.6` missing.  `check_image` resolves every driver library the
+container gets the way *its* ld.so will (LD_LIBRARY_PATH from config.json,
+the image's ld.so.cache as it is after injection — image entries merged with
+the injected ones via `ldcache.merge_entries` — and the default dirs compiled
+into the image's ld.so) and turns each deviation into a `Finding`.
+
+The injected files are not in the image yet (unless `--pid`), so they are
+modelled as *virtual files*: a candidate whose directory resolves (inside the
+rootfs) to the injection directory and whose name is the injected file or one
+of its links is the host driver's file.  Every other candidate goes through
+glibc's `open_verify` rules (`resolve._Resolver.open_verify`): wrong class or
+machine is skipped, a short or corrupt file stops the load ("fatal
+shadowing").  Nothing from the image is executed; every path is resolved
+inside the rootfs.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from dataclasses import dataclass
+from typing import Mapping
+
+from pyxis_hook.errors import LdCacheError, PathError, RequirementError
+from pyxis_hook.findings import Finding
+from pyxis_hook.rootfs import resolve_in_root
+
+EM_386, EM_X86_64 = 3, 62
+
+#: well-known non-driver dependencies -> (Debian/Ubuntu package, RHEL package)
+PACKAGES = {
+    "libX11.so.6": ("libx11-6", "libX11"),
+    "libXext.so.6": ("libxext6", "libXext"),
+    "libxcb.so.1": ("libxcb1", "libxcb"),
+    "libwayland-client.so.0": ("libwayland-client0", "libwayland-client"),
+    "libwayland-server.so.0": ("libwayland-server0", "libwayland-server"),
+    "libgbm.so.1": ("libgbm1", "mesa-libgbm"),
+    "libdrm.so.2": ("libdrm2", "libdrm"),
+}
+
+#: where CUDA images keep the runtime and the forward-compat driver (besides the search dirs)
+CUDA_DIRS = ("/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib",
+             "/usr/local/cuda/targets/sbsa-linux/lib")
+COMPAT_DIR = "/usr/local/cuda/compat"
+
+_CUDART_RE = re.compile(r"^libcudart\.so\.(\d+)\.(\d+)(?:\.\d+)*$")
+_DRIVER_LIB_RE = re.compile(r"^lib[\w+-]*\.so\.(\d{3})\.\d+(?:\.\d+)?$")
+
+
+@dataclass(frozen=True)
+class InjectedLib:
+    """A driver library as the container gets it: `container_path` (the versioned file) and
+    `names`, every name it answers to in that directory (file, SONAME link, extra links)."""
+
+    soname: str
+    container_path: str
+    names: tuple[str, ...]
+    host_path: str
+    elfclass: int
+    capability: str
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One file the loader looked at: `outcome` is host (the injected driver file), image (an image
+    file that is accepted), skipped (wrong class/machine/unreadable) or fatal (the load stops)."""
+
+    path: str
+    how: str
+    outcome: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """Where one SONAME resolves: `path` None when nothing matched; `tried` in search order."""
+
+    soname: str
+    elfclass: int
+    injected: str | None
+    path: str | None
+    how: str
+    outcome: str  # host | image | fatal | not-found
+    tried: tuple[Candidate, ...] = ()
+
+    @property
+    def is_host_file(self) -> bool:
+        return self.outcome == "host"
+
+    def to_dict(self) -> dict:
+        return {"soname": self.soname, "elfclass": self.elfclass, "injected": self.injected,
+                "path": self.path, "how": self.how, "outcome": self.outcome,
+                "is_host_file": self.is_host_file,
+                "tried": [{"path": c.path, "how": c.how, "outcome": c.outcome, "reason": c.reason}
+                          for c in self.tried]}
+
+
+@dataclass(frozen=True)
+class SearchSetup:
+    """What the container's loader of one class searches: LD_LIBRARY_PATH dirs, the cache, the
+    default dirs, and the subdirectories tried in each (glibc-hwcaps first)."""
+
+    elfclass: int
+    machine: int
+    ld_library_path: tuple[str, ...]
+    cache: object | None  # ldcache.LdCache after injection, or None
+    system_dirs: tuple[str, ...]
+    subdirs: tuple[str, ...] = ("",)
+    hwcaps: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class LdcheckReport:
+    rootfs: str
+    source: str
+    capabilities: tuple[str, ...]
+    driver_version: str | None
+    cuda_version: int | None
+    libraries: tuple[Resolution, ...]
+    findings: tuple[Finding, ...]
+
+    def to_dict(self) -> dict:
+        from pyxis_hook.findings import has_errors
+
+        return {"rootfs": self.rootfs, "source": self.source, "capabilities": list(self.capabilities),
+                "driver_version": self.driver_version, "cuda_version": self.cuda_version,
+                "libraries": [r.to_dict() for r in self.libraries],
+                "findings": [f.to_dict() for f in self.findings], "ok": not has_errors(self.findings)}
+
+
+# ------------------------------------------------------------------ what gets injected
+
+
+def injected_libs(inventory, capabilities, facts) -> tuple[InjectedLib, ...]:
+    """The libraries `inventory.select(capabilities)` puts into the container described by `facts`
+    (lib -> facts.lib_dir/name, lib32 -> facts.lib32_dir/name, as plan.build_plan places them)."""
+    out = []
+    for f in inventory.select(capabilities, kinds=("lib", "lib32")):
+        d = facts.lib_dir if f.kind == "lib" else facts.lib32_dir
+        if not d or not f.soname:
+            continue
+        names = tuple(dict.fromkeys([f.name, f.soname, *(link for link, _ in f.links)]))
+        out.append(InjectedLib(f.soname, f"{d}/{f.name}", names, f.host_path,
+                               f.elfclass or (64 if f.kind == "lib" else 32), f.capability))
+    return tuple(out)
+
+
+def _hostdir(rootfs: str, path: str) -> str | None:
+    try:
+        return resolve_in_root(rootfs, path)
+    except PathError:
+        return None
+
+
+def virtual_files(rootfs: str, libs: tuple[InjectedLib, ...]) -> dict[tuple[str, str], InjectedLib]:
+    """(host dir, file name) -> injected library, for every name an injected library answers to."""
+    out: dict[tuple[str, str], InjectedLib] = {}
+    for lib in libs:
+        d = _hostdir(rootfs, os.path.dirname(lib.container_path))
+        if d is None:
+            continue
+        for n in lib.names:
+            out[(d, n)] = lib
+    return out
+
+
+def cache_flags(elfclass: int) -> tuple[int, ...]:
+    """The cache flags ld.so accepts for a class on this machine (x86-64: 0x0303; i386: 0x0001/0x0003)."""
+    from pyxis_hook import ldcache
+
+    return (ldcache.FLAG_X8664_LIB64 | ldcache.FLAG_ELF_LIBC6,) if elfclass == 64 else \
+        (ldcache.FLAG_ELF_LIBC6, ldcache.FLAG_ELF)
+
+
+def cache_after_injection(image_cache, libs: tuple[InjectedLib, ...]):
+    """The image's cache (or an empty one) with one entry per injected SONAME, as the hook leaves it."""
+    from pyxis_hook import ldcache
+
+    added = [ldcache.CacheEntry(lib.soname, f"{os.path.dirname(lib.container_path)}/{lib.soname}",
+                                cache_flags(lib.elfclass)[0]) for lib in libs]
+    existing = image_cache.entries if image_cache is not None else ()
+    merged = ldcache.merge_entries(existing, added)
+    return ldcache.LdCache(merged, image_cache.generator if image_cache is not None else None, "new",
+                           name="/etc/ld.so.cache (after injection)")
+
+
+# ------------------------------------------------------------------ the search
+
+
+def search_setup(rootfs: str, elfclass: int, ld_library_path: str, cache) -> SearchSetup:
+    """The loader of `rootfs` for one class: its compiled-in dirs and hwcaps subdirs (resolve.py)."""
+    from pyxis_hook import resolve
+
+    interp, platform, machine = (("/lib64/ld-linux-x86-64.so.2", "x86_64", EM_X86_64) if elfclass == 64
+                                 else ("/lib/ld-linux.so.2", "i686", EM_386))
+    try:
+        env = resolve.loader_env_for_root(rootfs, interp=interp, inhibit_cache=True, platform=platform, cwd="/")
+        dirs, hwcaps, legacy = env.system_dirs, env.hwcaps, env.legacy_subdirs
+    except (PathError, OSError):
+        dirs = (("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64", "/lib", "/usr/lib")
+                if elfclass == 64 else ("/lib/i386-linux-gnu", "/usr/lib/i386-linux-gnu", "/lib", "/usr/lib"))
+        hwcaps, legacy = (), ()
+    subdirs = tuple(f"glibc-hwcaps/{h}" for h in hwcaps) + tuple(legacy) + ("",)
+    llp = resolve.split_search_path(ld_library_path) if ld_library_path else ()
+    return SearchSetup(elfclass, machine, tuple(d or "." for d in llp), cache, tuple(dirs), subdirs, tuple(hwcaps))
+
+
+def _candidates(setup: SearchSetup, name: str):
+    from pyxis_hook import ldcache
+
+    for d in setup.ld_library_path:
+        for sub in setup.subdirs:
+            yield _join(d, sub, name), "LD_LIBRARY_PATH"
+    if setup.cache is not None:
+        hit = ldcache.lookup(setup.cache, name, cache_flags(setup.elfclass), hwcaps=setup.hwcaps)
+        if hit:
+            yield hit[0].value, "ld.so.cache"
+    for d in setup.system_dirs:
+        for sub in setup.subdirs:
+            yield _join(d, sub, name), "default dir"
+
+
+def _join(d: str, sub: str, name: str) -> str:
+    base = d if d.endswith("/") else d + "/"
+    return base + (sub + "/" if sub else "") + name
+
+
+def _skip_reason(rootfs: str, path: str, elfclass: int, machine: int) -> str:
+    from pyxis_hook.elf import elf_header
+    from pyxis_hook.errors import ElfError
+
+    try:
+        cls, mach = elf_header(resolve_in_root(rootfs, path))
+    except (ElfError, PathError, OSError):
+        return "cannot be opened"
+    if cls != elfclass:
+        return f"{cls}-bit ELF, the loader wants {elfclass}-bit"
+    if mach != machine:
+        return f"ELF machine {mach}, the loader wants {machine}"
+    return "not for this system (ABI note)"
+
+
+def resolve_soname(rootfs: str, name: str, setup: SearchSetup,
+                   virtual: Mapping[tuple[str, str], InjectedLib] | None = None) -> Resolution:
+    """Where the container's ld.so finds `name` (as dlopen'ed by a program without RPATH)."""
+    from pyxis_hook import resolve
+
+    virtual = virtual or {}
+    checker = resolve._Resolver(resolve.LoaderEnv(root=rootfs, cwd="/"))
+    want = resolve._Want(setup.elfclass, setup.machine, "little")
+    tried: list[Candidate] = []
+    injected = next((lib.container_path for lib in virtual.values()
+                     if lib.soname == name and lib.elfclass == setup.elfclass), None)
+    seen: set[str] = set()
+    for path, how in _candidates(setup, name):
+        if path in seen:
+            continue
+        seen.add(path)
+        d = _hostdir(rootfs, os.path.dirname(path))
+        lib = virtual.get((d, os.path.basename(path))) if d is not None else None
+        if lib is not None and lib.elfclass == setup.elfclass:
+            tried.append(Candidate(path, how, "host"))
+            return Resolution(name, setup.elfclass, lib.container_path, path, how, "host", tuple(tried))
+        try:
+            status, _, _ = checker.open_verify(path, want, name)
+        except resolve.LoadFailed as e:
+            tried.append(Candidate(path, how, "fatal", e.reason))
+            return Resolution(name, setup.elfclass, injected, path, how, "fatal", tuple(tried))
+        if status == "ok":
+            tried.append(Candidate(path, how, "image"))
+            return Resolution(name, setup.elfclass, injected, path, how, "image", tuple(tried))
+        if status == "skip":
+            tried.append(Candidate(path, how, "skipped",
+                                   _skip_reason(rootfs, path, setup.elfclass, setup.machine)))
+    return Resolution(name, setup.elfclass, injected, None, "not found", "not-found", tuple(tried))
+
+
+# ------------------------------------------------------------------ findings per library
+
+
+def _real_in_root(rootfs: str, path: str) -> str:
+    """Root-relative path after following symlinks inside the rootfs."""
+    from pyxis_hook.rootfs import to_root_relative
+
+    try:
+        return to_root_relative(os.path.normpath(os.path.abspath(rootfs)), resolve_in_root(rootfs, path))
+    except (PathError, ValueError):
+        return path
+
+
+def _driver_major(version: str | None) -> int | None:
+    try:
+        return int(version.split(".")[0]) if version else None
+    except ValueError:
+        return None
+
+
+def _where_from(how: str, path: str) -> str:
+    d = os.path.dirname(path)
+    if how == "LD_LIBRARY_PATH":
+        return f"remove {d} from LD_LIBRARY_PATH (image ENV or the container's environment)"
+    if how == "ld.so.cache":
+        return f"delete {path} from the image (or the ld.so.conf.d line naming {d}) and rebuild its cache"
+    return f"delete {path} from the image"
+
+
+def library_findings(rootfs: str, res: Resolution, driver_version: str | None) -> list[Finding]:
+    out: list[Finding] = []
+    for c in res.tried:
+        if c.outcome == "skipped" and "-bit ELF" in c.reason:
+            out.append(Finding(
+                "warning", "wrong-class",
+                f"{c.path} is a {c.reason.split('-bit')[0]}-bit ELF in a directory searched for the "
+                f"{res.elfclass}-bit {res.soname}",
+                "the loader skips it, so programs of the other class will not find it where they look",
+                f"move {c.path} to the image's {'32' if res.elfclass == 64 else '64'}-bit library directory "
+                "or delete it"))
+    where = res.injected or res.soname
+    if res.outcome == "host":
+        out.append(Finding("ok", "resolves-to-host", f"{res.soname} -> {res.path} ({res.how}): the host driver's file"))
+        return out
+    if res.outcome == "fatal":
+        bad = res.tried[-1]
+        out.append(Finding(
+            "error", "fatal-shadowing",
+            f"{bad.path}: {bad.reason} — found via {bad.how} before the host's {where}",
+            "glibc's loader stops at a corrupt or truncated candidate instead of trying the next directory, "
+            f"so {res.soname} cannot be loaded at all",
+            _where_from(bad.how, bad.path)))
+        return out
+    if res.outcome == "not-found":
+        out.append(Finding(
+            "error", "not-found", f"{res.soname} ({res.elfclass}-bit) does not resolve in the image",
+            f"none of the directories the container's loader searches holds it, although {where} is injected",
+            "use ldcache = \"ldconfig\" in pyxis.conf or add the injection directory to the image's /etc/ld.so.conf"))
+        return out
+    path = res.path or ""
+    real = _real_in_root(rootfs, path)
+    shown = path if real == path else f"{path} (-> {real})"
+    if "/stubs/" in f"{path}/{real}" or os.path.basename(os.path.dirname(path)) == "stubs":
+        out.append(Finding(
+            "error", "stub-shadows-driver",
+            f"{res.soname} resolves to the CUDA toolkit stub {shown} via {res.how}, not the host's {where}",
+            "the stub is for linking only: CUDA fails with 'CUDA driver is a stub library' (error 34) "
+            "and sees no GPU",
+            _where_from(res.how, path)))
+        return out
+    if "/compat/" in f"{path}/{real}/":
+        m = _DRIVER_LIB_RE.match(os.path.basename(real))
+        compat_major = int(m.group(1)) if m else None
+        host_major = _driver_major(driver_version)
+        if compat_major is not None and host_major is not None and compat_major > host_major:
+            out.append(Finding(
+                "info", "compat-libcuda-used",
+                f"{res.soname} resolves to the forward-compatibility copy {shown} via {res.how} "
+                f"(driver {compat_major} on a {host_major} host)",
+                "CUDA forward compatibility works only on data-center GPUs and supported driver branches; "
+                "elsewhere CUDA fails with error 804",
+                f"if CUDA reports error 804, {_where_from(res.how, path)}"))
+        else:
+            out.append(Finding(
+                "error", "compat-shadows-driver",
+                f"{res.soname} resolves to the image's compat copy {shown} via {res.how}, "
+                f"not the host's {where}",
+                f"a compat library of driver {compat_major or 'unknown'} is not newer than the host driver "
+                f"{driver_version or 'unknown'}: it cannot help and breaks CUDA (error 804 or version mismatch)",
+                _where_from(res.how, path)))
+        return out
+    out.append(Finding(
+        "error", "image-copy-shadows-driver",
+        f"{res.soname} resolves to the image's own {shown} via {res.how}, not the host's {where}",
+        "a driver library of another version than the kernel module fails "
+        "('Driver/library version mismatch', CUDA_ERROR_SYSTEM_DRIVER_MISMATCH)",
+        _where_from(res.how, path)))
+    return out
+
+
+def missing_dep_findings(rootfs: str, deps, setups: Mapping[int, SearchSetup],
+                         virtual: Mapping[tuple[str, str], InjectedLib]) -> list[Finding]:
+    """Non-driver DT_NEEDED of injected libraries (GLX's libX11.so.6) that the image lacks."""
+    out = []
+    for dep in deps:
+        setup = setups.get(dep.elfclass)
+        if setup is None:
+            continue
+        res = resolve_soname(rootfs, dep.name, setup, virtual)
+        if res.outcome in ("host", "image"):
+            continue
+        deb, rpm = PACKAGES.get(dep.name, (None, None))
+        fix = (f"install it in the image (Debian/Ubuntu: apt-get install {deb}; RHEL: dnf install {rpm})" if deb
+               else f"install the package that provides {dep.name} in the image")
+        out.append(Finding(
+            "error", "missing-dependency",
+            f"{dep.name} ({dep.elfclass}-bit), needed by {', '.join(dep.needed_by)}, is not in the image",
+            f"the driver does not ship it, so the injected {dep.needed_by[0]} cannot be loaded "
+            f"({dep.capability} capability)", fix))
+    return out
+
+
+# ------------------------------------------------------------------ CUDA compatibility
+
+
+@dataclass(frozen=True)
+class CudaFacts:
+    """What the image says about the CUDA it needs and what it brings to bridge a gap."""
+
+    cudart: tuple[tuple[str, int], ...] = ()  # (root-relative path, version as 12040)
+    compat_libcuda: tuple[tuple[str, int], ...] = ()  # (root-relative path, driver major)
+
+
+def cuda_facts(rootfs: str, search_dirs) -> CudaFacts:
+    found: dict[str, int] = {}
+    for d in dict.fromkeys(tuple(search_dirs) + CUDA_DIRS):
+        host = _hostdir(rootfs, d)
+        if host is None or not os.path.isdir(host):
+            continue
+        for p in sorted(glob.glob(os.path.join(glob.escape(host), "libcudart.so.*"))):
+            m = _CUDART_RE.match(os.path.basename(p))
+            if m:
+                found.setdefault(f"{d.rstrip('/')}/{os.path.basename(p)}", int(m.group(1)) * 1000 + int(m.group(2)) * 10)
+    compat = []
+    host = _hostdir(rootfs, COMPAT_DIR)
+    if host is not None and os.path.isdir(host):
+        for p in sorted(glob.glob(os.path.join(glob.escape(host), "libcuda.so.*"))):
+            m = _DRIVER_LIB_RE.match(os.path.basename(p))
+            if m and not os.path.islink(p):
+                compat.append((f"{COMPAT_DIR}/{os.path.basename(p)}", int(m.group(1))))
+    return CudaFacts(tuple(found.items()), tuple(compat))
+
+
+def cuda_findings(env: Mapping[str, str], facts: CudaFacts, host_cuda: int | None, driver_version: str | None,
+                  config) -> list[Finding]:
+    from pyxis_hook import require
+    from pyxis_hook.cudaversion import format_cuda_version
+
+    out: list[Finding] = []
+    host_major = _driver_major(driver_version)
+    bridge = next(((p, m) for p, m in facts.compat_libcuda if host_major is not None and m > host_major), None)
+    compat_on = getattr(config, "cuda_compat", "ldconfig") != "disabled"
+    host_text = format_cuda_version(host_cuda) if host_cuda else None
+
+    def gap(code: str, what: str) -> Finding:
+        if bridge and compat_on:
+            return Finding("warning", "cuda-needs-compat",
+                           f"{what}; the image's forward-compat {bridge[0]} (driver {bridge[1]}) bridges the gap",
+                           "forward compatibility works only on data-center GPUs with a supported driver branch; "
+                           "elsewhere CUDA fails with error 804",
+                           "to avoid depending on it, update the host driver")
+        why = "a CUDA runtime newer than the driver fails: 'CUDA driver version is insufficient for CUDA runtime version'"
+        if bridge and not compat_on:
+            why += f"; the image's {bridge[0]} could bridge it but cuda-compat = \"disabled\" in pyxis.conf"
+        return Finding("error", code, what, why,
+                       f"update the host driver to one that supports CUDA {what.split('CUDA ')[1].split()[0]} "
+                       f"or use an image built for CUDA {host_text} or older")
+
+    try:
+        reqs = require.parse_requirements(env, getattr(config, "disable_require", False))
+    except RequirementError as e:
+        out.append(Finding("error", "bad-requirement", str(e),
+                           "the hook refuses a container whose NVIDIA_REQUIRE_* cannot be parsed",
+                           "fix the variable in the image, or set NVIDIA_DISABLE_REQUIRE=true"))
+        reqs = ()
+    if host_cuda is None:
+        if reqs or facts.cudart:
+            out.append(Finding("info", "host-cuda-unknown", "the host driver's CUDA version is unknown",
+                               "cuDriverGetVersion of the host libcuda could not be asked, so the image's "
+                               "CUDA needs cannot be checked", "run `pyxis-hook info` on the host"))
+        return out
+    hf = require.HostFacts(cuda=host_text, driver=driver_version)
+    for req in reqs:
+        if not require.requirement_holds(req, hf, None):
+            cuda_terms = [str(t) for g in req.groups for t in g if t.key == "cuda"]
+            need = cuda_terms[0].lstrip("cuda<>=!") if cuda_terms else req.expression
+            out.append(gap("cuda-version-mismatch",
+                           f"{req.variable}={req.expression!r} needs CUDA {need} but the host driver "
+                           f"{driver_version} provides CUDA {host_text}"))
+    for path, version in facts.cudart:
+        if version > host_cuda:
+            out.append(gap("cudart-newer-than-driver",
+                           f"{path} is CUDA {format_cuda_version(version)} but the host driver "
+                           f"{driver_version} provides CUDA {host_text}"))
+    if facts.compat_libcuda and not bridge:
+        p, m = facts.compat_libcuda[0]
+        out.append(Finding("info", "compat-not-used",
+                           f"{p} (driver {m}) is not newer than the host driver {driver_version}",
+                           "forward-compat libraries are used only when newer than the host driver; the hook "
+                           "leaves them out", "nothing to do (or drop /usr/local/cuda/compat from the image)"))
+    return out
+
+
+# ------------------------------------------------------------------ the image's loader setup
+
+
+def loader_setup_findings(rootfs: str, image_cache, cache_problem: str | None,
+                          virtual: Mapping[tuple[str, str], InjectedLib], config) -> list[Finding]:
+    from pyxis_hook.ldconf import read_ld_so_conf
+
+    out: list[Finding] = []
+    if cache_problem == "missing":
+        out.append(Finding("warning", "no-ld-so-cache", "the image has no /etc/ld.so.cache",
+                           "programs find libraries only through LD_LIBRARY_PATH and the default dirs "
+                           "until the hook writes one", "RUN ldconfig at the end of the image build"))
+    elif cache_problem:
+        out.append(Finding("warning", "corrupt-ld-so-cache", f"/etc/ld.so.cache: {cache_problem}",
+                           "glibc ignores a cache it cannot read, so only the default dirs are searched",
+                           "rebuild it: RUN ldconfig at the end of the image build"))
+    if image_cache is not None:
+        stale = []
+        for e in image_cache.entries:
+            d = _hostdir(rootfs, os.path.dirname(e.value))
+            if d is not None and (d, os.path.basename(e.value)) in virtual:
+                continue
+            try:
+                exists = os.path.exists(resolve_in_root(rootfs, e.value))
+            except PathError:
+                exists = False
+            if not exists:
+                stale.append(e)
+        if stale:
+            more = f" (and {len(stale) - 1} more)" if len(stale) > 1 else ""
+            out.append(Finding("warning", "stale-cache-entry",
+                               f"/etc/ld.so.cache lists {stale[0].key} -> {stale[0].value}, which does not "
+                               f"exist{more}",
+                               "the cache is older than the files: the loader falls back to the search dirs "
+                               "and may find another copy", "rebuild it: RUN ldconfig at the end of the image build"))
+    if not os.path.lexists(resolve_in_root(rootfs, "/etc/ld.so.conf")):
+        out.append(Finding("warning", "no-ld-so-conf", "the image has no /etc/ld.so.conf",
+                           "ldconfig then indexes only its built-in dirs; the hook cannot merge into a loader "
+                           "setup it cannot read", "add /etc/ld.so.conf (include /etc/ld.so.conf.d/*.conf)"))
+    else:
+        conf = read_ld_so_conf(rootfs)
+        for file, line, pattern in conf.unmatched_includes:
+            # a glob over an empty directory is normal; a named file that is absent is a mistake
+            sev = "info" if any(c in pattern for c in "*?[") else "warning"
+            out.append(Finding(sev, "include-matches-nothing",
+                               f"{file}:{line}: include {pattern} matches nothing",
+                               "ldconfig skips it silently, so directories you expect to be indexed are not",
+                               "create the files it names or remove the line"))
+    out.extend(_ldconfig_findings(rootfs, config))
+    return out
+
+
+def _ldconfig_findings(rootfs: str, config) -> list[Finding]:
+    host_binary = str(getattr(config, "ldconfig", "@")).startswith("@")
+    path = "/sbin/ldconfig" if host_binary else config.ldconfig
+    try:
+        host = resolve_in_root(rootfs, path)
+    except PathError:
+        host = ""
+    uses = "the hook runs the host's ldconfig, so this only matters inside the container" if host_binary else \
+        f"pyxis.conf ldconfig = \"{config.ldconfig}\" runs it to rebuild the cache"
+    sev = "info" if host_binary else "error"
+    if not host or not os.path.isfile(host):
+        return [Finding(sev, "ldconfig-missing", f"{path} is missing in the image", uses,
+                        "nothing to do" if host_binary else "use ldconfig = \"@/sbin/ldconfig\" (the host's)")]
+    try:
+        with open(host, "rb") as f:
+            head = f.read(4)
+    except OSError:
+        head = b""
+    if head.startswith(b"#!"):
+        real = os.path.isfile(resolve_in_root(rootfs, path + ".real"))
+        return [Finding("info" if real or host_binary else "error", "ldconfig-wrapper",
+                        f"{path} is a shell script" + (f" (wrapping {path}.real)" if real else ""),
+                        uses + "; a wrapper runs the image's shell with the hook's privileges",
+                        "nothing to do" if host_binary else f"use ldconfig = \"@/sbin/ldconfig\" or {path}.real")]
+    if head != b"\x7fELF":
+        return [Finding(sev, "ldconfig-not-elf", f"{path} is neither an ELF binary nor a script", uses,
+                        "nothing to do" if host_binary else "use ldconfig = \"@/sbin/ldconfig\" (the host's)")]
+    return []
+
+
+# ------------------------------------------------------------------ the whole check
+
+
+def _capabilities(env: Mapping[str, str], config, explicit: str | None) -> tuple[str, ...]:
+    from pyxis_hook.config import ALL_CAPABILITIES
+
+    raw = explicit if explicit is not None else env.get("NVIDIA_DRIVER_CAPABILITIES", "")
+    supported = tuple(getattr(config, "supported_capabilities", ALL_CAPABILITIES))
+    if not raw:
+        return tuple(getattr(config, "default_capabilities", ("utility", "compute")))
+    toks = [t.strip() for t in raw.split(",") if t.strip()]
+    if "all" in toks:
+        return supported
+    return tuple(t for t in dict.fromkeys(toks) if t in supported)
+
+
+def request_findings(env: Mapping[str, str], source: str) -> list[Finding]:
+    if source == "rootfs":
+        return []
+    value = env.get("NVIDIA_VISIBLE_DEVICES")
+    if value in (None, "", "void"):
+        return [Finding("warning", "no-gpu-requested",
+                        "NVIDIA_VISIBLE_DEVICES is " + ("unset" if value is None else repr(value)) +
+                        " in the container's environment",
+                        "the hook leaves such a container alone: no device and no driver library is injected",
+                        "pass NVIDIA_VISIBLE_DEVICES=all (or GPU indices/UUIDs), e.g. podman run -e "
+                        "NVIDIA_VISIBLE_DEVICES=all, or use a CUDA base image that sets it")]
+    if value == "none":
+        return [Finding("info", "no-gpu-requested", "NVIDIA_VISIBLE_DEVICES=none",
+                        "the container gets the driver libraries but no GPU", "set it to all or to GPU ids")]
+    return []
+
+
+def check_image(rootfs: str, env: Mapping[str, str], inventory, config, *, capabilities: str | None = None,
+                source: str = "rootfs", facts=None) -> LdcheckReport:
+    """All ldcheck findings for the image at `rootfs` (a host path) with container environment `env`.
+
+    `source` is "rootfs" or "bundle" (injection simulated) or "pid" (a running container: its
+    cache is read as it is and the injected files must really be there).
+    """
+    from pyxis_hook import ldcache
+    from pyxis_hook.container import container_facts
+
+    rootfs = os.path.normpath(os.path.abspath(rootfs))
+    caps = _capabilities(env, config, capabilities)
+    findings: list[Finding] = request_findings(env, source)
+    if not inventory.usable:
+        for e in inventory.errors or ("no NVIDIA driver found",):
+            findings.append(Finding("error", "no-driver", e, "there is no driver library to inject or check",
+                                    "run `pyxis-hook doctor` on the host"))
+    if facts is None:
+        facts = container_facts(rootfs)
+    libs = injected_libs(inventory, caps, facts)
+    if "compat32" in caps and not facts.lib32_dir and any(f.kind == "lib32" for f in inventory.files):
+        findings.append(Finding("warning", "no-lib32-dir", "the image has no 32-bit library directory",
+                                "32-bit driver libraries (compat32) are not injected", "install the image's "
+                                "32-bit C library (Debian: dpkg --add-architecture i386; apt-get install libc6:i386)"))
+    virtual = virtual_files(rootfs, libs)
+
+    image_cache = None
+    cache_problem = None
+    cache_host = resolve_in_root(rootfs, "/etc/ld.so.cache")
+    if not os.path.exists(cache_host):
+        cache_problem = "missing"
+    else:
+        try:
+            image_cache = ldcache.read_cache(cache_host)
+        except LdCacheError as e:
+            cache_problem = str(e).split(": ", 1)[-1]
+        except OSError as e:
+            cache_problem = e.strerror or str(e)
+    effective = image_cache if source == "pid" else cache_after_injection(image_cache, libs)
+    llp = env.get("LD_LIBRARY_PATH", "")
+    setups = {cls: search_setup(rootfs, cls, llp, effective) for cls in (64, 32)}
+
+    results = []
+    for lib in libs:
+        res = resolve_soname(rootfs, lib.soname, setups[lib.elfclass], virtual)
+        results.append(res)
+        findings.extend(library_findings(rootfs, res, inventory.driver_version))
+        if source == "pid":
+            findings.extend(_present_findings(rootfs, lib))
+    deps = [d for d in inventory.non_driver_deps if d.capability in caps and (d.elfclass == 64 or "compat32" in caps)]
+    findings.extend(missing_dep_findings(rootfs, deps, setups, virtual))
+    search_dirs = setups[64].ld_library_path + setups[64].system_dirs + tuple(
+        sorted({os.path.dirname(e.value) for e in (image_cache.entries if image_cache else ())}))
+    findings.extend(cuda_findings(env, cuda_facts(rootfs, search_dirs), inventory.cuda_version,
+                                  inventory.driver_version, config))
+    findings.extend(loader_setup_findings(rootfs, image_cache, cache_problem, virtual, config))
+    return LdcheckReport(rootfs, source, caps, inventory.driver_version, inventory.cuda_version,
+                         tuple(results), tuple(findings))
+
+
+def _present_findings(rootfs: str, lib: InjectedLib) -> list[Finding]:
+    """--pid: the injected file must be there and be the host's file (same inode through the bind mount)."""
+    try:
+        st = os.stat(resolve_in_root(rootfs, lib.container_path))
+    except (OSError, PathError):
+        return [Finding("error", "not-injected", f"{lib.container_path} is missing in the running container",
+                        "the hook did not inject it (no GPU requested, or it failed)",
+                        "check NVIDIA_VISIBLE_DEVICES and the hook's log")]
+    try:
+        hst = os.stat(lib.host_path)
+    except OSError:
+        return []
+    if (st.st_dev, st.st_ino) != (hst.st_dev, hst.st_ino):
+        return [Finding("error", "not-host-file", f"{lib.container_path} is not the host's {lib.host_path}",
+                        "a file of the image sits where the driver library should be mounted",
+                        "restart the container so the hook mounts the host's file")]
+    return []
+
+
+def format_text(report: LdcheckReport) -> str:
+    from pyxis_hook.findings import format_findings
+
+    head = (f"ldcheck {report.rootfs} ({report.source}); driver {report.driver_version or 'unknown'}; "
+            f"capabilities {','.join(report.capabilities) or 'none'}\n")
+    return head + format_findings(report.findings)

@@ -1,0 +1,316 @@
+"""CDI spec generation: the host's GPUs as Container Device Interface devices.
+
+Every device's edits come from `plan.build_plan` for a request naming that
+device, so `cdi generate`, `plan` and the hook can never disagree about which
+nodes and files a GPU needs.  What the planner puts in every plan (control
+nodes, driver files, their SONAME links, the ld.so.cache refresh) goes into
+the spec-wide `containerEdits`; each device keeps only what differs.
+
+A static spec cannot create symlinks, refresh the image's ld.so.cache or
+build the /proc/driver/nvidia view, so those become `createContainer` hooks
+running `pyxis-hook cdi hook ...` (the same `apply.apply_plan` code as the
+prestart hook, on a Plan holding just that step).  createContainer hooks run
+in the container's mount namespace before pivot_root, which is why the hook
+side applies "in our own namespace" (`/proc/self`), never in a pid from the
+state: runc reports the container's pid-namespace pid there (1).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+
+from pyxis_hook.errors import ConfigError
+from pyxis_hook.plan import ContainerFacts, DeviceEdit, MountEdit, Plan
+
+#: lowest CDI version covering what we emit (deviceNodes.hostPath is 0.5.0; mount `type` 0.4.0)
+CDI_VERSION = "0.5.0"
+HOOK_STAGE = "createContainer"
+HOOK_ENV_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#: CDI containers must not be injected a second time by a hooks.d prestart hook
+VOID_ENV = "NVIDIA_VISIBLE_DEVICES=void"
+
+
+def cdi_facts(machine: str | None = None) -> ContainerFacts:
+    """Where a spec puts libraries: the Debian multiarch dirs (the ldcache hook names them explicitly).
+
+    A spec is written before any image is known, so it cannot pick /usr/lib64
+    for a RHEL image the way the prestart hook does; the update-ldcache hook
+    passes these dirs on ldconfig's command line, so the loader finds the
+    libraries in any image.
+    """
+    from pyxis_hook.container import TRIPLETS
+
+    machine = machine or platform.machine()
+    triplet, triplet32 = TRIPLETS.get(machine, (f"{machine}-linux-gnu", None))
+    return ContainerFacts(rootfs="/", lib_dir=f"/usr/lib/{triplet}",
+                          lib32_dir=f"/usr/lib/{triplet32}" if triplet32 else "", has_ld_so_conf=True)
+
+
+def check_kind(kind: str) -> str:
+    """`vendor.com/class` as the CDI spec requires (SPEC.md "kind")."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.-]*[A-Za-z0-9]/[A-Za-z0-9][A-Za-z0-9_.-]*[A-Za-z0-9]", kind or ""):
+        raise ConfigError(f"cdi-kind {kind!r}: expected vendor.com/class")
+    return kind
+
+
+def hook_command(config, python: str | None = None) -> tuple[str, list[str], list[str]]:
+    """(path, argv prefix, env) of `pyxis-hook cdi hook`, run by the absolute interpreter with -I.
+
+    argv[0] is the absolute interpreter: Python derives sys.prefix from a bare
+    argv[0] by a PATH search, which finds the system python, not this install.
+    """
+    from pyxis_hook.hookd import interpreter
+
+    python = python or interpreter()
+    env = [HOOK_ENV_PATH]
+    if config.source and config.source != "<defaults>":
+        env.append(f"PYXIS_HOOK_CONFIG={os.path.abspath(config.source)}")
+    return python, [python, "-I", "-m", "pyxis_hook", "cdi", "hook"], env
+
+
+def _node(d: DeviceEdit) -> dict:
+    out = {"path": d.path, "type": "c", "major": d.major, "minor": d.minor, "fileMode": d.file_mode}
+    if d.host_path != d.path:
+        out["hostPath"] = d.host_path
+    return out
+
+
+def _mount(m: MountEdit) -> dict:
+    return {"hostPath": m.host_path, "containerPath": m.container_path, "type": "bind", "options": list(m.options)}
+
+
+def _hook(cmd, step: str, args: list[str]) -> dict:
+    path, argv, env = cmd
+    return {"hookName": HOOK_STAGE, "path": path, "args": argv + [step, *args], "env": list(env)}
+
+
+def plan_edits(plan: Plan, cmd, *, common: Plan | None = None, proc_hook: bool = False) -> dict:
+    """CDI containerEdits for `plan`, minus what `common` already gives (None: nothing).
+
+    The /proc/driver/nvidia hook belongs in the spec-wide edits only: it reads
+    the GPUs from config.json's linux.devices, so one run covers every device
+    requested, and a second run would stack a second tmpfs.
+    """
+    have_nodes = {d.path for d in common.devices} if common else set()
+    have_mounts = {m.container_path for m in common.mounts} if common else set()
+    have_links = {s.container_path for s in common.symlinks} if common else set()
+    edits: dict = {}
+    if common is None:
+        edits["env"] = [VOID_ENV]
+    nodes = [_node(d) for d in plan.devices if d.path not in have_nodes]
+    if nodes:
+        edits["deviceNodes"] = nodes
+    mounts = [_mount(m) for m in plan.mounts if m.container_path not in have_mounts]
+    if mounts:
+        edits["mounts"] = mounts
+    hooks = []
+    links = [f"{s.container_path}::{s.target}" for s in plan.symlinks if s.container_path not in have_links]
+    if links:
+        hooks.append(_hook(cmd, "create-symlinks", [a for x in links for a in ("--link", x)]))
+    if common is None and plan.ldcache.mode != "none":
+        hooks.append(_hook(cmd, "update-ldcache", [a for d in plan.ldcache.lib_dirs for a in ("--folder", d)]))
+    if proc_hook:
+        hooks.append(_hook(cmd, "proc-driver", []))
+    if hooks:
+        edits["hooks"] = hooks
+    return edits
+
+
+def device_names(host) -> list[tuple[str, str]]:
+    """(CDI device name, NVIDIA_VISIBLE_DEVICES token) for every index, UUID, MIG device, and `all`."""
+    out: list[tuple[str, str]] = []
+    gpus = [g for g in host.gpus if not g.excluded and g.index is not None]
+    for g in gpus:
+        out.append((str(g.index), str(g.index)))
+    for g in gpus:
+        if g.uuid:
+            out.append((g.uuid, g.uuid))
+    for m in host.mig_devices:
+        parent = next((g for g in gpus if g.minor == m.gpu_minor), None)
+        if parent is None:
+            continue
+        tok = f"{parent.index}:{m.mig_index}"
+        out.append((tok, tok))
+        if m.uuid:
+            out.append((m.uuid, m.uuid))
+    if gpus:
+        out.append(("all", "all"))
+    return out
+
+
+def generate_spec(config, *, python: str | None = None, machine: str | None = None) -> dict:
+    """The CDI spec (a dict, JSON-able) for this host; raises DriverError when the driver is unusable."""
+    from pyxis_hook import gpus as gpus_mod, inventory as inv_mod
+    from pyxis_hook.errors import DriverError
+    from pyxis_hook.hook import read_proc_driver_files
+    from pyxis_hook.plan import build_plan
+    from pyxis_hook.request import resolve_request
+
+    kind = check_kind(config.cdi_kind)
+    inventory = inv_mod.load_or_build(config, strict=False)
+    host = gpus_mod.discover_gpus(config.proc_root, config.dev_root)
+    inventory = inv_mod.with_host(inventory, host)
+    facts = cdi_facts(machine)
+    proc_files = read_proc_driver_files(config.proc_root)
+    caps = ",".join(config.default_capabilities)
+
+    def plan_for(token: str) -> Plan:
+        env = {"NVIDIA_VISIBLE_DEVICES": token, "NVIDIA_DRIVER_CAPABILITIES": caps}
+        request = resolve_request(env, {}, host, config)
+        plan = build_plan(request, inventory, facts, config, proc_files=proc_files)
+        if plan.problems:
+            raise DriverError(plan.problems[0])
+        return plan
+
+    cmd = hook_command(config, python)
+    common = plan_for("none")
+    devices = []
+    for name, token in device_names(host):
+        plan = plan_for(token)
+        edits = plan_edits(plan, cmd, common=common)
+        devices.append({"name": name, "containerEdits": edits})
+    if not devices:
+        raise DriverError(f"no GPU under {config.proc_root}/driver/nvidia/gpus: a CDI spec needs at least one device")
+    return {"cdiVersion": CDI_VERSION, "kind": kind, "devices": devices,
+            "containerEdits": plan_edits(common, cmd, proc_hook=common.proc_driver is not None)}
+
+
+# ---------------------------------------------------------------- output
+
+
+def to_json(doc: dict) -> str:
+    return json.dumps(doc, indent=2) + "\n"
+
+
+#: keys written unquoted: CDI's camelCase names, minus the words YAML 1.1 reads as bool/null
+_PLAIN_KEY = re.compile(r"[a-z][A-Za-z0-9]*")
+_YAML_WORDS = frozenset({"y", "n", "yes", "no", "on", "off", "true", "false", "null"})
+
+
+def _scalar(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if v is None:
+        return "null"
+    return json.dumps(str(v))  # a JSON string is a YAML double-quoted scalar
+
+
+def _yaml(v, indent: int, out: list[str], prefix: str) -> None:
+    """Block-style YAML of the JSON data model (dicts, lists, str, int, bool, None)."""
+    pad = " " * indent
+    if isinstance(v, dict) and v:
+        first = True
+        for k, item in v.items():
+            lead = prefix if first else pad
+            first = False
+            plain = _PLAIN_KEY.fullmatch(str(k)) and str(k).lower() not in _YAML_WORDS
+            key = str(k) if plain else _scalar(str(k))
+            if isinstance(item, (dict, list)) and item:
+                out.append(f"{lead}{key}:")
+                _yaml(item, indent + 2, out, " " * (indent + 2))
+            else:
+                out.append(f"{lead}{key}: {_empty(item)}")
+    elif isinstance(v, list) and v:
+        first = True
+        for item in v:
+            lead = prefix if first else pad
+            first = False
+            if isinstance(item, (dict, list)) and item:
+                _yaml(item, indent + 2, out, f"{lead}- ")
+            else:
+                out.append(f"{lead}- {_empty(item)}")
+    else:
+        out.append(f"{prefix}{_empty(v)}")
+
+
+def _empty(v) -> str:
+    if isinstance(v, dict):
+        return "{}"
+    if isinstance(v, list):
+        return "[]"
+    return _scalar(v)
+
+
+def to_yaml(doc: dict) -> str:
+    """YAML without a YAML library: every string double-quoted, so no implicit typing can bite."""
+    out: list[str] = ["---"]
+    _yaml(doc, 0, out, "")
+    return "\n".join(out) + "\n"
+
+
+# ---------------------------------------------------------------- the createContainer hooks
+
+HOOK_STEPS = ("create-symlinks", "update-ldcache", "proc-driver")
+
+
+def parse_link(text: str):
+    """`--link PATH::TARGET` -> SymlinkEdit; PATH must be absolute (it is resolved inside the rootfs)."""
+    from pyxis_hook.errors import UsageError
+    from pyxis_hook.plan import SymlinkEdit
+
+    path, sep, target = text.partition("::")
+    if not sep or not path.startswith("/") or not target or "\0" in text:
+        raise UsageError(f"--link {text!r}: expected /ABSOLUTE/PATH::TARGET")
+    return SymlinkEdit(os.path.normpath(path), target)
+
+
+def hook_plan(step: str, bundle, config, *, links: tuple[str, ...] = (), folders: tuple[str, ...] = ()) -> Plan:
+    """The one-step Plan a CDI hook applies to `bundle` (an oci.Bundle)."""
+    from pyxis_hook.errors import UsageError
+    from pyxis_hook.plan import LdcacheUpdate, ProcDriverView, patch_params
+
+    rootfs = bundle.rootfs
+    if step == "create-symlinks":
+        return Plan(rootfs=rootfs, symlinks=tuple(parse_link(x) for x in links))
+    if step == "update-ldcache":
+        bad = [d for d in folders if not d.startswith("/")]
+        if bad:
+            raise UsageError(f"--folder {bad[0]!r}: not an absolute path")
+        from pyxis_hook.container import container_facts
+
+        mode = config.ldcache
+        if mode == "merge" and not container_facts(rootfs).has_ld_so_conf:
+            mode = "ldconfig"
+        _, ldconfig = config.host_ldconfig()
+        return Plan(rootfs=rootfs, ldcache=LdcacheUpdate(mode, ldconfig=ldconfig, lib_dirs=tuple(folders),
+                                                         why="CDI update-ldcache hook"))
+    if step == "proc-driver":
+        from pyxis_hook import gpus as gpus_mod
+        from pyxis_hook.hook import read_proc_driver_files
+
+        files = read_proc_driver_files(config.proc_root)
+        if files is None:
+            return Plan(rootfs=rootfs, notes=("no /proc/driver/nvidia on this host: no view",))
+        host = gpus_mod.discover_gpus(config.proc_root, config.dev_root)
+        major = host.majors.nvidia or gpus_mod.NVIDIA_MAJOR
+        # the GPUs this container got: CDI put their nodes into config.json linux.devices
+        minors = {d.minor for d in bundle.linux_devices
+                  if d.type == "c" and d.major == major and d.path.startswith("/dev/nvidia")
+                  and d.path[len("/dev/nvidia"):].isdigit()}
+        dirs = tuple(g.proc_name or g.bus_id for g in host.gpus if g.minor in minors)
+        files = tuple((n, patch_params(t) if n == "params" else t) for n, t in files)
+        view = ProcDriverView(host_dir=os.path.join(config.proc_root, "driver/nvidia"), files=files, gpu_dirs=dirs)
+        return Plan(rootfs=rootfs, proc_driver=view)
+    raise UsageError(f"cdi hook {step!r}: expected one of {', '.join(HOOK_STEPS)}")
+
+
+def run_hook(step: str, stdin_bytes: bytes, config, *, links=(), folders=()) -> None:
+    """Read the state JSON, plan the step, apply it in the current mount namespace (the container's)."""
+    from dataclasses import replace
+
+    from pyxis_hook import oci
+    from pyxis_hook.apply import apply_plan
+
+    state = oci.parse_state(stdin_bytes, require_pid=False)
+    bundle = oci.load_bundle(state.bundle)
+    plan = hook_plan(step, bundle, config, links=tuple(links), folders=tuple(folders))
+    if plan.empty and plan.ldcache.mode == "none":
+        return
+    # "self": createContainer hooks already run in the container's mount namespace, and the
+    # state's pid is the container-namespace pid (runc: 1), meaningless in the host /proc.
+    apply_plan(plan, "self", replace(config, no_cgroups=True))  # type: ignore[arg-type]

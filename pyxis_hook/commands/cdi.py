@@ -1,0 +1,67 @@
+"""`pyxis-hook cdi generate [--output FILE] [--format json|yaml]`, and the hidden `cdi hook STEP`.
+
+`generate` writes a CDI spec for this host (see `pyxis_hook.cdi`).  `hook`
+is what the spec's createContainer hooks run: `create-symlinks --link
+PATH::TARGET...`, `update-ldcache --folder DIR...`, `proc-driver`; each reads
+the state JSON on stdin like any OCI hook.  It is hidden from --help because
+nobody types it: the spec names it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def add_arguments(parser) -> None:
+    sub = parser.add_subparsers(dest="cdi_command", metavar="ACTION")
+    g = sub.add_parser("generate", help="write a CDI spec for the host GPUs",
+                       description="Write a CDI spec (kind = cdi-kind in pyxis.conf) with a device per GPU "
+                                   "index, UUID, MIG device and 'all'.")
+    g.add_argument("--output", "-o", metavar="FILE", help="write here (atomically) instead of stdout; "
+                   "engines read /etc/cdi and /var/run/cdi")
+    g.add_argument("--format", choices=["json", "yaml"], default=None,
+                   help="default: from the --output suffix (.yaml/.yml), else json")
+    h = sub.add_parser("hook", help=argparse.SUPPRESS)
+    h.add_argument("step", choices=["create-symlinks", "update-ldcache", "proc-driver"])
+    h.add_argument("--link", action="append", default=[], metavar="PATH::TARGET")
+    h.add_argument("--folder", action="append", default=[], metavar="DIR")
+    # hide `hook` from the ACTION list in --help
+    sub._choices_actions = [a for a in sub._choices_actions if a.dest != "hook"]
+
+
+def _write(path: str, text: str) -> None:
+    from pyxis_hook.errors import UsageError
+
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise UsageError(f"{path}: cannot write: {e.strerror}") from None
+
+
+def run(args, config) -> int:
+    from pyxis_hook import cdi
+    from pyxis_hook.errors import UsageError
+
+    if args.cdi_command == "hook":
+        cdi.run_hook(args.step, sys.stdin.buffer.read(), config, links=args.link, folders=args.folder)
+        return 0
+    if args.cdi_command != "generate":
+        raise UsageError("cdi: expected an action: generate")
+    fmt = args.format or ("yaml" if (args.output or "").endswith((".yaml", ".yml")) else "json")
+    doc = cdi.generate_spec(config)
+    text = cdi.to_yaml(doc) if fmt == "yaml" else cdi.to_json(doc)
+    if args.output:
+        _write(args.output, text)
+    else:
+        sys.stdout.write(text)
+    return 0

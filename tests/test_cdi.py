@@ -1,0 +1,199 @@
+"""`pyxis-hook cdi generate` and the spec's createContainer hooks.
+
+The spec is validated against the upstream CDI JSON schema, compared with
+`build_plan` (the same nodes and files the prestart hook injects), and its
+hooks are run for real over a rootfs: symlinks appear, glibc's ldconfig puts
+the injected libraries in the image's ld.so.cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT7
+
+from e2e.conftest import DRIVER_VERSION, fresh_rootfs, make_host
+from fixtures.container import make_bundle
+from pyxis_hook import cdi
+from pyxis_hook.config import load_config
+
+SCHEMA_DIR = Path("/work/shared/upstream-schemas/cdi")
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _validator():
+    schema = json.loads((SCHEMA_DIR / "schema.json").read_text())
+    defs = json.loads((SCHEMA_DIR / "defs.json").read_text())
+    registry = Registry().with_resource("defs.json", Resource.from_contents(defs, default_specification=DRAFT7))
+    return jsonschema.Draft7Validator(schema, registry=registry)
+
+
+def _cli(*args, conf=None, stdin=None, cwd=None, prefix=()):
+    cmd = [*prefix, sys.executable, "-m", "pyxis_hook"] + (["--config", str(conf)] if conf else []) + list(args)
+    return subprocess.run(cmd, capture_output=True, text=True, input=stdin, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory):
+    return make_host(tmp_path_factory.mktemp("cdihost"))
+
+
+@pytest.fixture(scope="module")
+def spec(host):
+    r = _cli("cdi", "generate", conf=host.conf)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_spec_validates_against_upstream_schema(spec):
+    errors = sorted(_validator().iter_errors(spec), key=str)
+    assert not errors, [e.message for e in errors]
+    assert spec["cdiVersion"] == cdi.CDI_VERSION and spec["kind"] == "nvidia.com/gpu"
+
+
+def test_schema_rejects_broken_spec(spec):
+    broken = json.loads(json.dumps(spec))
+    broken["devices"][0]["containerEdits"]["deviceNodes"][0].pop("path")
+    assert list(_validator().iter_errors(broken))
+
+
+def test_a_device_per_index_uuid_and_all(host, spec):
+    names = [d["name"] for d in spec["devices"]]
+    gpus = host.tree.gpus
+    assert names == ["0", "1", "2", "3"] + [g.uuid for g in gpus] + ["all"]
+    by_name = {d["name"]: d["containerEdits"] for d in spec["devices"]}
+    assert [n["path"] for n in by_name["2"]["deviceNodes"]] == ["/dev/nvidia2"]
+    assert by_name[gpus[3].uuid]["deviceNodes"][0]["minor"] == 3
+    assert [n["path"] for n in by_name["all"]["deviceNodes"]] == [f"/dev/nvidia{i}" for i in range(4)]
+    node = by_name["1"]["deviceNodes"][0]
+    assert node["hostPath"] == os.path.join(host.dev_root, "dev/nvidia1")
+    assert os.stat(node["hostPath"]).st_rdev == os.makedev(195, 1)
+
+
+def test_common_edits_are_the_plan_for_default_capabilities(host, spec):
+    """Same mounts, nodes and links as `build_plan` for NVIDIA_VISIBLE_DEVICES=none."""
+    from pyxis_hook import gpus, inventory
+    from pyxis_hook.hook import read_proc_driver_files
+    from pyxis_hook.plan import build_plan
+    from pyxis_hook.request import resolve_request
+
+    config = load_config(str(host.conf))
+    inv = inventory.load_or_build(config, strict=False)
+    hg = gpus.discover_gpus(config.proc_root, config.dev_root)
+    inv = inventory.with_host(inv, hg)
+    req = resolve_request({"NVIDIA_VISIBLE_DEVICES": "none",
+                           "NVIDIA_DRIVER_CAPABILITIES": ",".join(config.default_capabilities)}, {}, hg, config)
+    plan = build_plan(req, inv, cdi.cdi_facts(), config, proc_files=read_proc_driver_files(config.proc_root))
+    common = spec["containerEdits"]
+    assert [(m["hostPath"], m["containerPath"]) for m in common["mounts"]] == \
+        [(m.host_path, m.container_path) for m in plan.mounts]
+    assert all("ro" in m["options"] for m in common["mounts"] if "libcuda" in m["hostPath"])
+    assert "/usr/lib/x86_64-linux-gnu/libcuda.so." + DRIVER_VERSION in [m["containerPath"] for m in common["mounts"]]
+    assert [n["path"] for n in common["deviceNodes"]] == [d.path for d in plan.devices]
+    assert "/dev/nvidiactl" in [n["path"] for n in common["deviceNodes"]]
+    assert common["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]
+    hooks = {h["args"][6]: h for h in common["hooks"]}
+    assert set(hooks) == {"create-symlinks", "update-ldcache", "proc-driver"}
+    links = hooks["create-symlinks"]["args"][7:]
+    assert links[::2] == ["--link"] * len(plan.symlinks)
+    assert links[1::2] == [f"{s.container_path}::{s.target}" for s in plan.symlinks]
+    for h in common["hooks"]:
+        assert h["hookName"] == "createContainer"
+        assert h["path"] == h["args"][0] and os.path.isabs(h["path"])  # absolute argv[0]: sys.prefix right
+        assert h["args"][1:6] == ["-I", "-m", "pyxis_hook", "cdi", "hook"]
+        assert f"PYXIS_HOOK_CONFIG={host.conf}" in h["env"]
+
+
+def test_yaml_output_is_the_same_document(host, spec, tmp_path):
+    out = tmp_path / "gpu.yaml"
+    r = _cli("cdi", "generate", "--output", str(out), conf=host.conf)
+    assert r.returncode == 0, r.stderr
+    text = out.read_text()
+    assert text.startswith("---\n") and not text.lstrip("-\n").startswith("{")
+    yaml = pytest.importorskip("yaml")  # an independent YAML parser as the oracle
+    assert yaml.safe_load(text) == spec
+
+
+def test_yaml_emitter_quotes_what_yaml_would_retype():
+    yaml = pytest.importorskip("yaml")
+    doc = {"yes": ["no", "on", "1", "-1", "0x10", "null", "~", "a: b", "#c", "", "x\ny", "é"],
+           "k": {"": [], "on": {}}, "n": None, "t": False, "i": 7}
+    assert yaml.safe_load(cdi.to_yaml(doc)) == doc
+
+
+def test_custom_kind_and_bad_kind(host, tmp_path):
+    conf = tmp_path / "k.conf"
+    conf.write_text(host.conf.read_text() + 'cdi-kind = "example.org/accel"\n')
+    r = _cli("cdi", "generate", conf=conf)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["kind"] == "example.org/accel"
+    conf.write_text(host.conf.read_text() + 'cdi-kind = "gpu"\n')
+    r = _cli("cdi", "generate", conf=conf)
+    assert r.returncode != 0
+    assert r.stderr.count("\n") == 1 and "'cdi-kind'" in r.stderr and "Traceback" not in r.stderr
+    with pytest.raises(Exception, match="cdi-kind 'x/'"):
+        cdi.check_kind("x/")
+
+
+def test_no_gpu_is_one_line_error(tmp_path):
+    host = make_host(tmp_path, kernel_module=False)
+    r = _cli("cdi", "generate", conf=host.conf)
+    # no kernel module: the control node is missing, which is what the first plan says
+    assert r.returncode != 0 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("pyxis-hook: error: device node ") and "nvidiactl: missing" in r.stderr
+
+
+def test_hook_hidden_from_help():
+    r = _cli("cdi", "--help")
+    assert "generate" in r.stdout and "hook" not in r.stdout.split("options")[0].replace("pyxis-hook", "")
+
+
+def _state(bundle: Path) -> str:
+    return json.dumps({"ociVersion": "1.0.2", "id": "cdi-test", "status": "creating", "pid": 1,
+                       "bundle": str(bundle)})
+
+
+@pytest.mark.root
+def test_hooks_create_links_and_refresh_ldcache(host, spec, tmp_path):
+    """Run the spec's hooks the way runc does (own mount namespace, state on stdin, cwd = rootfs)."""
+    bundle = tmp_path / "bundle"
+    rootfs = fresh_rootfs(bundle / "rootfs")
+    make_bundle(bundle, env=(), args=("/bin/true",))
+    common = spec["containerEdits"]
+    # what the runtime would do for the mounts: copy the files (the hooks do not care how they got there)
+    for m in common["mounts"]:
+        dest = rootfs / m["containerPath"].lstrip("/")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if os.path.isfile(m["hostPath"]):
+            dest.write_bytes(Path(m["hostPath"]).read_bytes())
+    for h in common["hooks"]:
+        if h["args"][6] == "proc-driver":
+            continue
+        env = dict(e.split("=", 1) for e in h["env"])
+        r = subprocess.run(["unshare", "-m", "--propagation", "private", *h["args"]], executable=None,
+                           input=_state(bundle), capture_output=True, text=True, env=env, cwd=rootfs)
+        assert r.returncode == 0, (h["args"], r.stderr)
+    link = rootfs / "usr/lib/x86_64-linux-gnu/libcuda.so.1"
+    assert link.is_symlink() and os.readlink(link).startswith("libcuda.so.")
+    # glibc's own tool reads the cache the hook's ldconfig wrote
+    out = subprocess.run(["/sbin/ldconfig", "-p", "-C", str(rootfs / "etc/ld.so.cache")],
+                         capture_output=True, text=True).stdout
+    assert "libcuda.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so.1" in out
+
+
+@pytest.mark.root
+def test_hook_rejects_relative_link_and_bad_state(tmp_path):
+    bundle = tmp_path / "b"
+    fresh_rootfs(bundle / "rootfs")
+    make_bundle(bundle)
+    r = _cli("cdi", "hook", "create-symlinks", "--link", "rel/x::y", stdin=_state(bundle))
+    assert r.returncode != 0 and "--link 'rel/x::y'" in r.stderr and "Traceback" not in r.stderr
+    r = _cli("cdi", "hook", "update-ldcache", "--folder", "/usr/lib", stdin="{not json")
+    assert r.returncode != 0 and r.stderr.startswith("pyxis-hook: error:") and "Traceback" not in r.stderr

@@ -112,34 +112,6 @@ class Request:
         }
 
 
-def parse_devices_list(text: str, nvidia_major: int = 195) -> frozenset[int] | None:
-    """GPU minors a cgroup v1 `devices.list` lets a process open read-write; None = no GPU bound.
-
-    Lines are `type major:minor access` (`a *:* rwm` for an unconfined
-    cgroup).  An `a` entry or a `c <major>:*`/`c *:*` entry with `rw` allows every
-    GPU, so there is no bound (None).  Pure, so `prestart` can read the file and
-    hand the text here; the result is `resolve_request`'s `allowed_minors`.
-    """
-    minors = set()
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) != 3:
-            continue
-        typ, numbers, access = parts
-        if not ("r" in access and "w" in access):
-            continue
-        major, _, minor = numbers.partition(":")
-        if typ == "a":
-            return None
-        if typ != "c" or major not in ("*", str(nvidia_major)):
-            continue
-        if minor == "*":
-            return None
-        if minor.isdigit() and int(minor) < 254:  # 254/255 are modeset/nvidiactl, not GPUs
-            minors.add(int(minor))
-    return frozenset(minors)
-
-
 def split_tokens(value: str) -> list[str]:
     """NCT's list split: on ',', whitespace trimmed, empty tokens dropped."""
     return [t.strip() for t in value.split(",") if t.strip()]

@@ -14,7 +14,8 @@ from fixtures.hosttree import fake_gpus, make_host_tree
 from pyxis_hook.config import Config, load_schema
 from pyxis_hook.errors import PyxisHookError, RequestError, RequirementError
 from pyxis_hook.gpus import DeviceMajors, Gpu, HostGpus, MigDevice, discover_gpus
-from pyxis_hook.request import Request, parse_devices_list, resolve_request, void_request
+from pyxis_hook.cgroup import allowed_minors, parse_devices_list
+from pyxis_hook.request import Request, resolve_request, void_request
 
 CFG = Config()
 SCHEMA = load_schema("request.schema.json")
@@ -614,22 +615,9 @@ def test_schema_is_valid_draft7():
     jsonschema.Draft7Validator.check_schema(SCHEMA)
 
 
-@pytest.mark.parametrize("text, want", [
-    ("a *:* rwm\n", None),
-    ("c 195:* rwm\n", None),
-    ("c *:* rw\n", None),
-    ("c 1:3 rwm\nc 195:255 rw\nc 195:0 rw\nc 195:3 rwm\n", frozenset({0, 3})),
-    ("c 195:1 r\nc 195:2 m\n", frozenset()),
-    ("b 195:* rwm\nc 511:0 rw\n", frozenset()),
-    ("", frozenset()),
-    ("garbage\n", frozenset()),
-])
-def test_parse_devices_list(text, want):
-    assert parse_devices_list(text) == want
-
-
 def test_devices_list_feeds_resolve():
-    allowed = parse_devices_list("c 195:255 rw\nc 195:2 rw\nc 195:0 rw\n")
+    rules = parse_devices_list("c 195:255 rw\nc 195:2 rw\nc 195:0 rw\n")
+    allowed = allowed_minors(rules, 195, [g.minor for g in SWAPPED.gpus])
     assert [g.minor for g in resolve({"NVIDIA_VISIBLE_DEVICES": "all"}, SWAPPED, allowed=allowed).gpus] == [2, 0]
 
 

@@ -48,3 +48,27 @@ def test_real_driver_in_runc(tmp_path, line, layout, cuda):
     assert "nvmlInit_v2=9" in r.stdout
     assert "libcuda.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so.1" in r.stdout
     assert "couldn't communicate with the NVIDIA driver" in r.stdout and "smi-rc=9" in r.stdout
+
+
+def test_real_driver_all_capabilities(tmp_path):
+    """`all`: graphics (GLX/EGL and the internal libraries only DT_NEEDED names), video, compat32 i386 libs."""
+    root = require_driver_root("535", "debian")
+    host = make_host(tmp_path, driver_root=root)
+    version = driver_version("535")
+    with open(os.path.join(host.proc_root, "driver/nvidia/version"), "w") as f:
+        f.write(f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {version}  Thu Jan  1 00:00:00 UTC 2026\n")
+    script = "ldconfig -p | sort; ls /usr/lib/i386-linux-gnu; ls /dev | grep nvidia | tr '\\n' ' '"
+    bundle = bundle_for(tmp_path, host, ("NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=all"), script)
+    r = run_container("runc", bundle, f"pyxis-real-all-{os.getpid()}")
+    assert r.rc == 0, r.stderr
+    out = r.stdout
+    for soname in ("libGLX_nvidia.so.0", "libEGL_nvidia.so.0", "libnvcuvid.so.1", "libnvidia-encode.so.1",
+                   "libcuda.so.1", "libnvidia-ml.so.1"):
+        assert f"\t{soname} (libc6,x86-64)" in out, soname
+    # internal libraries reached only through DT_NEEDED of libGLX_nvidia
+    for stem in ("libnvidia-glcore.so", "libnvidia-tls.so", "libnvidia-glsi.so"):
+        assert f"\t{stem}.{version} (libc6,x86-64)" in out, stem
+    # compat32: the i386 libraries land in the Debian i386 dir
+    assert f"\nlibcuda.so.{version}\n" in out  # `ls /usr/lib/i386-linux-gnu`
+    assert "\tlibcuda.so.1 (libc6) => /usr/lib/i386-linux-gnu/libcuda.so.1" in out
+    assert "nvidia-modeset" in out  # display

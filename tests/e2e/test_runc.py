@@ -201,3 +201,50 @@ def test_hostile_symlinked_libdir_stays_inside(tmp_path, host):
     assert "pyxis-hook: error" not in r.stdout
     if r.rc == 0:
         assert re.search(r"^/libcuda\.so\.", r.stdout, re.M), r.stdout
+
+
+def test_hostile_ld_so_cache_link_to_host_file(tmp_path, host):
+    """/etc/ld.so.cache -> ../../../../<host file>: the cache update stays in the rootfs; the host file is untouched."""
+    canary = tmp_path / "host-canary"
+    canary.write_bytes(b"host data\n")
+    before_stat = os.stat(canary)
+    bundle = bundle_for(tmp_path, host, ("NVIDIA_VISIBLE_DEVICES=0",), "/usr/bin/gputest")
+    cache = bundle / "rootfs/etc/ld.so.cache"
+    cache.unlink()
+    cache.symlink_to("../../../../../../../../.." + str(canary))
+    before = mount_table()
+    r = run_container("runc", bundle, f"pyxis-cachelink-{os.getpid()}")
+    assert mount_table() == before
+    assert canary.read_bytes() == b"host data\n"
+    after_stat = os.stat(canary)
+    assert (after_stat.st_ino, after_stat.st_mtime_ns) == (before_stat.st_ino, before_stat.st_mtime_ns)
+    assert r.rc == 0, r.stderr
+    assert "cuDriverGetVersion=12020" in r.stdout
+
+
+def test_readonly_rootfs(tmp_path, host):
+    """root.readonly: runc makes the rootfs read-only after the prestart hooks, so injection still works."""
+    r = _start("runc", tmp_path, host, ("NVIDIA_VISIBLE_DEVICES=0",), readonly=True,
+               script="/usr/bin/gputest; touch /x 2>&1 | head -1")
+    assert r.rc == 0, r.stderr
+    assert "cuDriverGetVersion=12020" in r.stdout
+    assert "Read-only file system" in r.stdout
+
+
+def test_dotdot_chain_in_image(tmp_path, host):
+    """usr/lib/x86_64-linux-gnu -> ../../../../../../tmp/<dir>: resolved inside the rootfs, not on the host."""
+    target = tmp_path / "outside"
+    target.mkdir()
+    bundle = bundle_for(tmp_path, host, ("NVIDIA_VISIBLE_DEVICES=0",), "/usr/bin/gputest")
+    rootfs = bundle / "rootfs"
+    libdir = rootfs / "usr/lib/x86_64-linux-gnu"
+    real = rootfs / "usr/lib/real-gnu"
+    libdir.rename(real)
+    libdir.symlink_to("../../../../../../../.." + str(target))
+    (rootfs / "etc/ld.so.conf.d/real.conf").write_text("/usr/lib/real-gnu\n")
+    (rootfs / "lib64/ld-linux-x86-64.so.2").unlink()
+    (rootfs / "lib64/ld-linux-x86-64.so.2").symlink_to("../usr/lib/real-gnu/ld-linux-x86-64.so.2")
+    before = mount_table()
+    run_container("runc", bundle, f"pyxis-dotdot-{os.getpid()}")
+    assert mount_table() == before
+    assert os.listdir(target) == []  # nothing created on the host side of the link

@@ -1,0 +1,129 @@
+"""enroot hook mode: the container as enroot describes it -> a synthetic bundle -> the same Plan.
+
+enroot is not an OCI runtime: its hooks (`/etc/enroot/hooks.d/*.sh`) run
+before the container switches root, inside the container's mount namespace,
+with `ENROOT_PID` (the container process), `ENROOT_ROOTFS` and
+`ENROOT_ENVIRON` (the image's environment, `NAME=value` lines).  We read the
+NVIDIA_* variables exactly as enroot's own `98-nvidia.sh` does, then run the
+prestart hook's `hook.prepare` and `apply.apply_plan` with `no-cgroups` (enroot
+never gives a hook a device cgroup to program; under Slurm the step's cgroup
+already confines the container).
+
+enroot's rules, kept on purpose so a site can swap hooks without surprises:
+- the file is read from its last line up and a variable already in the
+  hook's own environment is not overridden (the user's `--env` and Pyxis'
+  environment win over the image, the last definition in the file wins over
+  earlier ones);
+- `NVIDIA_VISIBLE_DEVICES` unset means `void` (even for legacy CUDA images);
+- `NVIDIA_DRIVER_CAPABILITIES` unset or empty means `utility`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import replace
+
+from pyxis_hook.errors import UsageError
+
+#: variables a GPU decision depends on that come from the hook's own environment (Pyxis/Slurm)
+OWN_VARS = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES")
+ENVIRON_LIMIT = 1 << 20
+
+
+def parse_environ(text: str) -> tuple[tuple[str, str], ...]:
+    """`NAME=value` lines as (name, value) in file order; lines without '=' are skipped like `read` would."""
+    out = []
+    for line in text.split("\n"):
+        if "=" not in line:
+            continue
+        key, value = line.split("=", 1)
+        if key:
+            out.append((key, value))
+    return tuple(out)
+
+
+def read_environ(path: str) -> tuple[tuple[str, str], ...]:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(ENVIRON_LIMIT + 1)
+    except OSError as e:
+        raise UsageError(f"ENROOT_ENVIRON {path}: {e.strerror}") from None
+    if len(data) > ENVIRON_LIMIT:
+        raise UsageError(f"ENROOT_ENVIRON {path}: larger than {ENVIRON_LIMIT} bytes")
+    return parse_environ(data.decode("utf-8", "replace"))
+
+
+def container_env(file_env: tuple[tuple[str, str], ...], own: Mapping[str, str]) -> dict[str, str]:
+    """The environment the request is resolved from, with enroot's precedence rules (module doc)."""
+    env = dict(file_env)  # last definition in the file wins
+    for key, value in own.items():
+        if key.startswith("NVIDIA_") or key in OWN_VARS:
+            env[key] = value  # `[ -v key ] || export key=value`: the hook's own variable wins
+    env.setdefault("NVIDIA_VISIBLE_DEVICES", "void")
+    if not env.get("NVIDIA_DRIVER_CAPABILITIES"):
+        env["NVIDIA_DRIVER_CAPABILITIES"] = "utility"
+    return env
+
+
+def enroot_facts(environ: Mapping[str, str]) -> tuple[int, str, str]:
+    """(pid, rootfs, environ file) from the hook's environment; one-line errors naming the variable."""
+    missing = [v for v in ("ENROOT_PID", "ENROOT_ROOTFS", "ENROOT_ENVIRON") if not environ.get(v)]
+    if missing:
+        raise UsageError(f"{missing[0]} is not set: `pyxis-hook enroot` runs as an enroot hook "
+                         "(/etc/enroot/hooks.d/98-pyxis-hook.sh)")
+    raw = environ["ENROOT_PID"]
+    if not raw.isdigit() or int(raw) <= 0:
+        raise UsageError(f"ENROOT_PID={raw!r}: not a process id")
+    rootfs = environ["ENROOT_ROOTFS"]
+    if not os.path.isabs(rootfs) or not os.path.isdir(rootfs):
+        raise UsageError(f"ENROOT_ROOTFS={rootfs!r}: not an absolute path to a directory")
+    return int(raw), os.path.normpath(rootfs), environ["ENROOT_ENVIRON"]
+
+
+def synthetic_bundle(rootfs: str, env: Mapping[str, str]):
+    """An oci.Bundle standing for the enroot container (no config.json exists)."""
+    from pyxis_hook.oci import Bundle
+
+    return Bundle(path=rootfs, config_path="", rootfs=rootfs, readonly=False, env=tuple(env.items()),
+                  annotations=(), mounts=(), process_args=(), linux_devices=(), uid=0, gid=0, hooks=())
+
+
+def append_environ(path: str, items: tuple[tuple[str, str], ...]) -> None:
+    """Add variables to the container's environment the way enroot hooks do: append to ENROOT_ENVIRON."""
+    if not items:
+        return
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW)
+        with os.fdopen(fd, "a") as f:
+            f.write("".join(f"{k}={v}\n" for k, v in items))
+    except OSError as e:
+        raise UsageError(f"ENROOT_ENVIRON {path}: cannot append: {e.strerror}") from None
+
+
+def run_enroot_hook(config, environ: Mapping[str, str]):
+    """The whole hook; returns the ApplyResult (None for a void request)."""
+    from pyxis_hook import log
+    from pyxis_hook.request import void_request
+
+    pid, rootfs, environ_path = enroot_facts(environ)
+    env = container_env(read_environ(environ_path), environ)
+    void = void_request(env)
+    if void is not None:
+        log.debug(f"enroot container {pid}: {void.reasons[0]}")
+        return None
+    from pyxis_hook.apply import apply_plan
+    from pyxis_hook.errors import DriverError
+    from pyxis_hook.hook import prepare
+
+    config = replace(config, no_cgroups=True)
+    prepared = prepare(config, synthetic_bundle(rootfs, env), pid=pid)
+    plan, request = prepared.plan, prepared.request
+    if plan.problems:
+        raise DriverError(plan.problems[0])
+    log.info(f"enroot container {pid}: {len(plan.devices)} devices, {len(plan.mounts)} mounts")
+    result = apply_plan(plan, pid, config)
+    if request.allocation is not None:
+        append_environ(environ_path, plan.env)
+    return result

@@ -1,0 +1,348 @@
+"""doctor: each host cause gives its exact finding, on fixture hosts (hosttree.py + fakedriver.py).
+
+Device-node tests need root (mknod); everything else runs anywhere.  The
+persistenced socket is a real AF_UNIX socket, the ldconfig candidates are
+the host's static glibc ldconfig, a gcc-built dynamic executable and a shell
+script; runtimes are found on a fixture $PATH.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from fixtures.fakedriver import make_fake_driver
+from fixtures.hosttree import make_host_tree
+from fixtures.synth import build_exe
+from pyxis_hook import cli, doctor
+from pyxis_hook.config import Config, load_schema
+from pyxis_hook.findings import Finding
+from pyxis_hook.hookd import hook_document
+from pyxis_hook.inventory import discover
+
+VERSION = "535.104.05"
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory):
+    return make_fake_driver(tmp_path_factory.mktemp("doctor-drv") / "drv", VERSION)
+
+
+def host_config(base: Path, driver: Path, **tree_kw) -> Config:
+    tree_kw.setdefault("driver_version", VERSION)
+    tree_kw.setdefault("make_nodes", os.geteuid() == 0)
+    tree = make_host_tree(base, **tree_kw)
+    return Config(driver_root=str(driver), proc_root=tree.proc_root, dev_root=tree.dev_root,
+                  snapshot_dir=str(base / "snap"))
+
+
+def denv(tmp_path: Path, **kw) -> doctor.DoctorEnv:
+    hooks = tmp_path / "hooks.d"
+    hooks.mkdir(exist_ok=True)
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    kw.setdefault("hooks_dirs", (str(hooks),))
+    kw.setdefault("search_path", (str(bindir),))
+    return doctor.DoctorEnv(**kw)
+
+
+def by_code(findings, code) -> list[Finding]:
+    return [f for f in findings if f.code == code]
+
+
+def only(findings, code) -> Finding:
+    hits = by_code(findings, code)
+    assert len(hits) == 1, (code, findings)
+    return hits[0]
+
+
+def errors(findings) -> list[Finding]:
+    return [f for f in findings if f.severity == "error"]
+
+
+# --------------------------------------------------------------------- driver and module
+
+
+def test_driver_and_module_agree(tmp_path, driver):
+    cfg = host_config(tmp_path, driver)
+    fs = doctor.check_driver(discover(cfg, strict=False), cfg)
+    assert fs == [Finding("ok", "driver", f"driver {VERSION}: kernel module and user-space libraries agree")]
+
+
+def test_kernel_module_and_libraries_differ(tmp_path, driver):
+    cfg = host_config(tmp_path, driver, driver_version="535.216.03")
+    f = only(doctor.check_driver(discover(cfg, strict=False), cfg), "driver-version-mismatch")
+    assert f.severity == "error"
+    assert f.what == f"kernel module 535.216.03 but user-space libraries {VERSION} in {driver}"
+    assert "Driver/library version mismatch" in f.why and "reboot" in f.fix
+
+
+def test_kernel_module_not_loaded(tmp_path, driver):
+    cfg = host_config(tmp_path, driver, kernel_module=False)
+    fs = doctor.run_checks(cfg, denv(tmp_path))
+    f = only(fs, "kernel-module-not-loaded")
+    assert f.what == f"{cfg.proc_root}/driver/nvidia is missing: the NVIDIA kernel module is not loaded"
+    assert not by_code(fs, "device-node")  # no module: node checks would only repeat it
+
+
+def test_nvidia_uvm_not_loaded(tmp_path, driver):
+    cfg = host_config(tmp_path, driver)
+    devices = Path(cfg.proc_root) / "devices"
+    devices.write_text("".join(ln + "\n" for ln in devices.read_text().splitlines() if "nvidia-uvm" not in ln))
+    f = only(doctor.check_devices(discover(cfg, strict=False).host, cfg), "nvidia-uvm-not-loaded")
+    assert f.severity == "error" and f.what == f"no nvidia-uvm line in {cfg.proc_root}/devices"
+    assert "nvidia-smi works but CUDA does not see the GPU" in f.why
+    assert f.fix.startswith("modprobe nvidia-uvm")
+
+
+# --------------------------------------------------------------------- device nodes
+
+
+@pytest.mark.root
+def test_device_nodes_ok(tmp_path, driver):
+    cfg = host_config(tmp_path, driver)
+    fs = doctor.check_devices(discover(cfg, strict=False).host, cfg)
+    assert [f.code for f in fs] == ["device-nodes"]
+    assert fs[0].what.startswith("6 device node(s) present")  # ctl, nvidia0, nvidia1, uvm, uvm-tools, modeset
+
+
+@pytest.mark.root
+def test_device_node_missing_wrong_and_too_strict(tmp_path, driver):
+    cfg = host_config(tmp_path, driver)
+    dev = Path(cfg.dev_root) / "dev"
+    (dev / "nvidia0").unlink()
+    (dev / "nvidia1").unlink()
+    os.mknod(dev / "nvidia1", 0o666 | 0o020000, os.makedev(195, 7))
+    os.chmod(dev / "nvidiactl", 0o660)
+    fs = doctor.check_devices(discover(cfg, strict=False).host, cfg)
+    nodes = {f.what for f in by_code(fs, "device-node")}
+    assert nodes == {f"{dev}/nvidia0: missing (expected char 195:0)",
+                     f"{dev}/nvidia1: invalid device node: is 195:7, expected 195:1 (expected char 195:1)"}
+    f = only(fs, "device-permissions")
+    assert f.severity == "warning" and f.what == f"{dev}/nvidiactl has mode 0660"
+    assert "NVreg_DeviceFileMode=0666" in f.fix
+
+
+# --------------------------------------------------------------------- persistenced
+
+
+def test_persistenced(tmp_path, driver):
+    cfg = host_config(tmp_path, driver)
+    f = only(doctor.check_persistenced(cfg), "persistenced-not-running")
+    assert f.severity == "warning" and "start" in f.why and "nvidia-persistenced" in f.fix
+    run = Path(tmp_path / "root/var/run/nvidia-persistenced")
+    run.mkdir(parents=True)
+    cfg2 = replace(cfg, driver_root=str(tmp_path / "root"))
+    (run / "nvidia-persistenced.pid").write_text("4242\n")
+    assert only(doctor.check_persistenced(cfg2), "persistenced-not-running")  # no such process
+    (Path(cfg.proc_root) / "4242").mkdir()
+    assert only(doctor.check_persistenced(cfg2), "persistenced").what == "nvidia-persistenced is running (pid 4242)"
+    (run / "nvidia-persistenced.pid").unlink()
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.bind(str(run / "socket"))
+        assert only(doctor.check_persistenced(cfg2), "persistenced").severity == "ok"
+    finally:
+        s.close()
+
+
+# --------------------------------------------------------------------- host ld.so.cache and ldconfig
+
+
+def test_host_ldcache(tmp_path, driver):
+    cfg = host_config(tmp_path, driver)
+    inv = discover(cfg, strict=False)
+    assert [f.code for f in doctor.check_host_ldcache(inv, cfg)] == ["host-ldcache"]
+    assert doctor.check_host_ldcache(inv, cfg)[0].severity == "ok"
+    drv2 = tmp_path / "drv2"
+    shutil.copytree(driver, drv2, symlinks=True)
+    (drv2 / "usr/lib/x86_64-linux-gnu" / f"libcuda.so.{VERSION}").unlink()
+    cfg2 = replace(cfg, driver_root=str(drv2))
+    f = only(doctor.check_host_ldcache(inv, cfg2), "host-ldcache")
+    assert f.severity == "error"
+    assert f.what == f"{drv2}/etc/ld.so.cache: libcuda.so.1 -> /usr/lib/x86_64-linux-gnu/libcuda.so.1, which does not exist"
+    (drv2 / "etc/ld.so.cache").unlink()
+    f = doctor.check_host_ldcache(inv, cfg2)[0]
+    assert f.severity == "error" and f.what.startswith(f"{drv2}/etc/ld.so.cache: ")
+
+
+def test_ldconfig_binary(tmp_path):
+    real = "/sbin/ldconfig.real" if os.path.exists("/sbin/ldconfig.real") else "/sbin/ldconfig"
+    assert doctor.check_ldconfig(Config(ldconfig="@" + real))[0] == Finding("ok", "ldconfig", f"{real} is a static ELF binary")
+    script = tmp_path / "ldconfig"
+    script.write_text("#!/bin/sh\nexec /sbin/ldconfig.real \"$@\"\n")
+    f = doctor.check_ldconfig(Config(ldconfig=f"@{script}"))[0]
+    assert (f.severity, f.code) == ("error", "ldconfig-script") and str(script) in f.what
+    dyn = build_exe(tmp_path / "dyn", "ldconfig")
+    f = doctor.check_ldconfig(Config(ldconfig=f"@{dyn}"))[0]
+    assert (f.severity, f.code) == ("error", "ldconfig-dynamic") and f.what.startswith(f"{dyn} is dynamically linked")
+    f = doctor.check_ldconfig(Config(ldconfig=f"@{tmp_path}/nope"))[0]
+    assert (f.code, f.what) == ("ldconfig-missing", f"{tmp_path}/nope (pyxis.conf ldconfig) does not exist")
+    junk = tmp_path / "junk"
+    junk.write_bytes(b"\x7fELF" + b"\0" * 8)
+    assert doctor.check_ldconfig(Config(ldconfig=f"@{junk}"))[0].code == "ldconfig-not-elf"
+    assert doctor.check_ldconfig(Config(ldconfig="/sbin/ldconfig"))[0].severity == "info"
+
+
+def test_config_file(tmp_path):
+    assert doctor.check_config(Config())[0].code == "config"
+    good = tmp_path / "good.conf"
+    good.write_text('ldcache = "merge"\n')
+    assert doctor.check_config(replace(Config(), source=str(good)))[0].severity == "ok"
+    bad = tmp_path / "bad.conf"
+    bad.write_text('log-level = "loud"\n')
+    f = doctor.check_config(replace(Config(), source=str(bad)))[0]
+    assert f.severity == "error" and f.what.startswith(f"{bad}: key 'log-level'")
+
+
+# --------------------------------------------------------------------- hooks.d, runtimes, cgroup, openat2
+
+
+def test_hooks_d(tmp_path):
+    env = denv(tmp_path, python="/usr/bin/python3")
+    hooks = Path(env.hooks_dirs[0])
+    f = only(doctor.check_hooks_d(Config(), env), "hook-not-installed")
+    assert f.fix == f"pyxis-hook hookd --install {hooks}"
+    (hooks / "pyxis-hook.json").write_text(json.dumps(hook_document(python="/usr/bin/python3")))
+    assert only(doctor.check_hooks_d(Config(), env), "hook-installed").severity == "ok"
+    other = denv(tmp_path, python=shutil.which("python3") if os.path.realpath(shutil.which("python3")) !=
+                 os.path.realpath("/usr/bin/python3") else "/bin/sh")
+    f = only(doctor.check_hooks_d(Config(), other), "hook-other-install")
+    assert f.what.startswith(f"{hooks}/pyxis-hook.json runs /usr/bin/python3")
+    conf = tmp_path / "pyxis.conf"
+    conf.write_text("")
+    f = only(doctor.check_hooks_d(replace(Config(), source=str(conf)), env), "hook-other-config")
+    assert str(conf) in f.what
+    (hooks / "pyxis-hook.json").write_text(json.dumps(hook_document(python=str(tmp_path / "gone/python"))))
+    f = only(doctor.check_hooks_d(Config(), env), "hook-path-missing")
+    assert f.severity == "error" and f"{tmp_path}/gone/python" in f.what
+
+
+def test_runtimes(tmp_path):
+    env = denv(tmp_path)
+    f = only(doctor.check_runtimes(Config(), env), "no-runtime")
+    assert f.what == f"neither runc nor crun in {tmp_path}/bin"
+    fake = tmp_path / "bin/crun"
+    fake.write_text("#!/bin/sh\necho 'crun version 9.9'\necho commit: x\n")
+    fake.chmod(0o755)
+    assert [f.what for f in doctor.check_runtimes(Config(), env)] == [f"{fake}: crun version 9.9"]
+
+
+def _self_cgroup(cfg: Config, text: str, mountinfo: str = "") -> None:
+    d = Path(cfg.proc_root) / "self"
+    d.mkdir(exist_ok=True)
+    (d / "cgroup").write_text(text)
+    (d / "mountinfo").write_text(mountinfo)
+
+
+def test_cgroup_versions(tmp_path, driver):
+    cfg = host_config(tmp_path, driver)
+    env = denv(tmp_path)
+    assert doctor.check_cgroup(cfg, env)[0].severity == "info"  # unreadable
+    _self_cgroup(cfg, "0::/user.slice/session-1.scope\n")
+    f = doctor.check_cgroup(cfg, env)[0]
+    assert (f.code, f.what) == ("cgroup-v2", "cgroup v2: device access is decided by eBPF programs")
+    _self_cgroup(cfg, "4:devices:/user.slice\n1:name=systemd:/user.slice\n")
+    assert doctor.check_cgroup(cfg, env)[0].code == "cgroup"
+    assert doctor.check_cgroup(cfg, env)[0].severity == "ok"
+
+
+def test_openat2():
+    assert doctor.check_openat2()[0].code in ("openat2", "no-openat2")
+
+
+# --------------------------------------------------------------------- Slurm
+
+
+def _slurm_v1(cfg: Config, tmp_path: Path, rules: str) -> None:
+    mnt = tmp_path / "cg/devices"
+    step = mnt / "slurm/uid_0/job_42/step_0"
+    step.mkdir(parents=True)
+    (step / "devices.list").write_text(rules)
+    _self_cgroup(cfg, "4:devices:/slurm/uid_0/job_42/step_0\n",
+                 f"30 20 0:26 / {mnt} rw,nosuid,nodev,noexec,relatime shared:9 - cgroup cgroup rw,devices\n")
+
+
+def test_slurm_job_confined(tmp_path, driver):
+    cfg = host_config(tmp_path, driver)
+    _slurm_v1(cfg, tmp_path, "c 195:255 rw\nc 195:0 rw\n")
+    f = only(doctor.check_slurm(discover(cfg, strict=False).host, cfg, denv(tmp_path)), "slurm-devices")
+    assert (f.severity, f.what) == ("ok", "Slurm job 42: device cgroup allows GPU minor(s) 0 of 2")
+
+
+def test_slurm_job_not_confined(tmp_path, driver):
+    cfg = host_config(tmp_path, driver)
+    _slurm_v1(cfg, tmp_path, "a *:* rwm\n")
+    env = denv(tmp_path, environ=(("SLURM_JOB_ID", "42"), ("SLURM_JOB_GPUS", "0")))
+    f = only(doctor.check_slurm(discover(cfg, strict=False).host, cfg, env), "slurm-not-confined")
+    assert f.what == "Slurm job 42: its device cgroup allows every GPU (2) although it was allocated 1"
+    assert "ConstrainDevices=yes" in f.fix
+
+
+def test_slurm_v2_and_no_slurm(tmp_path, driver):
+    cfg = host_config(tmp_path, driver)
+    host = discover(cfg, strict=False).host
+    _self_cgroup(cfg, "0::/system.slice/slurmstepd.scope/job_7/step_0/user/task_0\n")
+    f = only(doctor.check_slurm(host, cfg, denv(tmp_path)), "slurm-devices")
+    assert f.severity == "info" and f.what.startswith("Slurm job 7: cannot tell")
+    _self_cgroup(cfg, "0::/user.slice\n")
+    assert doctor.check_slurm(host, cfg, denv(tmp_path)) == []
+
+
+# --------------------------------------------------------------------- command line
+
+
+def _conf(tmp_path: Path, cfg: Config, ldconfig: str = "@/sbin/ldconfig") -> Path:
+    p = tmp_path / "pyxis.conf"
+    p.write_text(f'driver-root = "{cfg.driver_root}"\nproc-root = "{cfg.proc_root}"\ndev-root = "{cfg.dev_root}"\n'
+                 f'snapshot-dir = "{cfg.snapshot_dir}"\nldconfig = "{ldconfig}"\n')
+    return p
+
+
+@pytest.mark.root
+def test_cli_healthy_host_exits_zero(tmp_path, driver, capsys, monkeypatch):
+    cfg = host_config(tmp_path, driver)
+    conf = _conf(tmp_path, cfg)
+    assert cli.main(["--config", str(conf), "doctor", "--json"]) == 0, capsys.readouterr()
+    doc = json.loads(capsys.readouterr().out)
+    jsonschema.validate(doc, load_schema("doctor.schema.json"))
+    assert doc["ok"] and not [f for f in doc["findings"] if f["severity"] == "error"]
+    assert {"driver", "device-nodes", "host-ldcache", "ldconfig", "config"} <= {f["code"] for f in doc["findings"]}
+
+
+def test_cli_mismatch_exits_one_and_prints_the_fix(tmp_path, driver, capsys):
+    cfg = host_config(tmp_path, driver, driver_version="535.216.03", make_nodes=False)
+    conf = _conf(tmp_path, cfg)
+    assert cli.main(["--config", str(conf), "doctor"]) == 1
+    out = capsys.readouterr().out
+    assert f"✗ [driver-version-mismatch] kernel module 535.216.03 but user-space libraries {VERSION}" in out
+    assert "    fix: reboot, or reload the module" in out
+    assert cli.main(["--config", str(conf), "doctor", "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    jsonschema.validate(doc, load_schema("doctor.schema.json"))
+    assert doc["ok"] is False and doc["proc_root"] == cfg.proc_root
+
+
+@pytest.mark.realdriver
+@pytest.mark.slow
+def test_real_driver_module_library_mismatch(tmp_path):
+    from fixtures.realdriver import driver_version, require_driver_root
+
+    drv = require_driver_root("535", "debian")
+    real = driver_version("535")
+    cfg = host_config(tmp_path, drv, driver_version="535.999.99", make_nodes=False)
+    inv = discover(cfg, strict=False)
+    f = only(doctor.check_driver(inv, cfg), "driver-version-mismatch")
+    assert f.what == f"kernel module 535.999.99 but user-space libraries {real} in {drv}"
+    cfg = host_config(tmp_path / "ok", drv, driver_version=real, make_nodes=False)
+    inv = discover(cfg, strict=False)
+    assert doctor.check_driver(inv, cfg)[0].code == "driver"
+    assert doctor.check_host_ldcache(inv, cfg)[0].severity == "ok"

@@ -346,3 +346,19 @@ def test_real_driver_module_library_mismatch(tmp_path):
     inv = discover(cfg, strict=False)
     assert doctor.check_driver(inv, cfg)[0].code == "driver"
     assert doctor.check_host_ldcache(inv, cfg)[0].severity == "ok"
+
+
+def test_troubleshooting_doc_lists_every_finding_code():
+    """docs/troubleshooting.md is where users look codes up: every code either command emits is there."""
+    import re
+
+    repo = Path(__file__).resolve().parent.parent
+    doc = (repo / "docs/troubleshooting.md").read_text()
+    found: set[str] = set()
+    for mod in ("ldcheck", "doctor"):
+        src = (repo / "pyxis_hook" / f"{mod}.py").read_text()
+        found |= set(re.findall(r'Finding\([^,()]+,\s*"([a-z0-9-]+)"', src))
+        found |= set(re.findall(r'gap\("([a-z0-9-]+)"', src))
+    assert len(found) > 40
+    missing = sorted(c for c in found if f"`{c}`" not in doc)
+    assert not missing, missing

@@ -1,0 +1,133 @@
+"""Real rootful podman (Debian 4.3.1): hooks.d prestart, CDI `--device`, and the precreate stage.
+
+Flags from test-machines.md (runc: crun refuses the hybrid cgroup layout;
+cgroupfs + file events: no systemd; ulimits at or under the hard limits: no
+CAP_SYS_RESOURCE).  podman 4.3 has no --cdi-spec-dir option: it reads
+/etc/cdi and /var/run/cdi, so the CDI tests write a spec with a test-only
+kind into /var/run/cdi and remove it afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from e2e.conftest import fresh_rootfs, make_host, mount_table
+
+pytestmark = [pytest.mark.e2e, pytest.mark.root, pytest.mark.slow,
+              pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed (.ci/run installs it)")]
+
+TEST_KIND = "pyxis-test.example/gpu"
+PROBE = ("echo $(ls /dev | grep nvidia); /usr/bin/gputest; cat /dev/nvidia1 2>&1 | head -1 | sed 's/^/open1: /'; "
+         "echo NVD=$NVIDIA_VISIBLE_DEVICES CVD=$CUDA_VISIBLE_DEVICES")
+
+
+def _ulimits() -> list[str]:
+    n = min(resource.getrlimit(resource.RLIMIT_NOFILE)[1], 20000)
+    p = min(resource.getrlimit(resource.RLIMIT_NPROC)[1], 1024)
+    return ["--ulimit", f"nofile={n}:{n}", "--ulimit", f"nproc={p}:{p}"]
+
+
+def podman_run(hooks_dir: Path, rootfs: Path, *opts: str, script: str = PROBE) -> subprocess.CompletedProcess:
+    hooks_dir.mkdir(exist_ok=True)
+    cmd = ["podman", "--runtime", "runc", "--cgroup-manager=cgroupfs", "--events-backend=file",
+           "--hooks-dir", str(hooks_dir), "run", "--rm", *_ulimits(), *opts, "--rootfs", str(rootfs),
+           "/bin/sh", "-c", script]
+    before = mount_table()
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert mount_table() == before, "host mount table changed"
+    return r
+
+
+def _nodes(out: str) -> set[str]:
+    return set(out.splitlines()[0].split()) if out else set()
+
+
+def _cli(conf: Path, *args: str) -> subprocess.CompletedProcess:
+    r = subprocess.run([sys.executable, "-m", "pyxis_hook", "--config", str(conf), *args],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+@pytest.fixture
+def host(tmp_path):
+    return make_host(tmp_path)
+
+
+def test_hooksd_prestart(tmp_path, host):
+    """`pyxis-hook hookd --install DIR` is all podman needs."""
+    hooks = tmp_path / "hooks.d"
+    hooks.mkdir()
+    _cli(host.conf, "hookd", "--install", str(hooks))
+    r = podman_run(hooks, fresh_rootfs(tmp_path / "r1"), "-e", "NVIDIA_VISIBLE_DEVICES=0,1")
+    assert r.returncode == 0, r.stderr
+    assert _nodes(r.stdout) == {"nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"}
+    assert "cuDriverGetVersion=12020 rc=0" in r.stdout
+    assert "open1: cat: can't open '/dev/nvidia1': No such device or address" in r.stdout  # cgroup allows it
+    # a container that asks for nothing is left alone
+    r = podman_run(hooks, fresh_rootfs(tmp_path / "r2"))
+    assert r.returncode == 0, r.stderr
+    assert _nodes(r.stdout) == set() and "libcuda.so.1: cannot open shared object file" in r.stdout
+
+
+@pytest.fixture
+def cdi_spec(tmp_path, host, request):
+    conf = tmp_path / "cdi.conf"
+    conf.write_text(host.conf.read_text() + f'cdi-kind = "{TEST_KIND}"\n')
+    os.makedirs("/var/run/cdi", exist_ok=True)
+    fmt = getattr(request, "param", "json")
+    path = Path(f"/var/run/cdi/pyxis-test-{os.getpid()}-{tmp_path.name[-10:]}.{fmt}")
+    _cli(conf, "cdi", "generate", "--format", fmt, "--output", str(path))
+    yield path
+    path.unlink()
+
+
+@pytest.mark.parametrize("cdi_spec", ["json", "yaml"], indirect=True)
+def test_cdi_device(tmp_path, cdi_spec):
+    """`--device KIND=1`: podman applies the spec; our createContainer hooks make links and the cache."""
+    r = podman_run(tmp_path / "nohooks", fresh_rootfs(tmp_path / "r"), "--device", f"{TEST_KIND}=1")
+    assert r.returncode == 0, r.stderr
+    assert _nodes(r.stdout) == {"nvidia1", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"}
+    assert "cuDriverGetVersion=12020 rc=0" in r.stdout  # SONAME link + ld.so.cache from the hooks
+    assert "open1: cat: can't open '/dev/nvidia1': No such device or address" in r.stdout
+    assert "NVD=void" in r.stdout  # a hooks.d prestart hook would leave this container alone
+
+
+def test_cdi_all_and_uuid(tmp_path, host, cdi_spec):
+    r = podman_run(tmp_path / "nohooks", fresh_rootfs(tmp_path / "a"), "--device", f"{TEST_KIND}=all")
+    assert r.returncode == 0, r.stderr
+    assert {"nvidia0", "nvidia1", "nvidia2", "nvidia3"} <= _nodes(r.stdout)
+    uuid = host.tree.gpus[2].uuid
+    r = podman_run(tmp_path / "nohooks", fresh_rootfs(tmp_path / "u"), "--device", f"{TEST_KIND}={uuid}")
+    assert r.returncode == 0, r.stderr
+    assert _nodes(r.stdout) == {"nvidia2", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"}
+    assert "open1: cat: can't open '/dev/nvidia1': No such file or directory" in r.stdout
+
+
+def test_precreate_stage(tmp_path, host):
+    """podman 4.3 runs hooks.d `precreate` hooks (config.json on stdin, the new one on stdout)."""
+    hooks = tmp_path / "hooks.d"
+    hooks.mkdir()
+    python = os.path.realpath(sys.executable)
+    (hooks / "pyxis-hook-precreate.json").write_text(json.dumps({
+        "version": "1.0.0",
+        "hook": {"path": python, "args": [python, "-I", "-m", "pyxis_hook", "precreate"],
+                 "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin", f"PYXIS_HOOK_CONFIG={host.conf}"]},
+        "when": {"always": True}, "stages": ["precreate"]}))
+    r = podman_run(hooks, fresh_rootfs(tmp_path / "r"), "-e", "NVIDIA_VISIBLE_DEVICES=all",
+                   "-e", "SLURM_STEP_GPUS=1,3", "-e", "CUDA_VISIBLE_DEVICES=1,3")
+    assert r.returncode == 0, r.stderr
+    # runc made exactly the allocated nodes and allowed them; CUDA_VISIBLE_DEVICES is local
+    assert _nodes(r.stdout) == {"nvidia1", "nvidia3", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"}
+    assert "open1: cat: can't open '/dev/nvidia1': No such device or address" in r.stdout
+    assert "CVD=0,1" in r.stdout
+    # precreate adds no files: that is the prestart hook's (or CDI's) job
+    assert "libcuda.so.1: cannot open shared object file" in r.stdout

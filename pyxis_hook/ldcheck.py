@@ -208,8 +208,14 @@ def search_setup(rootfs: str, elfclass: int, ld_library_path: str, cache) -> Sea
                 if elfclass == 64 else ("/lib/i386-linux-gnu", "/usr/lib/i386-linux-gnu", "/lib", "/usr/lib"))
         hwcaps, legacy = (), ()
     subdirs = tuple(f"glibc-hwcaps/{h}" for h in hwcaps) + tuple(legacy) + ("",)
-    llp = resolve.split_search_path(ld_library_path) if ld_library_path else ()
-    return SearchSetup(elfclass, machine, tuple(d or "." for d in llp), cache, tuple(dirs), subdirs, tuple(hwcaps))
+    lib_token = dirs[0].lstrip("/") if dirs else "lib"
+    llp = []
+    for d in (resolve.split_search_path(ld_library_path) if ld_library_path else ()):
+        # $LIB/$PLATFORM expand as in ld.so; $ORIGIN (the main program's dir) is unknown here: dropped
+        expanded = resolve.expand_dst(d, None, lib_token, platform) if "$" in d else d
+        if expanded is not None:
+            llp.append(expanded or ".")
+    return SearchSetup(elfclass, machine, tuple(llp), cache, tuple(dirs), subdirs, tuple(hwcaps))
 
 
 def _candidates(setup: SearchSetup, name: str):
@@ -446,7 +452,7 @@ def cuda_findings(env: Mapping[str, str], facts: CudaFacts, host_cuda: int | Non
     compat_on = getattr(config, "cuda_compat", "ldconfig") != "disabled"
     host_text = format_cuda_version(host_cuda) if host_cuda else None
 
-    def gap(code: str, what: str) -> Finding:
+    def gap(code: str, what: str, need: str) -> Finding:
         if bridge and compat_on:
             return Finding("warning", "cuda-needs-compat",
                            f"{what}; the image's forward-compat {bridge[0]} (driver {bridge[1]}) bridges the gap",
@@ -457,7 +463,7 @@ def cuda_findings(env: Mapping[str, str], facts: CudaFacts, host_cuda: int | Non
         if bridge and not compat_on:
             why += f"; the image's {bridge[0]} could bridge it but cuda-compat = \"disabled\" in pyxis.conf"
         return Finding("error", code, what, why,
-                       f"update the host driver to one that supports CUDA {what.split('CUDA ')[1].split()[0]} "
+                       f"update the host driver to one that supports CUDA {need} "
                        f"or use an image built for CUDA {host_text} or older")
 
     try:
@@ -478,14 +484,16 @@ def cuda_findings(env: Mapping[str, str], facts: CudaFacts, host_cuda: int | Non
         if not require.requirement_holds(req, hf, None):
             cuda_terms = [str(t) for g in req.groups for t in g if t.key == "cuda"]
             need = cuda_terms[0].lstrip("cuda<>=!") if cuda_terms else req.expression
+            label = (f"CUDA_VERSION={env.get('CUDA_VERSION', '')!r} (legacy image without NVIDIA_REQUIRE_CUDA)"
+                     if req.variable == "CUDA_VERSION" else f"{req.variable}={req.expression!r}")
             out.append(gap("cuda-version-mismatch",
-                           f"{req.variable}={req.expression!r} needs CUDA {need} but the host driver "
-                           f"{driver_version} provides CUDA {host_text}"))
+                           f"{label} needs CUDA {need} but the host driver {driver_version} provides CUDA {host_text}",
+                           need))
     for path, version in facts.cudart:
         if version > host_cuda:
             out.append(gap("cudart-newer-than-driver",
                            f"{path} is CUDA {format_cuda_version(version)} but the host driver "
-                           f"{driver_version} provides CUDA {host_text}"))
+                           f"{driver_version} provides CUDA {host_text}", format_cuda_version(version)))
     if facts.compat_libcuda and not bridge:
         p, m = facts.compat_libcuda[0]
         out.append(Finding("info", "compat-not-used",

@@ -156,6 +156,12 @@ def test_bundled_libnvidia_ml_shadows_the_host_one(host, image):
     assert "version mismatch" in f.why
 
 
+def test_ld_library_path_tokens_expand_like_ld_so(host, image):
+    put_lib(image, "opt/lib/x86_64-linux-gnu", "libnvidia-ml.so.1")
+    r = check(host, image, {"LD_LIBRARY_PATH": "/opt/$LIB:$ORIGIN/../lib"})
+    assert "/opt/lib/x86_64-linux-gnu/libnvidia-ml.so.1" in only(r, "image-copy-shadows-driver").what
+
+
 def test_ld_library_path_without_driver_copies_is_harmless(host, image):
     (image / "opt/empty").mkdir(parents=True)
     r = check(host, image, {"LD_LIBRARY_PATH": "/opt/empty::/nonexistent"})
@@ -220,7 +226,8 @@ def test_require_cuda_newer_than_the_host_driver(host, image):
 
 def test_legacy_cuda_version_newer_than_the_host_driver(host, image):
     f = only(check(host, image, {"CUDA_VERSION": "12.4.1"}), "cuda-version-mismatch")
-    assert f.what.startswith("CUDA_VERSION='cuda>=12.4'")
+    assert f.what == ("CUDA_VERSION='12.4.1' (legacy image without NVIDIA_REQUIRE_CUDA) needs CUDA 12.4 "
+                      f"but the host driver {VERSION} provides CUDA 12.2")
 
 
 def test_satisfied_requirement_gives_no_finding(host, image):

@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import socket
-import subprocess
 from dataclasses import replace
 from pathlib import Path
 

@@ -20,10 +20,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fixtures.container import GPUTEST_C, make_bundle, make_rootfs
+from fixtures.container import make_bundle, make_rootfs
 from fixtures.fakedriver import make_fake_driver
 from fixtures.hosttree import make_host_tree
-from fixtures.synth import build_exe, build_lib
+from fixtures.synth import build_lib
 from pyxis_hook import cli, ldcheck
 from pyxis_hook.config import Config, load_schema
 from pyxis_hook.findings import SEVERITIES, Finding, format_finding, worst
@@ -103,6 +103,14 @@ def test_clean_image_resolves_every_library_to_the_host_file(host, image):
         assert res.injected == f"/{LIBDIR}/{res.soname.split('.so')[0]}.so.{VERSION}"
         assert res.how == "ld.so.cache"  # the merged cache lists the injected SONAME link
     assert only_ok(r, "libcuda.so.1")
+
+
+def test_non_debian_image_gets_usr_lib64(host, tmp_path):
+    image = make_rootfs(tmp_path / "rhel", debian=False, gputest=False)
+    r = check(host, image)
+    assert not errors(r)
+    cuda = next(x for x in r.libraries if x.soname == "libcuda.so.1")
+    assert cuda.outcome == "host" and cuda.injected == f"/usr/lib64/libcuda.so.{VERSION}"
 
 
 def only_ok(r, soname) -> bool:

@@ -1,0 +1,226 @@
+"""A real single-node Slurm (Debian slurm-wlm 22.05, munge) launching a container with the hook.
+
+slurmctld and slurmd run on this host as root with their own munge daemon,
+ports, spool and state dirs (nothing under /etc is touched).  gres.conf names
+`/dev/nvidia[0-3]`, fake nodes made with mknod (only where absent, removed
+afterwards); `cgroup.conf` has ConstrainDevices=yes on the v1 device
+controller (test-machines.md).  The container is started by `srun` through
+`runc run` with our prestart hook; the launcher copies the step's SLURM_* and
+CUDA_VISIBLE_DEVICES into config.json's process.env as podman `--env-host`
+or Pyxis would.  While another job holds GPUs 0 and 1, `srun --gres=gpu:2`
+must give the container exactly GPUs 2 and 3, and CUDA_VISIBLE_DEVICES=0,1.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from e2e.conftest import fresh_rootfs, hook_entry, make_host
+
+pytestmark = [pytest.mark.e2e, pytest.mark.root, pytest.mark.slow,
+              pytest.mark.skipif(not (shutil.which("slurmctld") and shutil.which("munged")),
+                                 reason="slurm-wlm and munge are not installed (.ci/run installs them)")]
+
+REPO = Path(__file__).resolve().parents[2]
+
+LAUNCHER = r'''
+import os, subprocess, sys
+sys.path.insert(0, {tests!r})
+from fixtures.container import make_bundle
+bundle, hook_json, script = sys.argv[1], sys.argv[2], sys.argv[3]
+import json
+keep = [f"{{k}}={{v}}" for k, v in os.environ.items()
+        if k.startswith("SLURM_") or k in ("CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL")]
+make_bundle(bundle, env=("NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=compute,utility", *keep),
+            args=("/bin/sh", "-c", script), hooks={{"prestart": [json.loads(hook_json)]}})
+# Under ConstrainDevices (v1) the step's cgroup is "allow all but the GPUs not allocated"; a child cgroup
+# cannot then take runc's default "deny all + c *:* m ..." rules (EPERM from the kernel: the wildcard
+# overlaps the parent's exceptions).  Allow-all in the container cgroup copies the step's exceptions,
+# so the allocation still confines the container (checked below with mknod/open of other GPUs).
+cfg_path = os.path.join(bundle, "config.json")
+cfg = json.load(open(cfg_path))
+cfg["linux"]["resources"]["devices"] = [{{"allow": True, "access": "rwm"}}]
+for k in cfg["process"]["capabilities"]:
+    cfg["process"]["capabilities"][k].append("CAP_MKNOD")
+json.dump(cfg, open(cfg_path, "w"))
+name = "pyxis-slurm-" + os.environ.get("SLURM_JOB_ID", "x")
+r = subprocess.run(["runc", "run", name], cwd=bundle, stdin=subprocess.DEVNULL)
+subprocess.run(["runc", "delete", "-f", name], capture_output=True)
+sys.exit(r.returncode)
+'''
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Cluster:
+    """slurmctld + slurmd + munged on localhost, all state under `base`."""
+
+    def __init__(self, base: Path):
+        self.base = base
+        self.made_nodes: list[str] = []
+        self.pidfiles: list[Path] = []
+        for sub in ("state", "spool", "log", "munge"):
+            (base / sub).mkdir(parents=True, exist_ok=True)
+        os.chmod(base / "munge", 0o700)
+        key = base / "munge/munge.key"
+        key.write_bytes(os.urandom(1024))
+        os.chmod(key, 0o400)
+        self.sock = base / "munge/munge.sock"
+        self.conf = base / "slurm.conf"
+        self.env = dict(os.environ, SLURM_CONF=str(self.conf))
+        host = socket.gethostname().split(".")[0]
+        self.conf.write_text(f"""ClusterName=pyxistest
+SlurmctldHost={host}(127.0.0.1)
+SlurmctldPort={_port()}
+SlurmdPort={_port()}
+AuthType=auth/munge
+AuthInfo=socket={self.sock}
+CredType=cred/munge
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation={base}/state
+SlurmdSpoolDir={base}/spool
+SlurmctldPidFile={base}/slurmctld.pid
+SlurmdPidFile={base}/slurmd.pid
+SlurmctldLogFile={base}/log/slurmctld.log
+SlurmdLogFile={base}/log/slurmd.log
+ProctrackType=proctrack/cgroup
+TaskPlugin=task/cgroup
+GresTypes=gpu
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+ReturnToService=2
+MpiDefault=none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+NodeName={host} NodeAddr=127.0.0.1 CPUs=2 RealMemory=1000 Gres=gpu:4 State=UNKNOWN
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+""")
+        (base / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\nConstrainDevices=yes\n"
+                                          "CgroupMountpoint=/sys/fs/cgroup\n")
+        (base / "gres.conf").write_text("Name=gpu File=/dev/nvidia[0-3]\n")
+
+    def start(self) -> None:
+        for i in range(4):
+            path = f"/dev/nvidia{i}"
+            if not os.path.lexists(path):
+                os.mknod(path, 0o666 | 0o020000, os.makedev(195, i))
+                self.made_nodes.append(path)
+            elif os.stat(path).st_rdev != os.makedev(195, i):
+                raise RuntimeError(f"{path} exists and is not c 195:{i}: refusing to use this host")
+        m = self.base / "munge"
+        self._daemon(["munged", "--force", "-S", str(self.sock), "--key-file", str(m / "munge.key"),
+                      "--pid-file", str(m / "pid"), "--log-file", str(m / "log"), "--seed-file", str(m / "seed")],
+                     m / "pid")
+        self._daemon(["slurmctld", "-f", str(self.conf)], self.base / "slurmctld.pid")
+        self._daemon(["slurmd", "-f", str(self.conf)], self.base / "slurmd.pid")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            r = subprocess.run(["sinfo", "-h", "-o", "%t"], env=self.env, capture_output=True, text=True)
+            if r.stdout.strip() == "idle":
+                return
+            time.sleep(0.5)
+        raise RuntimeError(f"slurm did not come up: {r.stdout} {r.stderr} {self.logs()}")
+
+    def _daemon(self, cmd: list[str], pidfile: Path) -> None:
+        subprocess.run(cmd, env=self.env, check=True, capture_output=True)
+        self.pidfiles.append(pidfile)
+
+    def logs(self) -> str:
+        return "".join(p.read_text()[-2000:] for p in (self.base / "log").glob("*.log"))
+
+    def srun(self, *args: str, timeout: int = 60, **kw) -> subprocess.CompletedProcess:
+        return subprocess.run(["srun", *args], env=self.env, capture_output=True, text=True, timeout=timeout, **kw)
+
+    def stop(self) -> None:
+        subprocess.run(["scancel", "--full", "-u", "root"], env=self.env, capture_output=True)
+        for pidfile in reversed(self.pidfiles):
+            try:
+                os.kill(int(pidfile.read_text().strip()), signal.SIGTERM)
+            except (OSError, ValueError):
+                pass
+        time.sleep(1)
+        for path in self.made_nodes:
+            os.unlink(path)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = Cluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+
+
+PROBE = ("echo $(ls /dev | grep nvidia); /usr/bin/gputest; cat /dev/nvidia2 2>&1 | head -1 | sed 's/^/open2: /'; "
+         "mknod /dev/x0 c 195 0 2>&1 | sed 's/^/mknod0: /'; cat /dev/x0 2>&1 | head -1 | sed 's/^/open0: /'; "
+         "echo CVD=$CUDA_VISIBLE_DEVICES STEP=$SLURM_STEP_GPUS")
+
+
+def _launch(cluster, tmp_path, host, gres: str, script: str = PROBE, **kw):
+    launcher = tmp_path / "launch.py"
+    launcher.write_text(LAUNCHER.format(tests=str(REPO / "tests")))
+    bundle = tmp_path / "bundle"
+    fresh_rootfs(bundle / "rootfs")
+    import json
+
+    hook = json.dumps(hook_entry(host.conf))
+    return cluster.srun(f"--gres={gres}", sys.executable, str(launcher), str(bundle), hook, script, **kw)
+
+
+def test_srun_gres_gpu2_gives_exactly_the_allocated_gpus(cluster, tmp_path):
+    host = make_host(tmp_path / "host")
+    busy = subprocess.Popen(["srun", "--gres=gpu:2", "sleep", "60"], env=cluster.env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            q = subprocess.run(["squeue", "-h", "-t", "R", "-o", "%i"], env=cluster.env, capture_output=True, text=True)
+            if q.stdout.strip():
+                break
+            time.sleep(0.3)
+        else:
+            pytest.fail("the job holding GPUs 0,1 never started: " + cluster.logs())
+        r = _launch(cluster, tmp_path, host, "gpu:2")
+    finally:
+        busy.kill()
+        busy.wait()
+        subprocess.run(["scancel", "-u", "root"], env=cluster.env, capture_output=True)
+    assert r.returncode == 0, r.stderr + cluster.logs()
+    lines = r.stdout.splitlines()
+    gpus = {n for n in lines[0].split() if n[len("nvidia"):].isdigit()}
+    assert gpus == {"nvidia2", "nvidia3"}, r.stdout
+    assert "cuDriverGetVersion=12020 rc=0" in r.stdout
+    # the node is allowed by both the step's and the container's device cgroup: only the driver is missing
+    assert "open2: cat: can't open '/dev/nvidia2': No such device or address" in r.stdout
+    # GPU 0 belongs to the other job: the step's device cgroup refuses it inside the container
+    assert "mknod0: mknod: /dev/x0: Operation not permitted" in r.stdout or \
+        "open0: cat: can't open '/dev/x0': Operation not permitted" in r.stdout, r.stdout
+    assert "CVD=0,1 STEP=2,3" in r.stdout
+    log = (host.base / "hook.log").read_text()
+    assert "CUDA_VISIBLE_DEVICES=0,1 agrees with the injected devices" in log
+
+
+def test_request_outside_the_allocation_is_bounded(cluster, tmp_path):
+    """NVIDIA_VISIBLE_DEVICES=all inside a one-GPU step gets that GPU only."""
+    host = make_host(tmp_path / "host")
+    r = _launch(cluster, tmp_path, host, "gpu:1", script="echo $(ls /dev | grep nvidia); echo CVD=$CUDA_VISIBLE_DEVICES")
+    assert r.returncode == 0, r.stderr + cluster.logs()
+    gpus = {n for n in r.stdout.splitlines()[0].split() if n[len("nvidia"):].isdigit()}
+    assert len(gpus) == 1, r.stdout
+    assert "CVD=0" in r.stdout

@@ -106,7 +106,8 @@ def apply_plan(plan: Plan, pid: int, config=None, *, proc: str = "/proc") -> App
         fds.append(ns_fd)
         owner = (owner_st.st_uid, owner_st.st_gid)
         exe_fd = None
-        if plan.ldcache.mode == "ldconfig":
+        # merge mode keeps ldconfig ready: the child falls back to it when the image cannot be modelled
+        if plan.ldcache.mode == "ldconfig" or (plan.ldcache.mode == "merge" and _fallback_configured(plan, config)):
             from pyxis_hook import confined
 
             exe_fd = confined.sealed_copy(_host_ldconfig(plan, config))
@@ -135,6 +136,10 @@ def _host_ldconfig(plan: Plan, config) -> str:
                              "('@/sbin/ldconfig') are run")
         return path
     raise ApplyError("ld.so.cache: the plan asks for ldconfig but names no host ldconfig binary")
+
+
+def _fallback_configured(plan: Plan, config) -> bool:
+    return bool(plan.ldcache.ldconfig) or (config is not None and config.host_ldconfig()[0])
 
 
 def _open_sources(plan: Plan, fds: list[int]) -> list[_Bind]:
@@ -503,14 +508,21 @@ def _ldcache(plan: Plan, rfs: RootFS, exe_fd, messages: list[str]) -> None:
     mode = plan.ldcache.mode
     if mode == "none":
         return
-    if mode == "merge":
-        messages.append("ld.so.cache: merge mode is not implemented yet; cache left as it is")
-        return
-    if mode != "ldconfig":
+    if mode not in ("merge", "ldconfig"):
         raise ApplyError(f"ld.so.cache: unknown update mode {mode!r} in plan")
     if rfs.readonly:
-        messages.append(f"ld.so.cache: {plan.rootfs} is read-only; ldconfig not run")
+        messages.append(f"ld.so.cache: {plan.rootfs} is read-only; cache not updated")
         return
+    if mode == "merge":
+        from pyxis_hook import ldmerge
+
+        try:
+            messages.append(ldmerge.update_container_cache(rfs, ldmerge.libs_from_plan(plan.ldcache)))
+            return
+        except ldmerge.CannotMerge as e:
+            messages.append(f"ld.so.cache: merge cannot model this image ({e}); running ldconfig instead")
+            if exe_fd is None:
+                raise ApplyError(f"ld.so.cache: cannot merge ({e}) and no host ldconfig to fall back to") from None
     from pyxis_hook import confined
 
     dirs = tuple(dict.fromkeys(plan.ldcache.conf_dirs + plan.ldcache.lib_dirs))

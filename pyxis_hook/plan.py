@@ -87,6 +87,9 @@ class LdcacheUpdate:
     lib_dirs: tuple[str, ...] = ()  # container dirs passed on ldconfig's command line
     conf_dirs: tuple[str, ...] = ()  # dirs added through an ld.so.conf.d file (e.g. CUDA compat)
     why: str = ""
+    #: mode merge: the injected libraries as (container dir, file name, SONAME, cache flags);
+    #: `ldmerge` adds them to the image's cache, or falls back to `ldconfig` (then needed) and logs why
+    libs: tuple[tuple[str, str, str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -208,6 +211,7 @@ def build_plan(request: "Request", inventory: "Inventory", facts: ContainerFacts
     mounts: list[MountEdit] = []
     symlinks: list[SymlinkEdit] = []
     seen_targets: set[str] = set()
+    cache_libs: list[tuple[str, str, str, int]] = []
     for f in files:
         m = _mount_for(f, facts)
         if m is None:
@@ -221,6 +225,10 @@ def build_plan(request: "Request", inventory: "Inventory", facts: ContainerFacts
             d = os.path.dirname(m.container_path)
             for link, target in f.links:
                 symlinks.append(SymlinkEdit(f"{d}/{link}", target))
+            if f.soname:
+                from pyxis_hook.ldmerge import cache_flags
+
+                cache_libs.append((d, f.name, f.soname, cache_flags(f.elfclass, f.needed)))
     if request.mode == "none":
         notes.append("NVIDIA_VISIBLE_DEVICES=none: driver files and control nodes only, no GPU")
     proc_driver = None
@@ -249,8 +257,12 @@ def build_plan(request: "Request", inventory: "Inventory", facts: ContainerFacts
         why = f"ldcache = {mode!r} in {config.source}"
         if mode == "merge" and not facts.has_ld_so_conf:
             mode, why = "ldconfig", "the image has no /etc/ld.so.conf: merge cannot model its loader, ldconfig instead"
+        elif mode == "merge":
+            why += ("; the injected libraries are added to the image's cache as ldconfig would, "
+                    "or ldconfig runs when the image's cache cannot be modelled (logged)")
         _, ldconfig = config.host_ldconfig()
-        ldcache = LdcacheUpdate(mode, ldconfig=ldconfig, lib_dirs=lib_dirs, why=why)
+        ldcache = LdcacheUpdate(mode, ldconfig=ldconfig, lib_dirs=lib_dirs, why=why,
+                                libs=tuple(r for r in cache_libs if r[0] in lib_dirs) if mode == "merge" else ())
     rules = () if config.no_cgroups else tuple(CgroupRule(d.major, d.minor) for d in devices)
     cgroup_mode = "none" if config.no_cgroups else "auto"
     env: tuple[tuple[str, str], ...] = ()

@@ -87,7 +87,31 @@ def _hook(cmd, step: str, args: list[str]) -> dict:
     return {"hookName": HOOK_STAGE, "path": path, "args": argv + [step, *args], "env": list(env)}
 
 
-def plan_edits(plan: Plan, cmd, *, common: Plan | None = None, proc_hook: bool = False) -> dict:
+def _link_mounts(plan: Plan, have: set[str]) -> list[dict]:
+    """SONAME/.so links as binds of the file they name, for consumers that ignore CDI hooks.
+
+    Apptainer's native `--device` applies env, mounts and nodes only; binding
+    the library file itself at `libcuda.so.1` gives the loader the same file
+    under the name it asks for (a mount follows the link on the host side).
+    """
+    by_path = {m.container_path: m for m in plan.mounts}
+    links = {s.container_path: os.path.normpath(os.path.join(os.path.dirname(s.container_path), s.target))
+             for s in plan.symlinks}
+    out = []
+    for s in plan.symlinks:
+        path = links[s.container_path]
+        for _ in range(8):  # libcuda.so -> libcuda.so.1 -> libcuda.so.535.x
+            if path not in links:
+                break
+            path = links[path]
+        target = by_path.get(path)
+        if target is not None and s.container_path not in have and s.container_path not in by_path:
+            out.append(_mount(MountEdit(target.host_path, s.container_path, "file", target.options)))
+    return out
+
+
+def plan_edits(plan: Plan, cmd, *, common: Plan | None = None, proc_hook: bool = False,
+               hooks: bool = True) -> dict:
     """CDI containerEdits for `plan`, minus what `common` already gives (None: nothing).
 
     The /proc/driver/nvidia hook belongs in the spec-wide edits only: it reads
@@ -104,18 +128,20 @@ def plan_edits(plan: Plan, cmd, *, common: Plan | None = None, proc_hook: bool =
     if nodes:
         edits["deviceNodes"] = nodes
     mounts = [_mount(m) for m in plan.mounts if m.container_path not in have_mounts]
+    if not hooks:
+        mounts += _link_mounts(plan, have_links)
     if mounts:
         edits["mounts"] = mounts
-    hooks = []
+    hook_list = []
     links = [f"{s.container_path}::{s.target}" for s in plan.symlinks if s.container_path not in have_links]
     if links:
-        hooks.append(_hook(cmd, "create-symlinks", [a for x in links for a in ("--link", x)]))
+        hook_list.append(_hook(cmd, "create-symlinks", [a for x in links for a in ("--link", x)]))
     if common is None and plan.ldcache.mode != "none":
-        hooks.append(_hook(cmd, "update-ldcache", [a for d in plan.ldcache.lib_dirs for a in ("--folder", d)]))
+        hook_list.append(_hook(cmd, "update-ldcache", [a for d in plan.ldcache.lib_dirs for a in ("--folder", d)]))
     if proc_hook:
-        hooks.append(_hook(cmd, "proc-driver", []))
-    if hooks:
-        edits["hooks"] = hooks
+        hook_list.append(_hook(cmd, "proc-driver", []))
+    if hook_list and hooks:
+        edits["hooks"] = hook_list
     return edits
 
 
@@ -141,8 +167,15 @@ def device_names(host) -> list[tuple[str, str]]:
     return out
 
 
-def generate_spec(config, *, python: str | None = None, machine: str | None = None) -> dict:
-    """The CDI spec (a dict, JSON-able) for this host; raises DriverError when the driver is unusable."""
+def generate_spec(config, *, python: str | None = None, machine: str | None = None, hooks: bool = True) -> dict:
+    """The CDI spec (a dict, JSON-able) for this host; raises DriverError when the driver is unusable.
+
+    `hooks=False` is for consumers that ignore CDI hooks (Apptainer's native
+    `--device`): links become binds of their target file, and there is no
+    ld.so.cache refresh (the loader then finds the libraries by searching its
+    default directories, which holds for the Debian multiarch dirs in
+    Debian/Ubuntu images) and no /proc/driver/nvidia view.
+    """
     from pyxis_hook import gpus as gpus_mod, inventory as inv_mod
     from pyxis_hook.errors import DriverError
     from pyxis_hook.hook import read_proc_driver_files
@@ -170,12 +203,12 @@ def generate_spec(config, *, python: str | None = None, machine: str | None = No
     devices = []
     for name, token in device_names(host):
         plan = plan_for(token)
-        edits = plan_edits(plan, cmd, common=common)
+        edits = plan_edits(plan, cmd, common=common, hooks=hooks)
         devices.append({"name": name, "containerEdits": edits})
     if not devices:
         raise DriverError(f"no GPU under {config.proc_root}/driver/nvidia/gpus: a CDI spec needs at least one device")
     return {"cdiVersion": CDI_VERSION, "kind": kind, "devices": devices,
-            "containerEdits": plan_edits(common, cmd, proc_hook=common.proc_driver is not None)}
+            "containerEdits": plan_edits(common, cmd, proc_hook=common.proc_driver is not None, hooks=hooks)}
 
 
 # ---------------------------------------------------------------- output

@@ -197,3 +197,22 @@ def test_hook_rejects_relative_link_and_bad_state(tmp_path):
     assert r.returncode != 0 and "--link 'rel/x::y'" in r.stderr and "Traceback" not in r.stderr
     r = _cli("cdi", "hook", "update-ldcache", "--folder", "/usr/lib", stdin="{not json")
     assert r.returncode != 0 and r.stderr.startswith("pyxis-hook: error:") and "Traceback" not in r.stderr
+
+
+def test_no_hooks_spec_binds_links_instead(host, spec):
+    r = _cli("cdi", "generate", "--no-hooks", conf=host.conf)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert not list(_validator().iter_errors(doc))
+    assert "hooks" not in json.dumps(doc)
+    mounts = {m["containerPath"]: m["hostPath"] for m in doc["containerEdits"]["mounts"]}
+    lib = "/usr/lib/x86_64-linux-gnu/"
+    real = mounts[lib + "libcuda.so." + DRIVER_VERSION]
+    assert mounts[lib + "libcuda.so.1"] == real  # the file itself under its SONAME
+    # every link the hooked spec would create is there as a bind of the file it ends at
+    hooks = {h["args"][6]: h for h in spec["containerEdits"]["hooks"]}
+    linked = [a.split("::")[0] for a in hooks["create-symlinks"]["args"][8::2]]
+    assert set(linked) <= set(mounts)
+    assert doc["devices"] == [{"name": d["name"], "containerEdits": {k: v for k, v in d["containerEdits"].items()
+                                                                      if k != "hooks"}}
+                              for d in spec["devices"]]

@@ -23,6 +23,9 @@ def add_arguments(parser) -> None:
                    "engines read /etc/cdi and /var/run/cdi")
     g.add_argument("--format", choices=["json", "yaml"], default=None,
                    help="default: from the --output suffix (.yaml/.yml), else json")
+    g.add_argument("--no-hooks", action="store_true",
+                   help="no createContainer hooks, for engines that ignore them (Apptainer --device): "
+                        "library links become binds of their file; no ld.so.cache refresh, no /proc view")
     h = sub.add_parser("hook", help=argparse.SUPPRESS)
     h.add_argument("step", choices=["create-symlinks", "update-ldcache", "proc-driver"])
     h.add_argument("--link", action="append", default=[], metavar="PATH::TARGET")
@@ -58,7 +61,7 @@ def run(args, config) -> int:
     if args.cdi_command != "generate":
         raise UsageError("cdi: expected an action: generate")
     fmt = args.format or ("yaml" if (args.output or "").endswith((".yaml", ".yml")) else "json")
-    doc = cdi.generate_spec(config)
+    doc = cdi.generate_spec(config, hooks=not args.no_hooks)
     text = cdi.to_yaml(doc) if fmt == "yaml" else cdi.to_json(doc)
     if args.output:
         _write(args.output, text)

@@ -84,8 +84,10 @@ def cdi_spec(tmp_path, host, request):
     conf.write_text(host.conf.read_text() + f'cdi-kind = "{TEST_KIND}"\n')
     os.makedirs("/var/run/cdi", exist_ok=True)
     fmt = getattr(request, "param", "json")
+    extra = ["--no-hooks"] if fmt == "no-hooks" else []
+    fmt = "json" if extra else fmt
     path = Path(f"/var/run/cdi/pyxis-test-{os.getpid()}-{tmp_path.name[-10:]}.{fmt}")
-    _cli(conf, "cdi", "generate", "--format", fmt, "--output", str(path))
+    _cli(conf, "cdi", "generate", "--format", fmt, "--output", str(path), *extra)
     yield path
     path.unlink()
 
@@ -99,6 +101,16 @@ def test_cdi_device(tmp_path, cdi_spec):
     assert "cuDriverGetVersion=12020 rc=0" in r.stdout  # SONAME link + ld.so.cache from the hooks
     assert "open1: cat: can't open '/dev/nvidia1': No such device or address" in r.stdout
     assert "NVD=void" in r.stdout  # a hooks.d prestart hook would leave this container alone
+
+
+@pytest.mark.parametrize("cdi_spec", ["no-hooks"], indirect=True)
+def test_cdi_without_hooks(tmp_path, cdi_spec):
+    """The spec for engines that ignore CDI hooks (Apptainer --device): links are binds of the library."""
+    r = podman_run(tmp_path / "nohooks", fresh_rootfs(tmp_path / "r"), "--device", f"{TEST_KIND}=0",
+                   script=PROBE + "; ldconfig -p | grep -c libcuda | sed 's/^/cached=/'")
+    assert r.returncode == 0, r.stderr
+    assert "cuDriverGetVersion=12020 rc=0" in r.stdout  # found by the loader's default-directory search
+    assert "cached=0" in r.stdout  # nobody refreshed the image's ld.so.cache
 
 
 def test_cdi_all_and_uuid(tmp_path, host, cdi_spec):

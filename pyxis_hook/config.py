@@ -30,7 +30,7 @@ class Config:
     dev_root: str = "/"
     proc_root: str = "/proc"
     ldconfig: str = "@/sbin/ldconfig"
-    ldcache: str = "ldconfig"
+    ldcache: str = "merge"
     no_cgroups: bool = False
     log_file: str = ""
     log_level: str = "info"

@@ -55,6 +55,10 @@ def render(prepared) -> str:
     ld = p.ldcache
     out.append(f"ld.so.cache: {ld.mode}" + (f" ({ld.ldconfig} {' '.join(ld.lib_dirs)})" if ld.mode == "ldconfig"
                                             else "") + (f" — {ld.why}" if ld.why else ""))
+    if ld.mode == "merge":
+        fallback = merge_fallback(prepared)
+        out.append(f"  ✗ merge cannot model this image ({fallback}): ldconfig ({ld.ldconfig}) will run instead"
+                   if fallback else f"  merge applies: {len(ld.libs)} libraries added to the image's cache, no rescan")
     if p.env:
         out.append("environment: " + " ".join(f"{k}={v}" for k, v in p.env))
     notes = [n for n in p.notes if n not in r.reasons]
@@ -64,8 +68,19 @@ def render(prepared) -> str:
     return "\n".join(out) + "\n"
 
 
+def merge_fallback(prepared) -> str | None:
+    """Why the hook would fall back from merge to ldconfig for this image (read-only look), else None."""
+    from pyxis_hook import ldmerge
+
+    return ldmerge.preview(prepared.plan.rootfs, prepared.plan.ldcache)
+
+
 def to_json(prepared) -> dict:
-    return {"request": prepared.request.to_dict(), "plan": prepared.plan.to_dict()}
+    out = {"request": prepared.request.to_dict(), "plan": prepared.plan.to_dict()}
+    if prepared.plan.ldcache.mode == "merge":
+        why = merge_fallback(prepared)
+        out["ldcache_merge"] = {"applies": why is None, "fallback_reason": why}
+    return out
 
 
 def run(args, config) -> int:

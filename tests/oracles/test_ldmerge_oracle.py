@@ -254,3 +254,16 @@ def test_cache_symlink_to_host_file_is_replaced_not_followed(tmp_path):
         ldmerge.update_container_cache(rfs, libs)
     assert not (root / "etc/ld.so.cache").is_symlink()
     assert victim.read_bytes() == before
+
+
+def test_preview_tells_plan_whether_merge_applies(tmp_path):
+    from pyxis_hook.plan import LdcacheUpdate
+
+    root = build_image(tmp_path / "root", hwcaps=False)
+    libs = inject(root)
+    update = LdcacheUpdate("merge", libs=tuple((x.dir, x.name, x.soname, x.flags) for x in libs))
+    before = (root / "etc/ld.so.cache").read_bytes()
+    assert ldmerge.preview(str(root), update) is None
+    assert (root / "etc/ld.so.cache").read_bytes() == before  # a look, nothing written
+    (root / "etc/ld.so.cache").unlink()
+    assert "no ld.so.cache" in ldmerge.preview(str(root), update)

@@ -137,7 +137,11 @@ def plan_edits(plan: Plan, cmd, *, common: Plan | None = None, proc_hook: bool =
     if links:
         hook_list.append(_hook(cmd, "create-symlinks", [a for x in links for a in ("--link", x)]))
     if common is None and plan.ldcache.mode != "none":
-        hook_list.append(_hook(cmd, "update-ldcache", [a for d in plan.ldcache.lib_dirs for a in ("--folder", d)]))
+        args = [a for d in plan.ldcache.lib_dirs for a in ("--folder", d)]
+        # merge mode needs each library's SONAME and cache flags: the planner's rows, carried in the spec
+        args += [a for (d, name, soname, flags) in plan.ldcache.libs
+                 for a in ("--lib", f"{d}/{name}::{soname}::{flags:#06x}")]
+        hook_list.append(_hook(cmd, "update-ldcache", args))
     if proc_hook:
         hook_list.append(_hook(cmd, "proc-driver", []))
     if hook_list and hooks:
@@ -292,7 +296,24 @@ def parse_link(text: str):
     return SymlinkEdit(os.path.normpath(path), target)
 
 
-def hook_plan(step: str, bundle, config, *, links: tuple[str, ...] = (), folders: tuple[str, ...] = ()) -> Plan:
+def parse_lib(text: str) -> tuple[str, str, str, int]:
+    """`--lib /DIR/NAME::SONAME::FLAGS` -> the (dir, name, soname, flags) row of LdcacheUpdate.libs."""
+    from pyxis_hook.errors import UsageError
+
+    parts = text.split("::")
+    try:
+        path, soname, flags = parts
+        value = int(flags, 0)
+    except ValueError:
+        raise UsageError(f"--lib {text!r}: expected /DIR/NAME::SONAME::FLAGS") from None
+    d, name = os.path.split(path)
+    if not path.startswith("/") or not name or not soname or "/" in soname:
+        raise UsageError(f"--lib {text!r}: expected /DIR/NAME::SONAME::FLAGS")
+    return (d, name, soname, value)
+
+
+def hook_plan(step: str, bundle, config, *, links: tuple[str, ...] = (), folders: tuple[str, ...] = (),
+              libs: tuple[str, ...] = ()) -> Plan:
     """The one-step Plan a CDI hook applies to `bundle` (an oci.Bundle)."""
     from pyxis_hook.errors import UsageError
     from pyxis_hook.plan import LdcacheUpdate, ProcDriverView, patch_params
@@ -306,12 +327,14 @@ def hook_plan(step: str, bundle, config, *, links: tuple[str, ...] = (), folders
             raise UsageError(f"--folder {bad[0]!r}: not an absolute path")
         from pyxis_hook.container import container_facts
 
+        rows = tuple(parse_lib(x) for x in libs)
         mode = config.ldcache
-        if mode == "merge" and not container_facts(rootfs).has_ld_so_conf:
-            mode = "ldconfig"
+        if mode == "merge" and (not rows or not container_facts(rootfs).has_ld_so_conf):
+            mode = "ldconfig"  # the same choice build_plan makes, plus: a spec without rows cannot merge
         _, ldconfig = config.host_ldconfig()
         return Plan(rootfs=rootfs, ldcache=LdcacheUpdate(mode, ldconfig=ldconfig, lib_dirs=tuple(folders),
-                                                         why="CDI update-ldcache hook"))
+                                                         why="CDI update-ldcache hook",
+                                                         libs=rows if mode == "merge" else ()))
     if step == "proc-driver":
         from pyxis_hook import gpus as gpus_mod
         from pyxis_hook.hook import read_proc_driver_files
@@ -332,7 +355,7 @@ def hook_plan(step: str, bundle, config, *, links: tuple[str, ...] = (), folders
     raise UsageError(f"cdi hook {step!r}: expected one of {', '.join(HOOK_STEPS)}")
 
 
-def run_hook(step: str, stdin_bytes: bytes, config, *, links=(), folders=()) -> None:
+def run_hook(step: str, stdin_bytes: bytes, config, *, links=(), folders=(), libs=()) -> None:
     """Read the state JSON, plan the step, apply it in the current mount namespace (the container's)."""
     from dataclasses import replace
 
@@ -341,7 +364,7 @@ def run_hook(step: str, stdin_bytes: bytes, config, *, links=(), folders=()) -> 
 
     state = oci.parse_state(stdin_bytes, require_pid=False)
     bundle = oci.load_bundle(state.bundle)
-    plan = hook_plan(step, bundle, config, links=tuple(links), folders=tuple(folders))
+    plan = hook_plan(step, bundle, config, links=tuple(links), folders=tuple(folders), libs=tuple(libs))
     if plan.empty and plan.ldcache.mode == "none":
         return
     # "self": createContainer hooks already run in the container's mount namespace, and the

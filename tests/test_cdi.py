@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -161,8 +162,14 @@ def _state(bundle: Path) -> str:
 
 
 @pytest.mark.root
-def test_hooks_create_links_and_refresh_ldcache(host, spec, tmp_path):
+@pytest.mark.parametrize("mode", ["merge", "ldconfig"])
+def test_hooks_create_links_and_refresh_ldcache(host, tmp_path, mode):
     """Run the spec's hooks the way runc does (own mount namespace, state on stdin, cwd = rootfs)."""
+    conf = tmp_path / "mode.conf"
+    conf.write_text(host.conf.read_text() + f'ldcache = "{mode}"\n')
+    r = _cli("cdi", "generate", conf=conf)
+    assert r.returncode == 0, r.stderr
+    spec = json.loads(r.stdout)
     bundle = tmp_path / "bundle"
     rootfs = fresh_rootfs(bundle / "rootfs")
     make_bundle(bundle, env=(), args=("/bin/true",))
@@ -185,7 +192,11 @@ def test_hooks_create_links_and_refresh_ldcache(host, spec, tmp_path):
     # glibc's own tool reads the cache the hook's ldconfig wrote
     out = subprocess.run(["/sbin/ldconfig", "-p", "-C", str(rootfs / "etc/ld.so.cache")],
                          capture_output=True, text=True).stdout
-    assert "libcuda.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so.1" in out
+    # (merged-/usr image: ldconfig lists the library under /lib first, and so does the merge)
+    assert re.search(r"libcuda\.so\.1 \(libc6,x86-64\) => (/usr)?/lib/x86_64-linux-gnu/libcuda\.so\.1", out), out
+    # the loader of the image finds it through that cache
+    r = subprocess.run(["chroot", str(rootfs), "/usr/bin/gputest"], capture_output=True, text=True)
+    assert "cuDriverGetVersion=12020 rc=0" in r.stdout, r.stdout + r.stderr
 
 
 @pytest.mark.root
@@ -195,6 +206,9 @@ def test_hook_rejects_relative_link_and_bad_state(tmp_path):
     make_bundle(bundle)
     r = _cli("cdi", "hook", "create-symlinks", "--link", "rel/x::y", stdin=_state(bundle))
     assert r.returncode != 0 and "--link 'rel/x::y'" in r.stderr and "Traceback" not in r.stderr
+    r = _cli("cdi", "hook", "update-ldcache", "--lib", "/usr/lib/libx.so::libx.so.1", stdin=_state(bundle))
+    assert r.returncode != 0 and "--lib '/usr/lib/libx.so::libx.so.1'" in r.stderr and "Traceback" not in r.stderr
+    assert cdi.parse_lib("/usr/lib/libx.so.1.2::libx.so.1::0x0303") == ("/usr/lib", "libx.so.1.2", "libx.so.1", 0x303)
     r = _cli("cdi", "hook", "update-ldcache", "--folder", "/usr/lib", stdin="{not json")
     assert r.returncode != 0 and r.stderr.startswith("pyxis-hook: error:") and "Traceback" not in r.stderr
 
@@ -216,3 +230,12 @@ def test_no_hooks_spec_binds_links_instead(host, spec):
     assert doc["devices"] == [{"name": d["name"], "containerEdits": {k: v for k, v in d["containerEdits"].items()
                                                                       if k != "hooks"}}
                               for d in spec["devices"]]
+
+
+def test_docs_name_every_hook_step_and_the_version():
+    text = (REPO / "docs/cdi.md").read_text()
+    for step in cdi.HOOK_STEPS:
+        assert f"cdi hook {step}" in text
+    assert f"CDI `{cdi.CDI_VERSION}`" in text
+    for page in ("podman.md", "cri-o.md", "apptainer.md"):
+        assert "pyxis-hook cdi generate" in (REPO / "docs" / page).read_text()

@@ -191,3 +191,10 @@ def test_error_is_one_line_and_nothing_left(setup):
     r = c.hook(shim, env_file, {})
     assert r.returncode != 0 and r.stderr.count("\n") == 1 and "pyxis-hook: error:" in r.stderr
     assert c.sh("ls /dev | grep -c nvidia").strip() == "0"
+
+
+def test_documented_shim_matches_generated():
+    text = (REPO / "docs/enroot-pyxis.md").read_text()
+    shown = text.split("```sh\n#!/bin/sh\n", 1)[1].split("```", 1)[0]
+    generated = shim_text("/usr/bin/python3.11", "/etc/pyxis-hook/pyxis.conf").split("\n", 2)[2]
+    assert shown == generated

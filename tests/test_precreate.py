@@ -114,3 +114,20 @@ def test_runc_honours_the_transformed_config(host, tmp_path):
     assert set(lines[0].split()) == {"nvidia-uvm", "nvidia-uvm-tools", "nvidia2", "nvidiactl"}
     assert "No such device or address" in lines[1]  # allowed by the cgroup, no driver behind it
     assert "Operation not permitted" in lines[2]  # GPU 1 is not in the cgroup
+
+
+def test_documented_hooks_d_file_is_valid():
+    """docs/podman.md's precreate file: valid oci-hooks 1.0.0, and the same shape the e2e test installs."""
+    import re
+    from pathlib import Path
+
+    import jsonschema
+
+    repo = Path(__file__).resolve().parent.parent
+    text = (repo / "docs/podman.md").read_text()
+    block = re.search(r"```json\n(.*?)```", text, re.S).group(1)
+    doc = json.loads(block)
+    schema = json.loads((repo / "schemas/oci-hooks-1.0.0.schema.json").read_text())
+    jsonschema.validate(doc, schema)
+    assert doc["stages"] == ["precreate"] and doc["hook"]["args"][1:] == ["-I", "-m", "pyxis_hook", "precreate"]
+    assert doc["hook"]["args"][0] == doc["hook"]["path"]

@@ -2,7 +2,8 @@
 
 `generate` writes a CDI spec for this host (see `pyxis_hook.cdi`).  `hook`
 is what the spec's createContainer hooks run: `create-symlinks --link
-PATH::TARGET...`, `update-ldcache --folder DIR...`, `proc-driver`; each reads
+PATH::TARGET...`, `update-ldcache --folder DIR... --lib /DIR/NAME::SONAME::FLAGS...`,
+`proc-driver`; each reads
 the state JSON on stdin like any OCI hook.  It is hidden from --help because
 nobody types it: the spec names it.
 """
@@ -30,6 +31,7 @@ def add_arguments(parser) -> None:
     h.add_argument("step", choices=["create-symlinks", "update-ldcache", "proc-driver"])
     h.add_argument("--link", action="append", default=[], metavar="PATH::TARGET")
     h.add_argument("--folder", action="append", default=[], metavar="DIR")
+    h.add_argument("--lib", action="append", default=[], metavar="/DIR/NAME::SONAME::FLAGS")
     # hide `hook` from the ACTION list in --help
     sub._choices_actions = [a for a in sub._choices_actions if a.dest != "hook"]
 
@@ -56,7 +58,8 @@ def run(args, config) -> int:
     from pyxis_hook.errors import UsageError
 
     if args.cdi_command == "hook":
-        cdi.run_hook(args.step, sys.stdin.buffer.read(), config, links=args.link, folders=args.folder)
+        cdi.run_hook(args.step, sys.stdin.buffer.read(), config, links=args.link, folders=args.folder,
+                     libs=args.lib)
         return 0
     if args.cdi_command != "generate":
         raise UsageError("cdi: expected an action: generate")

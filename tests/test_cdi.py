@@ -239,3 +239,53 @@ def test_docs_name_every_hook_step_and_the_version():
     assert f"CDI `{cdi.CDI_VERSION}`" in text
     for page in ("podman.md", "cri-o.md", "apptainer.md"):
         assert "pyxis-hook cdi generate" in (REPO / "docs" / page).read_text()
+
+
+def _conf_for(tree, driver, tmp_path) -> Path:
+    conf = tmp_path / "t.conf"
+    conf.write_text(f'driver-root = "{driver}"\ndev-root = "{tree.dev_root}"\nproc-root = "{tree.proc_root}"\n'
+                    f'snapshot-dir = "{tmp_path}/snap"\n')
+    return conf
+
+
+@pytest.mark.root  # mknod of the fixture nodes
+def test_mig_devices_get_their_own_entries(host, tmp_path):
+    from fixtures.hosttree import fake_gpus, make_host_tree
+
+    tree = make_host_tree(tmp_path / "mig", gpus=fake_gpus(2), mig={0: {1: [0, 1]}}, driver_version=DRIVER_VERSION)
+    conf = _conf_for(tree, host.driver_root, tmp_path)
+    r = _cli("cdi", "generate", conf=conf)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert not list(_validator().iter_errors(doc))
+    by_name = {d["name"]: d["containerEdits"] for d in doc["devices"]}
+    assert {"0:0", "0:1"} <= set(by_name)
+    nodes = [n["path"] for n in by_name["0:1"]["deviceNodes"]]
+    assert "/dev/nvidia0" in nodes and any(p.startswith("/dev/nvidia-caps/nvidia-cap") for p in nodes)
+    access = [m["containerPath"] for m in by_name["0:1"].get("mounts", [])]
+    assert any(p.endswith("/gi1/ci1/access") for p in access), access
+    assert by_name["0:0"]["deviceNodes"] != by_name["0:1"]["deviceNodes"]
+
+
+def test_proc_driver_hook_plans_the_gpus_the_runtime_was_given(host, tmp_path):
+    """The hook reads the GPUs from config.json linux.devices (where CDI put them)."""
+    import dataclasses
+
+    from pyxis_hook import oci
+
+    bundle = tmp_path / "b"
+    make_bundle(bundle)
+    doc = json.loads((bundle / "config.json").read_text())
+    doc["linux"]["devices"] = [{"path": "/dev/nvidia3", "type": "c", "major": 195, "minor": 3},
+                               {"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255},
+                               {"path": "/dev/nvidia1", "type": "c", "major": 195, "minor": 1}]
+    (bundle / "config.json").write_text(json.dumps(doc))
+    config = load_config(str(host.conf))
+    plan = cdi.hook_plan("proc-driver", oci.load_bundle(str(bundle)), config)
+    gpus = host.tree.gpus
+    assert [d.lower() for d in plan.proc_driver.gpu_dirs] == [gpus[1].bus_id.lower(), gpus[3].bus_id.lower()]
+    params = dict(plan.proc_driver.files)["params"]
+    assert "ModifyDeviceFiles: 0" in params
+    # without the kernel module there is nothing to show, and nothing is planned
+    config = dataclasses.replace(config, proc_root=str(tmp_path / "no-proc"))
+    assert cdi.hook_plan("proc-driver", oci.load_bundle(str(bundle)), config).proc_driver is None

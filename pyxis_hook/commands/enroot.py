@@ -7,7 +7,6 @@ the hook order, no nvidia-container-cli.  See docs/enroot-pyxis.md.
 from __future__ import annotations
 
 import os
-import sys
 
 SHIM_NAME = "98-pyxis-hook.sh"
 

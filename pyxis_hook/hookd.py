@@ -15,6 +15,11 @@ HOOK_FILE_NAME = "pyxis-hook.json"
 HOOK_ENV_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
+def hook_file_name(stage: str = "prestart") -> str:
+    """`pyxis-hook.json`, or `pyxis-hook-precreate.json` so both files can sit in one hooks.d."""
+    return HOOK_FILE_NAME if stage != "precreate" else "pyxis-hook-precreate.json"
+
+
 def interpreter() -> str:
     """The real interpreter binary behind sys.executable (resolving venv/pyenv links)."""
     return os.path.realpath(sys.executable)

@@ -73,3 +73,14 @@ def test_cli_install_missing_dir(tmp_path):
     r = subprocess.run([sys.executable, "-m", "pyxis_hook", "hookd", "--install", str(tmp_path / "no")],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "not a directory" in r.stderr
+
+
+def test_cli_install_precreate_next_to_prestart(tmp_path):
+    for stage in ("prestart", "precreate"):
+        r = subprocess.run([sys.executable, "-m", "pyxis_hook", "hookd", "--stage", stage, "--install", str(tmp_path)],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+    pre = json.loads((tmp_path / "pyxis-hook-precreate.json").read_text())
+    _validate(pre)
+    assert pre["stages"] == ["precreate"] and pre["hook"]["args"][-1] == "precreate"
+    assert json.loads((tmp_path / "pyxis-hook.json").read_text())["stages"] == ["prestart"]

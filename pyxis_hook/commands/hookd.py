@@ -12,13 +12,14 @@ from pyxis_hook.errors import UsageError
 def add_arguments(parser) -> None:
     parser.add_argument("--install", metavar="DIR", help="write pyxis-hook.json into DIR "
                         "(podman/CRI-O read /usr/share/containers/oci/hooks.d and /etc/containers/oci/hooks.d)")
-    parser.add_argument("--stage", default="prestart", choices=["prestart", "createRuntime"],
-                        help="hook stage (createRuntime for engines that never run prestart, e.g. `apptainer oci`)")
+    parser.add_argument("--stage", default="prestart", choices=["prestart", "createRuntime", "precreate"],
+                        help="hook stage (createRuntime for engines that never run prestart, e.g. `apptainer oci`; "
+                        "precreate: podman's stage that rewrites config.json, written as pyxis-hook-precreate.json)")
     parser.add_argument("--timeout", type=int, default=None, help="hook timeout in seconds")
 
 
 def run(args, config) -> int:
-    from pyxis_hook.hookd import HOOK_FILE_NAME, hook_document
+    from pyxis_hook.hookd import hook_document, hook_file_name
 
     conf = config.source if config.source != "<defaults>" else None
     doc = hook_document(args.stage, config_path=conf, timeout=args.timeout)
@@ -28,7 +29,7 @@ def run(args, config) -> int:
         return 0
     if not os.path.isdir(args.install):
         raise UsageError(f"{args.install}: not a directory")
-    dest = os.path.join(args.install, HOOK_FILE_NAME)
+    dest = os.path.join(args.install, hook_file_name(args.stage))
     tmp = dest + ".tmp"
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)

@@ -211,40 +211,41 @@ def _open_proc_sources(plan: Plan, fds: list[int], messages: list[str]) -> list[
 
 
 def _cgroup(plan: Plan, pid: int, no_cgroups: bool, proc: str) -> str:
-    """Allow the plan's devices in the container's v1 device cgroup; explain what to do on v2."""
+    """Allow the plan's devices in the container's v1 device cgroup; explain what to do otherwise.
+
+    Never inside a Slurm job: the step's cgroup is the boundary Slurm
+    computed, and the container's cgroup below it inherits it; rules we
+    wrote there could only try to widen it (gpu-requests.md §8 rule 5).
+    """
+    from pyxis_hook import cgroup
+
     rules = ", ".join(f"{r.type} {r.major}:{r.minor} {r.access}" for r in plan.cgroup_rules)
     if no_cgroups:
         msg = f"device cgroup: not modified (no-cgroups = true): {rules}"
         log.info(msg)
         return msg
-    path = f"{proc}/{pid}/cgroup"
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            lines = f.read().splitlines()
-    except OSError as e:
-        raise ApplyError(f"{path}: {e.strerror}") from None
-    cg = None
-    v2 = False
-    for line in lines:
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        if "devices" in parts[1].split(","):
-            cg = parts[2]
-        elif parts[0] == "0" and parts[1] == "":
-            v2 = True
-    if cg is None:
-        if v2:
+    if not os.path.exists(f"{proc}/{pid}/cgroup"):
+        raise ApplyError(f"{proc}/{pid}/cgroup: no such process")
+    slurm = cgroup.read_slurm_cgroup(proc, pid)
+    if slurm is not None:
+        msg = (f"device cgroup: not modified: the container is inside Slurm job {slurm.job} step {slurm.step}, "
+               "whose device cgroup is authoritative")
+        log.info(msg)
+        return msg
+    dev = cgroup.read_devices_cgroup(proc, pid)
+    if dev is None or dev.controller != "v1":
+        if dev is not None and dev.controller == "v2":
             msg = (f"device cgroup v2: not modified; the runtime must allow {rules} "
                    "(config.json linux.resources.devices, or use CDI)")
         else:
             msg = f"device cgroup: no devices controller for pid {pid}: not modified"
         log.info(msg)
         return msg
-    d = _v1_devices_dir(cg, proc)
+    if dev.fs_path is None:
+        raise ApplyError(f"device cgroup {dev.path}: no cgroup v1 devices mount in {proc}/self/mountinfo")
+    allow = f"{dev.fs_path}/devices.allow"
     for r in plan.cgroup_rules:
         rule = f"{r.type} {r.major}:{r.minor} {r.access}"
-        allow = f"{d}/devices.allow"
         try:
             fd = os.open(allow, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
             try:
@@ -253,38 +254,9 @@ def _cgroup(plan: Plan, pid: int, no_cgroups: bool, proc: str) -> str:
                 os.close(fd)
         except OSError as e:
             raise ApplyError(f"{allow}: cannot allow {rule}: {e.strerror}") from None
-    msg = f"device cgroup v1 {d}: allowed {rules}"
+    msg = f"device cgroup v1 {dev.fs_path}: allowed {rules}"
     log.info(msg)
     return msg
-
-
-def _unescape(s: str) -> str:
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), s)
-
-
-def _v1_devices_dir(cg: str, proc: str) -> str:
-    """The host directory of cgroup path `cg` in the v1 devices hierarchy (from our mountinfo)."""
-    path = f"{proc}/self/mountinfo"
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            lines = f.read().splitlines()
-    except OSError as e:
-        raise ApplyError(f"{path}: {e.strerror}") from None
-    for line in lines:
-        left, sep, right = line.partition(" - ")
-        if not sep:
-            continue
-        lf, rf = left.split(), right.split()
-        if len(rf) < 3 or rf[0] != "cgroup" or "devices" not in rf[2].split(","):
-            continue
-        root, mountpoint = _unescape(lf[3]), _unescape(lf[4])
-        if root.startswith("/.."):
-            continue
-        if root != "/" and not (cg == root or cg.startswith(root + "/")):
-            continue
-        rel = cg[len(root):] if root != "/" else cg
-        return mountpoint.rstrip("/") + "/" + rel.lstrip("/") if rel.strip("/") else mountpoint
-    raise ApplyError(f"device cgroup {cg}: no cgroup v1 devices mount in {path}")
 
 
 # -------------------------------------------------------- in the namespace

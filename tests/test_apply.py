@@ -399,14 +399,25 @@ def test_cgroup_skipped_with_no_cgroups_and_explained_on_v2(world, tmp_path):
     assert "cgroup v2" in msg and "c 195:0 rw" in msg and "linux.resources.devices" in msg
 
 
-def test_v1_devices_dir_from_mountinfo(tmp_path):
-    (tmp_path / "self").mkdir()
-    (tmp_path / "self/mountinfo").write_text(
-        "30 25 0:26 / /sys/fs/cgroup/devices rw,nosuid - cgroup cgroup rw,devices\n"
-        "31 25 0:27 /.. /bad rw - cgroup cgroup rw,devices\n"
-        "32 25 0:28 / /sys/fs/cgroup/my\\040dir rw - cgroup cgroup rw,cpu\n")
-    assert apply_mod._v1_devices_dir("/a/b", str(tmp_path)) == "/sys/fs/cgroup/devices/a/b"
-    assert apply_mod._v1_devices_dir("/", str(tmp_path)) == "/sys/fs/cgroup/devices"
+def test_no_rules_inside_a_slurm_step(tmp_path):
+    """Under Slurm the step's device cgroup is authoritative: the hook writes no rule below it."""
+    plan = Plan(rootfs="/nonexistent", cgroup_rules=(CgroupRule(195, 0),))
+    fake = tmp_path / "proc" / "42"
+    fake.mkdir(parents=True)
+    (fake / "cgroup").write_text("12:devices:/slurm/uid_0/job_7/step_0/task_0\n0::/\n")
+    msg = apply_mod._cgroup(plan, 42, False, str(tmp_path / "proc"))
+    assert "not modified" in msg and "Slurm job 7 step 0" in msg
+
+
+def test_v1_cgroup_without_devices_mount_is_one_line(tmp_path):
+    plan = Plan(rootfs="/nonexistent", cgroup_rules=(CgroupRule(195, 0),))
+    proc = tmp_path / "proc"
+    (proc / "42").mkdir(parents=True)
+    (proc / "42/cgroup").write_text("5:devices:/a/b\n")
+    (proc / "self").mkdir()
+    (proc / "self/mountinfo").write_text("31 25 0:27 /.. /bad rw - cgroup cgroup rw,devices\n")
+    with pytest.raises(ApplyError, match=r"device cgroup /a/b: no cgroup v1 devices mount"):
+        apply_mod._cgroup(plan, 42, False, str(proc))
 
 
 def test_empty_plan_does_nothing(world):

@@ -12,7 +12,6 @@ import os
 import re
 import sys
 from dataclasses import dataclass, field, fields, replace
-from pathlib import Path
 
 from pyxis_hook.errors import ConfigError
 
@@ -64,18 +63,24 @@ class Config:
         return False, value
 
 
-def schema_dir() -> Path:
-    """The directory holding our JSON schemas (source tree or installed data files)."""
-    here = Path(__file__).resolve().parent.parent / "schemas"
-    if here.is_dir():
+def _schema_dir() -> str:
+    here = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), "schemas")
+    if os.path.isdir(here):
         return here
-    return Path(sys.prefix) / "share" / "pyxis-hook" / "schemas"
+    return os.path.join(sys.prefix, "share", "pyxis-hook", "schemas")
+
+
+def schema_dir():
+    """The directory holding our JSON schemas (source tree or installed data files), as a Path."""
+    from pathlib import Path  # lazily: pathlib costs ~2.5 ms of imports on the hook path
+
+    return Path(_schema_dir())
 
 
 def load_schema(name: str) -> dict:
     import json
 
-    path = schema_dir() / name
+    path = os.path.join(_schema_dir(), name)
     with open(path, encoding="utf-8") as f:
         return json.load(f)
 

@@ -10,7 +10,6 @@ multiarch dirs, any other gets /usr/lib64 (and /usr/lib32 or /usr/lib for
 from __future__ import annotations
 
 import os
-import platform
 
 from pyxis_hook.plan import ContainerFacts
 from pyxis_hook.rootfs import resolve_in_root
@@ -34,7 +33,7 @@ def _isdir(rootfs: str, path: str) -> bool:
 def container_facts(rootfs: str, *, readonly: bool = False, uid: int = 0, gid: int = 0,
                     machine: str | None = None) -> ContainerFacts:
     """Inspect `rootfs` (a host path) and return where libraries, 32-bit libraries and binaries go."""
-    machine = machine or platform.machine()
+    machine = machine or os.uname().machine  # not `platform` (hook path imports)
     triplet, triplet32 = TRIPLETS.get(machine, (f"{machine}-linux-gnu", None))
     debian_like = _exists(rootfs, "/etc/debian_version")
     if debian_like:

@@ -15,7 +15,6 @@ requirement checks report it.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
 TIMEOUT_S = 10
@@ -37,6 +36,8 @@ def probe_cuda_driver_version(libcuda_host_path: str, timeout: float = TIMEOUT_S
     path = libcuda_host_path
     if not os.path.isfile(path):
         return None, f"{path}: no such file"
+    import subprocess  # only when probing (discovery), not on the hook path
+
     try:
         proc = subprocess.run(
             [sys.executable, "-I", "-S", "-c", _CHILD, path],

@@ -15,9 +15,7 @@ This module imports neither pyelftools nor jsonschema at import time.
 
 from __future__ import annotations
 
-import glob
 import os
-import platform
 import re
 import stat
 from dataclasses import dataclass, field, replace
@@ -242,7 +240,7 @@ class _State:
 
 
 def _arch() -> tuple[int, int | None, int, int | None]:
-    machine = platform.machine()
+    machine = os.uname().machine
     if machine not in ARCHES:
         raise DriverError(f"unsupported machine {machine!r} (supported: {', '.join(ARCHES)})")
     return ARCHES[machine]
@@ -574,6 +572,8 @@ def _binaries(st: _State, config) -> None:
 
 def _firmware(st: _State) -> None:
     d = _resolve(st, caps.FIRMWARE_DIR.format(version=st.version))
+    import glob  # only when building (the hook path loads the snapshot)
+
     hits = sorted(glob.glob(os.path.join(glob.escape(d), caps.FIRMWARE_GLOB))) if d else []
     hits = [h for h in hits if os.path.isfile(h)]
     for h in hits:
@@ -606,6 +606,8 @@ def _ipc(st: _State, config) -> None:
 
 
 def _icd(st: _State, config) -> None:
+    import glob
+
     seen: set[str] = set()
     for cap, pattern in caps.ICD_FILES:
         d = _resolve(st, os.path.dirname(pattern))

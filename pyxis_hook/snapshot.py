@@ -26,7 +26,6 @@ import hashlib
 import json
 import os
 import stat
-import tempfile
 
 from pyxis_hook import log
 from pyxis_hook.errors import SnapshotError
@@ -127,6 +126,8 @@ def save(config, inv) -> str:
             os.chmod(d, 0o755)
         payload = json.dumps({"format": FORMAT, "key": config_key(config), "inventory": inv.to_dict()},
                              indent=1, sort_keys=True).encode()
+        import tempfile  # only when writing (tempfile pulls shutil, random, bz2, lzma)
+
         fd, tmp = tempfile.mkstemp(prefix=".inventory-", suffix=".tmp", dir=d)
         try:
             os.fchmod(fd, 0o644)

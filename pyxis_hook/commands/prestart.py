@@ -45,13 +45,105 @@ def run(args, config) -> int:
     return execute(config, sys.stdin.buffer.read(), args.bundle)
 
 
+#: a state or config.json larger than this skips the early exit (the full path then reports it)
+_FAST_LIMIT = 1 << 20
+
+
+class _Ctx:
+    """What `_json.make_scanner` reads from a JSONDecoder: the defaults of `json.loads`."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    parse_constant = float
+    memo: dict = {}
+
+
+def _loads(data: bytes):
+    """`json.loads` for UTF-8 bytes through the C scanner alone.
+
+    `import json` costs ~5 ms here because json.decoder compiles regular
+    expressions (importing `re`, `enum`, ...); `_json` is the C scanner json
+    itself uses.  Raises ValueError on anything json.loads would refuse (and
+    on non-UTF-8 input, which json would sniff: the full path handles that).
+    """
+    try:
+        import _json
+    except ImportError:  # another implementation: the real thing
+        import json
+
+        return json.loads(data)
+    text = data.decode("utf-8")
+    ws = " \t\n\r"
+    start = len(text) - len(text.lstrip(ws))
+    try:
+        obj, end = _json.make_scanner(_Ctx())(text, start)
+    except StopIteration:
+        raise ValueError("not JSON") from None
+    if text[end:].strip(ws):
+        raise ValueError("extra data after the JSON value")
+    return obj
+
+
+def certainly_void(data: bytes) -> bool:
+    """True when the container certainly asks for no GPU: exit before importing anything else.
+
+    Issue 7 G4: a container that asks for no GPU must cost about a bare
+    interpreter start, so this reads the state and config.json with `json`
+    and `os` only (`oci.py`, `config.py`, `request.py`, `log.py` cost ~15 ms
+    of imports).  It is the same decision as `request.void_request` on the
+    bundle's last-wins env (NVIDIA_VISIBLE_DEVICES unset, empty or 'void',
+    and not a legacy CUDA image), which needs no configuration.  Anything
+    unexpected (bad JSON, a symlinked or huge config.json, an env entry
+    without '=') returns False: the full path then decides and reports.
+    """
+    try:
+        if len(data) > _FAST_LIMIT:
+            return False
+        state = _loads(data)
+        bundle = state.get("bundle", state.get("bundlePath")) if isinstance(state, dict) else None
+        if not isinstance(bundle, str) or not bundle.startswith("/"):
+            return False
+        import os
+
+        fd = os.open(os.path.join(bundle, "config.json"), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        try:
+            raw = os.read(fd, _FAST_LIMIT + 1)
+        finally:
+            os.close(fd)
+        if len(raw) > _FAST_LIMIT:
+            return False
+        env_list = _loads(raw).get("process", {}).get("env", [])
+        env: dict[str, str] = {}
+        for entry in env_list:
+            name, sep, value = entry.partition("=")
+            if not sep:
+                return False
+            env[name] = value
+    except (ValueError, OSError, AttributeError, TypeError):
+        return False
+    raw_visible = env.get("NVIDIA_VISIBLE_DEVICES")
+    legacy = bool(env.get("CUDA_VERSION", "")) and not env.get("NVIDIA_REQUIRE_CUDA", "")
+    if raw_visible is None:
+        return not legacy
+    tokens = [t.strip() for t in raw_visible.split(",") if t.strip()]
+    return not tokens or "void" in tokens
+
+
 def main_fast() -> int:
     """Entry without argparse (the runtime calls `pyxis-hook prestart` with no options)."""
+    try:
+        data = sys.stdin.buffer.read()
+    except OSError:
+        data = b""  # the full path reports the missing state
+    if certainly_void(data):
+        return 0
     from pyxis_hook import log
     from pyxis_hook.errors import PyxisHookError
 
     try:
-        data = sys.stdin.buffer.read()
         from pyxis_hook.config import load_config
 
         config = load_config(None)

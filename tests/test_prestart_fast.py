@@ -1,0 +1,78 @@
+"""The hook's early exit for containers that ask for no GPU (issue 7 G4).
+
+`prestart.certainly_void` must agree with `request.void_request` (the full
+path's decision) and return False, never guess, on anything unusual.  Its
+point is what it does *not* import, checked in a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pyxis_hook import oci
+from pyxis_hook.commands.prestart import _loads, certainly_void
+from pyxis_hook.request import void_request
+
+NAMES = st.sampled_from(["NVIDIA_VISIBLE_DEVICES", "CUDA_VERSION", "NVIDIA_REQUIRE_CUDA", "PATH", "X"])
+VALUES = st.sampled_from(["", "all", "void", "none", "0,1", " , ", "void,0", "12.2", "cuda>=11", " void "])
+
+
+def _state(bundle) -> bytes:
+    return json.dumps({"ociVersion": "1.0.2", "id": "c", "status": "creating", "pid": 1,
+                       "bundle": str(bundle)}).encode()
+
+
+@settings(max_examples=150, deadline=None)
+@given(env=st.lists(st.tuples(NAMES, VALUES), max_size=6))
+def test_agrees_with_void_request(tmp_path_factory, env):
+    bundle = tmp_path_factory.mktemp("b")
+    entries = [f"{k}={v}" for k, v in env]
+    (bundle / "config.json").write_text(json.dumps({"ociVersion": "1.0.2", "process": {"env": entries},
+                                                    "root": {"path": "rootfs"}}))
+    expected = void_request(oci.env_map(entries)) is not None
+    assert certainly_void(_state(bundle)) is expected
+
+
+def test_unusual_input_takes_the_full_path(tmp_path):
+    assert not certainly_void(b"")
+    assert not certainly_void(b"{not json")
+    assert not certainly_void(json.dumps({"bundle": "relative"}).encode())
+    assert not certainly_void(_state(tmp_path / "missing"))
+    (tmp_path / "config.json").write_text('{"process": {"env": ["NOEQUALS"]}}')
+    assert not certainly_void(_state(tmp_path))
+    real = tmp_path / "real.json"
+    real.write_text('{"process": {"env": []}}')
+    os.unlink(tmp_path / "config.json")
+    os.symlink(real, tmp_path / "config.json")  # never followed, as oci.read_config_bytes
+    assert not certainly_void(_state(tmp_path))
+
+
+def test_loads_matches_json():
+    for text in (b'{"a": [1, 2.5, "x\\u00e9", null, true, false, {"b": -1e3}]}', b"  [] \n", b'"s"'):
+        assert _loads(text) == json.loads(text)
+    for bad in (b'{"a": 1} x', b"", b"{", b"\xff"):
+        try:
+            _loads(bad)
+        except ValueError:
+            continue
+        raise AssertionError(bad)
+
+
+def test_void_exit_imports_almost_nothing(tmp_path):
+    """`python -I -S .../__main__.py prestart` for a no-GPU container loads none of the heavy modules."""
+    (tmp_path / "config.json").write_text(json.dumps({"process": {"env": ["PATH=/bin"]}}))
+    main = os.path.join(os.path.dirname(oci.__file__), "__main__.py")
+    r = subprocess.run([sys.executable, "-X", "importtime", "-I", "-S", main, "prestart"], input=_state(tmp_path),
+                       capture_output=True)
+    assert r.returncode == 0, r.stderr
+    loaded = {line.split("|")[-1].strip() for line in r.stderr.decode().splitlines() if line.startswith("import time:")}
+    heavy = {"json", "re", "logging", "subprocess", "argparse", "tomllib", "dataclasses", "pyxis_hook.config",
+             "pyxis_hook.oci", "pyxis_hook.request", "pyxis_hook.log", "pyxis_hook.cli"}
+    assert "pyxis_hook.commands.prestart" in loaded
+    assert not heavy & loaded, sorted(loaded)

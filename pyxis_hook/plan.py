@@ -128,7 +128,16 @@ class Plan:
         return not (self.devices or self.mounts or self.symlinks or self.proc_driver)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """Plain JSON types (lists, not tuples), valid against schemas/plan.schema.json's `plan`."""
+        return _jsonable(asdict(self))
+
+
+def _jsonable(value):
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
 
 
 #: device nodes whose absence makes the container unusable (the rest are warnings)
@@ -247,9 +256,9 @@ def build_plan(request: "Request", inventory: "Inventory", facts: ContainerFacts
     else:
         notes.append("no /proc/driver/nvidia on this host (kernel module not loaded): "
                      "the container gets no /proc/driver/nvidia view")
+    lib_prefixes = tuple(d + "/" for d in (facts.lib_dir, facts.lib32_dir) if d)
     lib_dirs = tuple(dict.fromkeys(os.path.dirname(m.container_path) for m in mounts
-                                   if m.container_path.startswith((facts.lib_dir + "/", facts.lib32_dir + "/"))
-                                   and facts.lib_dir))
+                                   if lib_prefixes and m.container_path.startswith(lib_prefixes)))
     if not lib_dirs:
         ldcache = LdcacheUpdate("none", why="no libraries injected")
     else:

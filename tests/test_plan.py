@@ -1,0 +1,154 @@
+"""The planner: Request + Inventory + container facts -> Plan, and `pyxis-hook plan`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+
+import jsonschema
+import pytest
+
+from fixtures.container import make_bundle
+from fixtures.fakedriver import make_fake_driver
+from fixtures.hosttree import fake_gpus, make_host_tree
+from pyxis_hook import gpus, inventory, oci
+from pyxis_hook.config import Config, load_schema
+from pyxis_hook.hook import prepare, read_proc_driver_files
+from pyxis_hook.plan import ContainerFacts, build_plan, patch_params
+from pyxis_hook.request import resolve_request
+
+VERSION = "535.216.03"
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    base = tmp_path_factory.mktemp("plan")
+    tree = make_host_tree(base / "host", gpus=fake_gpus(4), driver_version=VERSION)
+    driver = make_fake_driver(base / "driver", version=VERSION)
+    config = Config(driver_root=str(driver), dev_root=str(tree.dev_root), proc_root=str(tree.proc_root),
+                    snapshot_dir=str(base / "snap"), source=str(base / "pyxis.conf"))
+    inv = inventory.discover(config, strict=False)
+    return base, tree, config, inv
+
+
+def _plan(world, env, facts=None, config=None, proc=True):
+    base, tree, cfg, inv = world
+    cfg = config or cfg
+    host = inv.host
+    req = resolve_request(env, {}, host, cfg, cuda_version="12.2")
+    facts = facts or ContainerFacts(rootfs=str(base / "rootfs"))
+    return req, build_plan(req, inv, facts, cfg, proc_files=read_proc_driver_files(cfg.proc_root) if proc else None)
+
+
+def test_void_plan_is_empty(world):
+    for env in ({}, {"NVIDIA_VISIBLE_DEVICES": "void"}, {"NVIDIA_VISIBLE_DEVICES": ""}):
+        _, plan = _plan(world, env)
+        assert plan.empty and not plan.cgroup_rules and plan.ldcache.mode == "none"
+
+
+def test_subset_devices_mounts_links(world):
+    _, tree, _, _ = world
+    req, plan = _plan(world, {"NVIDIA_VISIBLE_DEVICES": "0,2"})
+    assert [d.path for d in plan.devices] == ["/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia2",
+                                              "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+    assert all(d.host_path.startswith(str(tree.dev_root)) for d in plan.devices)
+    targets = {m.container_path for m in plan.mounts}
+    assert f"/usr/lib/x86_64-linux-gnu/libcuda.so.{VERSION}" in targets
+    assert "/usr/bin/nvidia-smi" in targets
+    assert f"/lib/firmware/nvidia/{VERSION}/gsp_ga10x.bin" in targets
+    assert all("ro" in m.options and "nosuid" in m.options and "nodev" in m.options for m in plan.mounts)
+    links = {(s.container_path, s.target) for s in plan.symlinks}
+    assert ("/usr/lib/x86_64-linux-gnu/libcuda.so.1", f"libcuda.so.{VERSION}") in links
+    assert [(r.major, r.minor) for r in plan.cgroup_rules] == [(d.major, d.minor) for d in plan.devices]
+    assert plan.proc_driver is not None and len(plan.proc_driver.gpu_dirs) == 2
+    assert dict(plan.env)["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert not plan.problems
+
+
+def test_utility_only_has_no_cuda_and_no_uvm(world):
+    _, plan = _plan(world, {"NVIDIA_VISIBLE_DEVICES": "1", "NVIDIA_DRIVER_CAPABILITIES": "utility"})
+    names = {m.container_path.rsplit("/", 1)[1] for m in plan.mounts}
+    assert not any(n.startswith("libcuda") for n in names)
+    assert any(n.startswith("libnvidia-ml") for n in names)
+    assert not any("uvm" in d.path for d in plan.devices)
+
+
+def test_none_has_control_nodes_only(world):
+    _, plan = _plan(world, {"NVIDIA_VISIBLE_DEVICES": "none"})
+    assert [d.path for d in plan.devices] == ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+    assert plan.mounts and plan.proc_driver is not None and plan.proc_driver.gpu_dirs == ()
+
+
+def test_non_debian_image_gets_lib64(world):
+    base = world[0]
+    facts = ContainerFacts(rootfs=str(base / "r"), lib_dir="/usr/lib64", lib32_dir="", debian_like=False)
+    _, plan = _plan(world, {"NVIDIA_VISIBLE_DEVICES": "0"}, facts=facts)
+    libs = [m.container_path for m in plan.mounts if ".so." in m.container_path]
+    assert libs and all(p.startswith("/usr/lib64/") for p in libs)
+    assert plan.ldcache.lib_dirs == ("/usr/lib64",)
+
+
+def test_no_cgroups_and_no_proc_view(world):
+    cfg = replace(world[2], no_cgroups=True)
+    _, plan = _plan(world, {"NVIDIA_VISIBLE_DEVICES": "0"}, config=cfg, proc=False)
+    assert plan.cgroup_rules == () and plan.cgroup_mode == "none"
+    assert plan.proc_driver is None
+    assert any("kernel module not loaded" in n for n in plan.notes)
+
+
+def test_missing_required_node_is_a_problem(world, tmp_path):
+    _, tree, cfg, inv = world
+    host = gpus.discover_gpus(cfg.proc_root, str(tmp_path))  # a dev-root without nodes
+    inv2 = inventory.with_host(inv, host)
+    req = resolve_request({"NVIDIA_VISIBLE_DEVICES": "0"}, {}, host, cfg, cuda_version="12.2")
+    plan = build_plan(req, inv2, ContainerFacts(rootfs="/r"), cfg, proc_files=None)
+    assert any("nvidiactl: missing" in p for p in plan.problems)
+    assert any("nvidia0" in p for p in plan.problems)
+
+
+def test_image_without_ld_so_conf_falls_back_to_ldconfig(world):
+    facts = ContainerFacts(rootfs="/r", has_ld_so_conf=False)
+    _, plan = _plan(world, {"NVIDIA_VISIBLE_DEVICES": "0"}, facts=facts, config=replace(world[2], ldcache="merge"))
+    assert plan.ldcache.mode == "ldconfig"
+
+
+def test_patch_params():
+    text = "ResmanDebugLevel: 1\nModifyDeviceFiles: 1\nDeviceFileMode: 438\n"
+    assert patch_params(text) == "ResmanDebugLevel: 1\nModifyDeviceFiles: 0\nDeviceFileMode: 438\n"
+    assert patch_params("") == ""
+
+
+def test_prepare_matches_build_plan_and_json_schema(world, tmp_path):
+    base, tree, cfg, inv = world
+    bundle = make_bundle(tmp_path / "b", env=("NVIDIA_VISIBLE_DEVICES=3",))
+    (tmp_path / "b/rootfs/etc").mkdir(parents=True)
+    (tmp_path / "b/rootfs/etc/debian_version").write_text("12\n")
+    prepared = prepare(cfg, oci.load_bundle(str(bundle)))
+    assert [g.index for g in prepared.request.gpus] == [3]
+    assert "/dev/nvidia3" in [d.path for d in prepared.plan.devices]
+    from pyxis_hook.commands.plan import to_json
+
+    doc = to_json(prepared)
+    jsonschema.Draft7Validator(load_schema("plan.schema.json")).validate(doc)
+    jsonschema.Draft7Validator(load_schema("request.schema.json")).validate(doc["request"])
+
+
+def test_plan_cli_text_json_and_errors(world, tmp_path):
+    base, tree, cfg, inv = world
+    conf = tmp_path / "pyxis.conf"
+    conf.write_text(f'driver-root = "{cfg.driver_root}"\ndev-root = "{cfg.dev_root}"\n'
+                    f'proc-root = "{cfg.proc_root}"\nsnapshot-dir = "{tmp_path}/snap"\n')
+    bundle = make_bundle(tmp_path / "b", env=("NVIDIA_VISIBLE_DEVICES=0,2",))
+    run = [sys.executable, "-m", "pyxis_hook", "--config", str(conf), "plan", "--bundle", str(bundle)]
+    r = subprocess.run(run, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "request: list" in r.stdout and "/dev/nvidia2  c 195:2" in r.stdout and "reasons:" in r.stdout
+    r = subprocess.run(run + ["--json"], capture_output=True, text=True)
+    jsonschema.Draft7Validator(load_schema("plan.schema.json")).validate(json.loads(r.stdout))
+    # --env adds after process.env: the last duplicate wins
+    r = subprocess.run(run + ["--env", "NVIDIA_VISIBLE_DEVICES=9"], capture_output=True, text=True)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "9" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run(run[:-1] + [str(tmp_path / "nope")], capture_output=True, text=True)
+    assert r.returncode != 0 and "config.json" in r.stderr and r.stderr.count("\n") == 1

@@ -8,10 +8,17 @@ the package's own parent directory is put on sys.path here, and nothing else.
 
 import sys
 
-if not __package__:  # run as a file: no site-packages, find ourselves
+if not __package__:  # run as a file: no site scan, find ourselves
     import os
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
+    # our dependencies (pyelftools, for a snapshot rebuild) stay reachable: this installation's
+    # site-packages as plain directories, searched last; no .pth file is read or executed
+    _v = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    for _d in (os.path.join(sys.prefix, "lib", _v, "site-packages"),
+               os.path.join(sys.prefix, "lib", "python3", "dist-packages")):
+        if _d not in sys.path and os.path.isdir(_d):
+            sys.path.append(_d)
 
 if sys.argv[1:] in (["prestart"], ["createRuntime"]):  # the runtime's call: not even cli.py
     from pyxis_hook.commands.prestart import main_fast

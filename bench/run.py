@@ -1,0 +1,369 @@
+#!/usr/bin/env python3
+"""The speed goals of issue 7 (G1-G4) and the issue-4 measurements, in one run, interleaved.
+
+    sudo python bench/run.py [--peer PATH] [--rounds 11] [--imports]
+
+Root is needed (overlay mounts, mknod'ed fake GPU nodes, runc).  Everything
+is built under --work (default a temp dir): a fake driver (tests/fixtures),
+fake GPU hosts with 1, 4, 8 and 64 GPUs, a small glibc image and 1,000- and
+5,000-library images (bench/mkimage.py).  Every timed container start gets a
+fresh overlay over the image, as a runtime gives it, so nothing one run
+writes (mount points, links, the cache) helps the next.
+
+Cases, each timed as the wall time of one process, medians of --rounds,
+every round running every case once in a shuffled order:
+
+* `bare`: `python -I -S -c pass`, the interpreter's floor;
+* `ldconfig -r`: glibc's full cache rebuild of the image, what
+  nvidia-container-cli's time is dominated by (issue 7);
+* `hook`: `python -I -S .../pyxis_hook/__main__.py prestart` with the OCI state on stdin,
+  for a container process started here (`unshare -m` over the rootfs,
+  standing in for runc's container before pivot_root), so one hook run is
+  measured by itself; `no-cgroups = true` since that process has no cgroup
+  of its own; the `-I -m` rows are the same hook with Python's site scan;
+* `runc run` of the same bundle (`/bin/true`) without and with the hook;
+* `peer` (with --peer): nvidia-container-cli `configure` on the same
+  rootfs and container process, interleaved.
+
+No timing is asserted anywhere; the table is the result (bench/README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(HERE))
+
+import mkimage  # noqa: E402
+from fixtures.container import make_bundle, make_rootfs  # noqa: E402
+from fixtures.fakedriver import make_fake_driver  # noqa: E402
+from fixtures.hosttree import fake_gpus, make_host_tree  # noqa: E402
+
+PY = os.path.realpath(sys.executable)
+#: how the hook is run: the interpreter with -I (isolated) and -S (no site scan: .pth files, an editable
+#: install's finder), the package's __main__.py as a file (it puts its own parent on sys.path)
+HOOK_ARGS = [PY, "-I", "-S", str(REPO / "pyxis_hook" / "__main__.py"), "prestart"]
+#: the form with the site scan (`python -I -m pyxis_hook`, hookd.py's default today), for comparison
+HOOK_ARGS_SITE = [PY, "-I", "-m", "pyxis_hook", "prestart"]
+DRIVER_VERSION = "535.216.03"
+GPU_COUNTS = (1, 4, 8, 64)
+IMAGES = {"small": 0, "1k": 1000, "5k": 5000}
+GPU_ENV = ("NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=compute,utility")
+#: nvidia-container-cli's own work per start, measured in issue 7 (its time minus its ldconfig run)
+PEER_OWN_MS = 9.0
+
+
+def sh(*cmd: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(list(cmd), check=True, capture_output=True, **kw)
+
+
+class World:
+    """Everything the cases need, built once."""
+
+    def __init__(self, work: Path, peer: str | None) -> None:
+        self.work = work
+        self.peer = peer
+        self.ldconfig = shutil.which("ldconfig") or "/sbin/ldconfig"
+        self.driver = make_fake_driver(work / "driver", version=DRIVER_VERSION)
+        self.confs: dict[tuple[int, bool], Path] = {}
+        for n in GPU_COUNTS:
+            tree = make_host_tree(work / f"host{n}", gpus=fake_gpus(n), driver_version=DRIVER_VERSION)
+            for no_cgroups in (True, False):
+                conf = work / f"pyxis-{n}-{'nocg' if no_cgroups else 'cg'}.conf"
+                conf.write_text("\n".join([
+                    f'driver-root = "{self.driver}"', f'dev-root = "{tree.dev_root}"',
+                    f'proc-root = "{tree.proc_root}"', f'snapshot-dir = "{work}/snapshot{n}"',
+                    'log-level = "warning"', f"no-cgroups = {'true' if no_cgroups else 'false'}", ""]))
+                self.confs[n, no_cgroups] = conf
+        self.images: dict[str, Path] = {}
+        small = make_rootfs(work / "img-small", gputest=False)
+        self.images["small"] = small
+        for name, count in IMAGES.items():
+            if count:
+                dest = work / f"img-{name}"
+                shutil.copytree(small, dest, symlinks=True)
+                mkimage.write_libs(dest, count)
+                mkimage.ldconfig(dest)
+                self.images[name] = dest
+        self.seq = 0
+
+    # -- fresh rootfs per run --------------------------------------------------
+    def overlay(self, image: str) -> tuple[Path, Path]:
+        self.seq += 1
+        base = self.work / "ov" / str(self.seq)
+        for d in ("upper", "work", "mnt"):
+            (base / d).mkdir(parents=True)
+        sh("mount", "-t", "overlay", "overlay", "-o",
+           f"lowerdir={self.images[image]},upperdir={base}/upper,workdir={base}/work", str(base / "mnt"))
+        return base, base / "mnt"
+
+    def drop(self, base: Path) -> None:
+        subprocess.run(["umount", "-l", str(base / "mnt")], capture_output=True)
+        shutil.rmtree(base, ignore_errors=True)
+
+    def hook_env(self, n: int, no_cgroups: bool) -> dict[str, str]:
+        return {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "PYXIS_HOOK_CONFIG": str(self.confs[n, no_cgroups])}
+
+    def hook_entry(self, n: int) -> dict:
+        env = self.hook_env(n, False)
+        return {"path": PY, "args": HOOK_ARGS,
+                "env": [f"{k}={v}" for k, v in env.items()]}
+
+
+def _container(rootfs: Path) -> subprocess.Popen:
+    """A process in its own mount namespace over the rootfs: runc's container before pivot_root."""
+    p = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sleep", "600"], cwd=rootfs)
+    mine = os.readlink("/proc/self/ns/mnt")
+    for _ in range(2000):
+        try:
+            if os.readlink(f"/proc/{p.pid}/ns/mnt") != mine:
+                return p
+        except OSError:
+            pass
+        time.sleep(0.0005)
+    p.kill()
+    raise RuntimeError("unshare did not start")
+
+
+def case_bare(w: World) -> float:
+    t = time.perf_counter()
+    sh(PY, "-I", "-S", "-c", "pass")
+    return time.perf_counter() - t
+
+
+def case_ldconfig(w: World, image: str) -> float:
+    base, root = w.overlay(image)
+    try:
+        t = time.perf_counter()
+        sh(w.ldconfig, "-r", str(root))
+        return time.perf_counter() - t
+    finally:
+        w.drop(base)
+
+
+def case_hook(w: World, image: str, n: int, env: tuple[str, ...], peer: bool = False,
+              argv: list[str] | None = None) -> float:
+    base, root = w.overlay(image)
+    bundle = base / "bundle"
+    make_bundle(bundle, root, env=env)
+    proc = _container(root)
+    try:
+        if peer:
+            cmd = [w.peer, f"--root={w.driver}", "configure", f"--ldconfig=@{w.ldconfig}", "--device=all",
+                   "--compute", "--utility", f"--pid={proc.pid}", str(root)]
+            t = time.perf_counter()
+            r = subprocess.run(cmd, capture_output=True)
+        else:
+            state = json.dumps({"ociVersion": "1.0.2", "id": f"bench{w.seq}", "status": "creating",
+                                "pid": proc.pid, "bundle": str(bundle)}).encode()
+            t = time.perf_counter()
+            r = subprocess.run(argv or HOOK_ARGS, input=state, capture_output=True,
+                               env=w.hook_env(n, True))
+        dt = time.perf_counter() - t
+        if r.returncode:
+            raise RuntimeError(f"{'peer' if peer else 'hook'} failed: {r.stderr.decode(errors='replace')}")
+        return dt
+    finally:
+        proc.kill()
+        proc.wait()
+        w.drop(base)
+
+
+def case_runc(w: World, image: str, n: int, with_hook: bool) -> float:
+    base, root = w.overlay(image)
+    bundle = base / "bundle"
+    hooks = {"prestart": [w.hook_entry(n)]} if with_hook else {}
+    make_bundle(bundle, root, env=GPU_ENV if with_hook else (), args=("/bin/true",), hooks=hooks)
+    name = f"pyxis-bench-{os.getpid()}-{w.seq}"
+    try:
+        t = time.perf_counter()
+        r = subprocess.run(["runc", "run", name], cwd=bundle, capture_output=True, stdin=subprocess.DEVNULL)
+        dt = time.perf_counter() - t
+        if r.returncode:
+            raise RuntimeError(f"runc run failed: {r.stderr.decode(errors='replace')}")
+        return dt
+    finally:
+        subprocess.run(["runc", "delete", "-f", name], capture_output=True)
+        w.drop(base)
+
+
+def cases(w: World) -> dict[str, object]:
+    c: dict[str, object] = {"bare python -I -S": lambda: case_bare(w)}
+    for img in IMAGES:
+        c[f"ldconfig -r, {img} image"] = lambda img=img: case_ldconfig(w, img)
+    c["hook, no GPU asked (void), small"] = lambda: case_hook(w, "small", 4, ())
+    c["hook -I -m (site scan), void, small"] = lambda: case_hook(w, "small", 4, (), argv=HOOK_ARGS_SITE)
+    c["hook -I -m (site scan), 4 GPUs, small"] = lambda: case_hook(w, "small", 4, GPU_ENV, argv=HOOK_ARGS_SITE)
+    for n in GPU_COUNTS:
+        c[f"hook, {n} GPUs, small"] = lambda n=n: case_hook(w, "small", n, GPU_ENV)
+    for img in ("1k", "5k"):
+        c[f"hook, 4 GPUs, {img}"] = lambda img=img: case_hook(w, img, 4, GPU_ENV)
+    c["hook, 64 GPUs, 5k"] = lambda: case_hook(w, "5k", 64, GPU_ENV)
+    if w.peer:
+        for img in IMAGES:
+            c[f"peer configure, 4 GPUs, {img}"] = lambda img=img: case_hook(w, img, 4, GPU_ENV, peer=True)
+    if shutil.which("runc"):
+        for img in ("small", "5k"):
+            c[f"runc run, no hook, {img}"] = lambda img=img: case_runc(w, img, 4, False)
+        for n in (1, 8, 64):
+            c[f"runc run + hook, {n} GPUs, small"] = lambda n=n: case_runc(w, "small", n, True)
+        c["runc run + hook, 4 GPUs, 5k"] = lambda: case_runc(w, "5k", 4, True)
+    return c
+
+
+def goals(m: dict[str, float], peer: bool) -> list[tuple[str, str, float, float, bool]]:
+    """(goal, how, value, limit, met)."""
+    out = []
+    small4 = m["hook, 4 GPUs, small"]
+    if peer:
+        ref, how = m["peer configure, 4 GPUs, small"], "hook / nvidia-container-cli configure, small, 4 GPUs"
+    else:
+        ref = PEER_OWN_MS / 1000 + m["ldconfig -r, small image"]
+        how = (f"hook / est. C tool (its own {PEER_OWN_MS:.0f} ms, issue 7, + ldconfig -r measured here), "
+               "small, 4 GPUs")
+    out.append(("G1", how, small4 / ref, 1.5, small4 / ref <= 1.5))
+    r = m["hook, 4 GPUs, 5k"] / small4
+    out.append(("G2", "hook 5,000-lib image / hook small image (4 GPUs)", r, 1.3, r <= 1.3))
+    r = m["hook, 64 GPUs, small"] / m["hook, 1 GPUs, small"]
+    out.append(("G3", "hook 64 GPUs / 1 GPU (small image)", r, 1.3, r <= 1.3))
+    r = m["hook, no GPU asked (void), small"] / m["bare python -I -S"]
+    out.append(("G4", "hook, no GPU asked / python -I -S -c pass", r, 1.3, r <= 1.3))
+    return out
+
+
+def render(m: dict[str, float], spread: dict[str, float], rounds: int, peer: bool) -> str:
+    bare = m["bare python -I -S"]
+    lines = ["| case | median ms | ±IQR/2 ms | × bare python | × ldconfig -r (same image) | × runc run no hook |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for name, v in m.items():
+        img = next((i for i in IMAGES if name.endswith(f", {i}") or name.endswith(f", {i} image")), None)
+        ld = m.get(f"ldconfig -r, {img} image") if img else None
+        rn = m.get(f"runc run, no hook, {img}") if img else None
+        lines.append(f"| {name} | {v * 1e3:.1f} | {spread[name] * 1e3:.1f} | {v / bare:.2f} | "
+                     f"{'' if ld is None or name.startswith('ldconfig') else f'{v / ld:.2f}'} | "
+                     f"{'' if rn is None or not name.startswith('runc run +') else f'{v / rn:.2f}'} |")
+    lines += ["", "| goal | ratio | limit | met |", "|---|---:|---:|---|"]
+    for g, how, val, lim, met in goals(m, peer):
+        lines.append(f"| {g}: {how} | {val:.2f} | ≤ {lim} | {'yes' if met else 'no'} |")
+    return "\n".join(lines)
+
+
+def machine() -> str:
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    return (f"{cpu or platform.processor()}, {os.cpu_count()} CPUs, Linux {platform.release()}, "
+            f"Python {platform.python_version()} ({PY})")
+
+
+def imports(w: World) -> str:
+    """`-X importtime` of the hook for a void and a GPU request: the modules it loads, by self time."""
+    out = []
+    for label, env in (("void", ()), ("GPU, 4 GPUs, small image", GPU_ENV)):
+        base, root = w.overlay("small")
+        bundle = base / "bundle"
+        make_bundle(bundle, root, env=env)
+        proc = _container(root)
+        try:
+            state = json.dumps({"ociVersion": "1.0.2", "id": "imp", "status": "creating", "pid": proc.pid,
+                                "bundle": str(bundle)}).encode()
+            r = subprocess.run([PY, "-X", "importtime"] + HOOK_ARGS[1:], input=state,
+                               capture_output=True, env=w.hook_env(4, True))
+        finally:
+            proc.kill()
+            proc.wait()
+            w.drop(base)
+        rows = []
+        for line in r.stderr.decode().splitlines():
+            if not line.startswith("import time:") or "self [us]" in line:
+                continue
+            _, rest = line.split(":", 1)
+            self_us, _cum, name = (x.strip() for x in rest.split("|"))
+            rows.append((int(self_us), name.strip()))
+        total = sum(s for s, _ in rows)
+        out.append(f"{label}: {len(rows)} modules, {total / 1000:.1f} ms of imports (self times summed)")
+        for s, name in sorted(rows, reverse=True)[:15]:
+            out.append(f"  {s / 1000:6.2f} ms  {name}")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="pyxis-hook speed goals G1-G4 (issue 7) and issue-4 figures")
+    ap.add_argument("--peer", metavar="PATH", help="an nvidia-container-cli binary to time interleaved")
+    ap.add_argument("--rounds", type=int, default=11, help="runs of each case (median); default 11")
+    ap.add_argument("--work", metavar="DIR", help="where to build the fixtures (default: a temp dir, removed)")
+    ap.add_argument("--imports", action="store_true", help="also show -X importtime of the hook")
+    ap.add_argument("--only", metavar="TEXT", action="append", help="run only cases whose name contains TEXT")
+    args = ap.parse_args(argv)
+    if os.geteuid() != 0:
+        ap.error("needs root (overlay mounts, device nodes, runc)")
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="pyxis-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        t0 = time.perf_counter()
+        w = World(work, args.peer)
+        print(f"fixtures built in {time.perf_counter() - t0:.1f} s under {work}", file=sys.stderr)
+        all_cases = cases(w)
+        if args.only:
+            keep = set(["bare python -I -S", "hook, 4 GPUs, small", "hook, 1 GPUs, small"])
+            all_cases = {k: v for k, v in all_cases.items() if k in keep or any(o in k for o in args.only)}
+        for fn in all_cases.values():  # warm-up: snapshots written, page cache filled
+            fn()
+        times: dict[str, list[float]] = {k: [] for k in all_cases}
+        rng = random.Random(7)
+        for i in range(args.rounds):
+            order = list(all_cases)
+            rng.shuffle(order)
+            for k in order:
+                times[k].append(all_cases[k]())
+            print(f"round {i + 1}/{args.rounds}", file=sys.stderr)
+        med = {k: statistics.median(v) for k, v in times.items()}
+        spread = {}
+        for k, v in times.items():
+            q = statistics.quantiles(v, n=4) if len(v) >= 2 else [v[0]] * 3
+            spread[k] = (q[2] - q[0]) / 2
+        print(f"command: python bench/run.py{' --peer ' + args.peer if args.peer else ''} --rounds {args.rounds}")
+        print(f"machine: {machine()}")
+        print(f"medians of {args.rounds} interleaved runs; baseline: "
+              + ("nvidia-container-cli (--peer), " if args.peer else "no nvidia-container-cli given: glibc's ldconfig "
+                 "-r and the bare interpreter, ")
+              + "runc run without the hook\n")
+        if all(k in med for k in ("hook, 4 GPUs, small", "hook, 4 GPUs, 5k", "hook, 64 GPUs, small",
+                                   "hook, 1 GPUs, small", "hook, no GPU asked (void), small",
+                                   "ldconfig -r, small image")):
+            print(render(med, spread, args.rounds, bool(args.peer)))
+        else:
+            for k, v in med.items():
+                print(f"{k}: {v * 1e3:.1f} ms")
+        if args.imports:
+            print()
+            print(imports(w))
+    finally:
+        ov = work / "ov"
+        if ov.exists():
+            for d in ov.iterdir():
+                subprocess.run(["umount", "-l", str(d / "mnt")], capture_output=True)
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -78,8 +78,8 @@ def merge_fallback(prepared) -> str | None:
 def to_json(prepared) -> dict:
     out = {"request": prepared.request.to_dict(), "plan": prepared.plan.to_dict()}
     if prepared.plan.ldcache.mode == "merge":
-        why = merge_fallback(prepared)
-        out["ldcache_merge"] = {"applies": why is None, "fallback_reason": why}
+        # null: the merge applies; else why the hook would run ldconfig instead
+        out["plan"]["ldcache"]["merge_fallback"] = merge_fallback(prepared)
     return out
 
 

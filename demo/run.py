@@ -40,7 +40,9 @@ def main(argv: list[str]) -> int:
     bundle = out / "bundle"
     make_rootfs(bundle / "rootfs")
     python = os.path.realpath(sys.executable)
-    hook = {"path": python, "args": [python, "-I", "-m", "pyxis_hook", "prestart"],
+    from pyxis_hook.hookd import hook_argv
+
+    hook = {"path": python, "args": hook_argv("prestart", python),
             "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin", f"PYXIS_HOOK_CONFIG={conf}"]}
     make_bundle(bundle, env=("NVIDIA_VISIBLE_DEVICES=0,2",), args=("/bin/sh", "-c", SCRIPT),
                 hooks={"prestart": [hook]})

@@ -57,18 +57,18 @@ def check_kind(kind: str) -> str:
 
 
 def hook_command(config, python: str | None = None) -> tuple[str, list[str], list[str]]:
-    """(path, argv prefix, env) of `pyxis-hook cdi hook`, run by the absolute interpreter with -I.
+    """(path, argv prefix, env) of `pyxis-hook cdi hook`, run by the absolute interpreter with -I -S.
 
     argv[0] is the absolute interpreter: Python derives sys.prefix from a bare
     argv[0] by a PATH search, which finds the system python, not this install.
     """
-    from pyxis_hook.hookd import interpreter
+    from pyxis_hook.hookd import base_argv, interpreter
 
     python = python or interpreter()
     env = [HOOK_ENV_PATH]
     if config.source and config.source != "<defaults>":
         env.append(f"PYXIS_HOOK_CONFIG={os.path.abspath(config.source)}")
-    return python, [python, "-I", "-m", "pyxis_hook", "cdi", "hook"], env
+    return python, [*base_argv(python), "cdi", "hook"], env
 
 
 def _node(d: DeviceEdit) -> dict:

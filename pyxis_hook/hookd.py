@@ -21,13 +21,35 @@ def hook_file_name(stage: str = "prestart") -> str:
 
 
 def interpreter() -> str:
-    """The real interpreter binary behind sys.executable (resolving venv/pyenv links)."""
-    return os.path.realpath(sys.executable)
+    """This interpreter as the hook must name it.
+
+    sys.executable as is, not its realpath: a venv's `bin/python` link is
+    what makes the venv's site-packages (pyelftools) the prefix.  A pyenv
+    shim never shows up here (it execs the real binary).
+    """
+    return os.path.abspath(sys.executable)
+
+
+def hook_argv(stage: str, python: str | None = None) -> list[str]:
+    """`python -I -S <package>/__main__.py STAGE`: no site scan, no environment (bench/README.md).
+
+    `-S` saves the 10-25 ms Python spends reading .pth files at every
+    container start; __main__.py run as a file puts its own package and this
+    installation's site-packages on sys.path itself.
+    """
+    return [*base_argv(python), stage]
+
+
+def base_argv(python: str | None = None) -> list[str]:
+    """The argv prefix every hook of ours starts with (hooks.d, CDI hooks, enroot shim)."""
+    python = python or interpreter()
+    main = os.path.join(os.path.dirname(os.path.abspath(__file__)), "__main__.py")
+    return [python, "-I", "-S", main]
 
 
 def hook_document(stage: str = "prestart", config_path: str | None = None,
                   python: str | None = None, timeout: int | None = None) -> dict:
-    """The hooks.d document for this install: run `python -I -m pyxis_hook <stage>`.
+    """The hooks.d document for this install: run `python -I -S .../pyxis_hook/__main__.py <stage>`.
 
     argv[0] is the interpreter's absolute path, not its basename: CPython
     derives sys.prefix from argv[0], and a bare `python3` would be looked up
@@ -37,7 +59,7 @@ def hook_document(stage: str = "prestart", config_path: str | None = None,
     env = [HOOK_ENV_PATH]
     if config_path:
         env.append(f"PYXIS_HOOK_CONFIG={config_path}")
-    hook: dict = {"path": python, "args": [python, "-I", "-m", "pyxis_hook", stage], "env": env}
+    hook: dict = {"path": python, "args": hook_argv(stage, python), "env": env}
     if timeout:
         hook["timeout"] = timeout
     return {"version": "1.0.0", "hook": hook, "when": {"always": True}, "stages": [stage]}

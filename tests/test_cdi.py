@@ -108,7 +108,8 @@ def test_common_edits_are_the_plan_for_default_capabilities(host, spec):
     for h in common["hooks"]:
         assert h["hookName"] == "createContainer"
         assert h["path"] == h["args"][0] and os.path.isabs(h["path"])  # absolute argv[0]: sys.prefix right
-        assert h["args"][1:6] == ["-I", "-m", "pyxis_hook", "cdi", "hook"]
+        assert h["args"][1:3] == ["-I", "-S"] and h["args"][3].endswith("pyxis_hook/__main__.py")
+        assert h["args"][4:6] == ["cdi", "hook"]
         assert f"PYXIS_HOOK_CONFIG={host.conf}" in h["env"]
 
 

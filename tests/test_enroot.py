@@ -74,7 +74,8 @@ def test_repo_shim_execs_pyxis_hook_enroot():
     text = (REPO / "hook.d" / SHIM_NAME).read_text()
     assert text.startswith("#!/bin/sh\n") and text.rstrip().endswith("exec pyxis-hook enroot")
     assert os.access(REPO / "hook.d" / SHIM_NAME, os.X_OK)
-    assert "exec '/x y/python' -I -m pyxis_hook enroot" in shim_text("/x y/python")
+    main = os.path.join(REPO, "pyxis_hook", "__main__.py")
+    assert f"exec '/x y/python' -I -S '{main}' enroot" in shim_text("/x y/python")
 
 
 # ------------------------------------------------------------ the real environment (root)
@@ -197,4 +198,5 @@ def test_documented_shim_matches_generated():
     text = (REPO / "docs/enroot-pyxis.md").read_text()
     shown = text.split("```sh\n#!/bin/sh\n", 1)[1].split("```", 1)[0]
     generated = shim_text("/usr/bin/python3.11", "/etc/pyxis-hook/pyxis.conf").split("\n", 2)[2]
-    assert shown == generated
+    here = os.path.join(REPO, "pyxis_hook", "__main__.py")
+    assert shown == generated.replace(here, "/usr/lib/python3/dist-packages/pyxis_hook/__main__.py")

@@ -29,7 +29,9 @@ def test_generated_document_runs_this_interpreter_isolated():
     _validate(doc)
     assert os.path.isabs(doc["hook"]["path"]) and os.access(doc["hook"]["path"], os.X_OK)
     assert "shims" not in doc["hook"]["path"]
-    assert doc["hook"]["args"][1:] == ["-I", "-m", "pyxis_hook", "prestart"]
+    args = doc["hook"]["args"]
+    assert args[0] == doc["hook"]["path"] and args[1:3] == ["-I", "-S"] and args[-1] == "prestart"
+    assert args[3].endswith("pyxis_hook/__main__.py") and os.path.isfile(args[3])
     assert doc["stages"] == ["prestart"] and doc["when"] == {"always": True}
     assert any(e.startswith("PATH=") for e in doc["hook"]["env"])
 

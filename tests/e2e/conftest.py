@@ -41,8 +41,10 @@ class Host:
 
 
 def hook_entry(conf: Path, stage: str = "prestart") -> dict:
-    python = os.path.realpath(sys.executable)
-    return {"path": python, "args": [python, "-I", "-m", "pyxis_hook", stage],
+    from pyxis_hook.hookd import hook_argv, interpreter
+
+    python = interpreter()
+    return {"path": python, "args": hook_argv(stage, python),
             "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin", f"PYXIS_HOOK_CONFIG={conf}"]}
 
 

@@ -55,13 +55,12 @@ def prepare(config: Config, bundle, *, state=None, pid: int | None = None) -> Pr
 
         return Prepared(bundle, void, None, _Plan(rootfs=bundle.rootfs, notes=void.reasons))
 
-    from pyxis_hook import gpus, inventory as inv_mod
+    from pyxis_hook import inventory as inv_mod
     from pyxis_hook.container import container_facts
     from pyxis_hook.plan import build_plan
 
-    inventory = inv_mod.load_or_build(config, strict=False)
-    host = gpus.discover_gpus(config.proc_root, config.dev_root)
-    inventory = inv_mod.with_host(inventory, host)
+    inventory = inv_mod.load_or_build(config, strict=False)  # GPU facts are read fresh, not from the snapshot
+    host = inventory.host
     allowed = None
     if pid is not None:
         from pyxis_hook import cgroup

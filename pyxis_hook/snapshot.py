@@ -16,13 +16,13 @@ provably current:
 
 A snapshot that is stale, corrupt, not owned by root (or by us) or writable
 by others is rebuilt, never trusted.  Written atomically (tmp + rename),
-mode 0644 in a 0755 directory.  Loading imports only json/hashlib/os: never
+mode 0644 in a 0755 directory.  Loading imports only json/zlib/os: never
 pyelftools, never jsonschema (tests check sys.modules).
 """
 
 from __future__ import annotations
 
-import hashlib
+import zlib
 import json
 import os
 import stat
@@ -46,7 +46,8 @@ def config_key(config) -> dict:
 
 
 def snapshot_path(config) -> str:
-    digest = hashlib.sha256(json.dumps(config_key(config), sort_keys=True).encode()).hexdigest()[:16]
+    # only a file name: the key itself is stored inside and compared on load (zlib: no hashlib import)
+    digest = f"{zlib.crc32(json.dumps(config_key(config), sort_keys=True).encode()):08x}"
     return os.path.join(config.snapshot_dir, f"inventory-{digest}.json")
 
 

@@ -14,7 +14,7 @@ The injected files are not in the image yet (unless `--pid`), so they are
 modelled as *virtual files*: a candidate whose directory resolves (inside the
 rootfs) to the injection directory and whose name is the injected file or one
 of its links is the host driver's file.  Every other candidate goes through
-glibc's `open_verify` rules (`resolve._Resolver.open_verify`): wrong class or
+glibc's `open_verify` rules (`resolve.verify_candidate`): wrong class or
 machine is skipped, a short or corrupt file stops the load ("fatal
 shadowing").  Nothing from the image is executed; every path is resolved
 inside the rootfs.
@@ -259,8 +259,6 @@ def resolve_soname(rootfs: str, name: str, setup: SearchSetup,
     from pyxis_hook import resolve
 
     virtual = virtual or {}
-    checker = resolve._Resolver(resolve.LoaderEnv(root=rootfs, cwd="/"))
-    want = resolve._Want(setup.elfclass, setup.machine, "little")
     tried: list[Candidate] = []
     injected = next((lib.container_path for lib in virtual.values()
                      if lib.soname == name and lib.elfclass == setup.elfclass), None)
@@ -275,7 +273,7 @@ def resolve_soname(rootfs: str, name: str, setup: SearchSetup,
             tried.append(Candidate(path, how, "host"))
             return Resolution(name, setup.elfclass, lib.container_path, path, how, "host", tuple(tried))
         try:
-            status, _, _ = checker.open_verify(path, want, name)
+            status = resolve.verify_candidate(rootfs, path, setup.elfclass, setup.machine, name)
         except resolve.LoadFailed as e:
             tried.append(Candidate(path, how, "fatal", e.reason))
             return Resolution(name, setup.elfclass, injected, path, how, "fatal", tuple(tried))

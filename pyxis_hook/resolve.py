@@ -336,6 +336,19 @@ class _Want:
     data: str
 
 
+def verify_candidate(root: str, path: str, elfclass: int, machine: int, name: str = "",
+                     data: str = "little") -> str:
+    """Judge one candidate file the way glibc's `open_verify` does, inside `root`.
+
+    Returns "ok", "missing" or "skip" (wrong class or machine: the search goes
+    on); raises LoadFailed where the loader would fail the whole load (short
+    file, bad header).  For tools that build their own candidate lists (ldcheck).
+    """
+    checker = _Resolver(LoaderEnv(root=root, cwd="/"))
+    status, _, _ = checker.open_verify(path, _Want(elfclass, machine, data), name or os.path.basename(path))
+    return status
+
+
 class _Resolver:
     def __init__(self, env: LoaderEnv) -> None:
         self.env = env

@@ -234,11 +234,26 @@ def check_config(config) -> list[Finding]:
     return [Finding("ok", "config", f"{config.source} is valid")]
 
 
+def _main_file(hook: dict) -> str | None:
+    """The pyxis_hook/__main__.py a hook runs (`python -I -S .../__main__.py`), realpath'd; None for `-m`."""
+    for a in hook.get("args") or []:
+        if str(a).endswith("pyxis_hook/__main__.py"):
+            return os.path.realpath(str(a))
+    return None
+
+
+def _runs_pyxis_hook(hook: dict) -> bool:
+    args = [str(a) for a in hook.get("args") or []]
+    return ("pyxis_hook" in args or _main_file(hook) is not None
+            or os.path.basename(str(hook.get("path", ""))) == "pyxis-hook")
+
+
 def check_hooks_d(config, env: DoctorEnv) -> list[Finding]:
     """The oci-hooks file podman/CRI-O read: present, and running this install with this config."""
-    from pyxis_hook.hookd import interpreter
+    from pyxis_hook.hookd import base_argv, interpreter
 
     python = env.python or interpreter()
+    this_main = os.path.realpath(base_argv(python)[-1])
     found = []
     for d in env.hooks_dirs:
         try:
@@ -255,8 +270,7 @@ def check_hooks_d(config, env: DoctorEnv) -> list[Finding]:
             except (OSError, ValueError):
                 continue
             hook = doc.get("hook") if isinstance(doc, dict) else None
-            if isinstance(hook, dict) and ("pyxis_hook" in (hook.get("args") or []) or
-                                           os.path.basename(str(hook.get("path", ""))) == "pyxis-hook"):
+            if isinstance(hook, dict) and _runs_pyxis_hook(hook):
                 found.append((p, hook))
     if not found:
         return [Finding("warning", "hook-not-installed", f"no pyxis-hook file in {' or '.join(env.hooks_dirs)}",
@@ -270,7 +284,7 @@ def check_hooks_d(config, env: DoctorEnv) -> list[Finding]:
             out.append(Finding("error", "hook-path-missing", f"{p}: hook path {path} is not an executable file",
                                "the engine fails every container start with this hook", "pyxis-hook hookd --install "
                                + os.path.dirname(p)))
-        elif os.path.realpath(path) != os.path.realpath(python):
+        elif os.path.realpath(path) != os.path.realpath(python) or _main_file(hook) not in (None, this_main):
             out.append(Finding("warning", "hook-other-install", f"{p} runs {path}, not this install's {python}",
                                "containers get another pyxis-hook (version, configuration) than the one checked here",
                                "pyxis-hook hookd --install " + os.path.dirname(p)))

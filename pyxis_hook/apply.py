@@ -339,6 +339,11 @@ def _child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner) -> dict:
             for b in binds:
                 entry = rfs.ensure_entry(b.container_path, b.kind)
                 try:
+                    if _same_file(b.fd, entry.fd):
+                        # a second hook run (createRuntime and prestart both registered, a hooks.d
+                        # hook plus a bundle hook): the file is already there, do not stack a mount
+                        messages.append(f"{b.container_path}: already {b.host_path}, not mounted again")
+                        continue
                     _bind(b, entry, undo)
                 finally:
                     entry.close()
@@ -367,6 +372,11 @@ def _child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner) -> dict:
         return {"mounted": mounted, "symlinks": links, "messages": messages}
     finally:
         rfs.close()
+
+
+def _same_file(a: int, b: int) -> bool:
+    sa, sb = os.fstat(a), os.fstat(b)
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
 
 
 def _bind(b: _Bind, entry: Entry, undo: _Undo) -> int:

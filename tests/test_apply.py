@@ -123,6 +123,18 @@ def _basic_plan(host: Path, root: Path, **kw) -> Plan:
     )
 
 
+def test_second_run_does_not_stack_mounts(world, mount_api):
+    """createRuntime + prestart both registered (or hooks.d + a bundle hook): the second run mounts nothing new."""
+    host, root, pid = world
+    plan = _basic_plan(host, root)
+    apply_plan(plan, pid, Config(no_cgroups=True))
+    count = len([f for f in _mountinfo(pid) if f[4].startswith(str(root))])
+    res = apply_plan(plan, pid, Config(no_cgroups=True))
+    assert list(res.mounted) == []
+    assert len([f for f in _mountinfo(pid) if f[4].startswith(str(root))]) == count
+    assert any("not mounted again" in m for m in res.messages)
+
+
 def test_binds_are_readonly_private_and_invisible_on_host(world, mount_api):
     host, root, pid = world
     host_before = _mountinfo()

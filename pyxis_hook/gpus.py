@@ -151,7 +151,7 @@ class HostGpus:
         return next((n for n in self.nodes if n.path == path), None)
 
     def to_dict(self) -> dict:
-        """Plain JSON-able dict (schemas/info.schema.json); inverse of `from_dict`."""
+        """Plain JSON-able dict (schemas/gpus.schema.json); inverse of `from_dict`."""
         return {
             "driver_version": self.driver_version,
             "gpus": [_gpu_to_dict(g) for g in self.gpus],

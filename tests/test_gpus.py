@@ -8,13 +8,12 @@ import random
 import stat
 import subprocess
 
-import jsonschema
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from fixtures.hosttree import FakeGpu, fake_gpus, fake_uuid, make_host_tree
 from pyxis_hook import gpus
-from pyxis_hook.config import load_schema
+from schema_check import validate
 from pyxis_hook.gpus import (
     HostGpus,
     device_nodes_for,
@@ -279,7 +278,7 @@ def test_round_trip_through_json_and_schema(tmp_path):
                           imex_channels=[1], excluded=[0], make_nodes=ROOT)
     host = discover(tree)
     d = json.loads(json.dumps(host.to_dict()))
-    jsonschema.validate(d, load_schema("info.schema.json"))
+    validate(d, "gpus.schema.json")
     again = HostGpus.from_dict(d)
     assert again == host
     assert again.to_dict() == d
@@ -288,7 +287,7 @@ def test_round_trip_through_json_and_schema(tmp_path):
 def test_schema_accepts_empty_host(tmp_path):
     host = discover_gpus(str(tmp_path / "proc"), str(tmp_path))
     d = json.loads(json.dumps(host.to_dict()))
-    jsonschema.validate(d, load_schema("info.schema.json"))
+    validate(d, "gpus.schema.json")
     assert HostGpus.from_dict(d) == host
 
 

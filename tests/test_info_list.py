@@ -11,6 +11,7 @@ import pytest
 
 from fixtures import hosttree, realdriver
 from pyxis_hook.config import load_schema
+from schema_check import validate
 from test_inventory import LIB, V, make_driver
 
 jsonschema = pytest.importorskip("jsonschema")
@@ -36,7 +37,7 @@ def test_info_json_with_gpus(tmp_path, driver):
     p = run_cli(tmp_path, "info", "--json", driver_root=driver, host=host)
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
-    jsonschema.validate(doc["host"], load_schema("info.schema.json"))
+    validate(doc, "info.schema.json")
     assert doc["driver_version"] == V and doc["version_source"] == "procfs" and doc["usable"]
     assert [(g["index"], g["minor"], g["bus_id"]) for g in doc["host"]["gpus"]] == \
         [(0, 0, "0000:06:00.0"), (1, 1, "0000:07:00.0")]

@@ -7,17 +7,17 @@ import subprocess
 import sys
 from dataclasses import replace
 
-import jsonschema
 import pytest
 
 from fixtures.container import make_bundle
 from fixtures.fakedriver import make_fake_driver
 from fixtures.hosttree import fake_gpus, make_host_tree
 from pyxis_hook import gpus, inventory, oci
-from pyxis_hook.config import Config, load_schema
+from pyxis_hook.config import Config
 from pyxis_hook.hook import prepare, read_proc_driver_files
 from pyxis_hook.plan import ContainerFacts, build_plan, patch_params
 from pyxis_hook.request import resolve_request
+from schema_check import validate
 
 VERSION = "535.216.03"
 
@@ -131,8 +131,7 @@ def test_prepare_matches_build_plan_and_json_schema(world, tmp_path):
     from pyxis_hook.commands.plan import to_json
 
     doc = to_json(prepared)
-    jsonschema.Draft7Validator(load_schema("plan.schema.json")).validate(doc)
-    jsonschema.Draft7Validator(load_schema("request.schema.json")).validate(doc["request"])
+    validate(doc, "plan.schema.json")
 
 
 def test_plan_cli_text_json_and_errors(world, tmp_path):
@@ -146,7 +145,7 @@ def test_plan_cli_text_json_and_errors(world, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "request: list" in r.stdout and "/dev/nvidia2  c 195:2" in r.stdout and "reasons:" in r.stdout
     r = subprocess.run(run + ["--json"], capture_output=True, text=True)
-    jsonschema.Draft7Validator(load_schema("plan.schema.json")).validate(json.loads(r.stdout))
+    validate(json.loads(r.stdout), "plan.schema.json")
     # --env adds after process.env: the last duplicate wins
     r = subprocess.run(run + ["--env", "NVIDIA_VISIBLE_DEVICES=9"], capture_output=True, text=True)
     assert r.returncode == 1 and r.stderr.count("\n") == 1 and "9" in r.stderr and "Traceback" not in r.stderr

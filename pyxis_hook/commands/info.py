@@ -17,7 +17,7 @@ def add_arguments(parser) -> None:
 
 
 def info_dict(inv) -> dict:
-    """The JSON document `info --json` prints (host part: schemas/info.schema.json)."""
+    """The JSON document `info --json` prints (schemas/info.schema.json)."""
     return {
         "driver_version": inv.driver_version,
         "version_source": inv.version_source,

@@ -15,7 +15,7 @@ import shutil
 
 import pytest
 
-from e2e.conftest import bundle_for, host as host_fixture, make_host, mount_table, run_container  # noqa: F401
+from e2e.conftest import bundle_for, make_host, mount_table, run_container
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root, pytest.mark.slow]
 

@@ -53,12 +53,7 @@ def build_parser():
     import importlib
 
     for name, (module, help_text, aliases) in COMMANDS.items():
-        try:
-            mod = importlib.import_module(f"pyxis_hook.commands.{module}")
-        except ModuleNotFoundError as e:
-            if e.name != f"pyxis_hook.commands.{module}":
-                raise
-            continue
+        mod = importlib.import_module(f"pyxis_hook.commands.{module}")
         p = sub.add_parser(name, help=help_text, aliases=list(aliases), description=help_text)
         mod.add_arguments(p)
         p.set_defaults(_module=mod)
@@ -94,5 +89,6 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as e:  # a bug: one line for the user, the traceback in the log
         log.exception(f"internal error in {args.command}")
-        sys.stderr.write(f"pyxis-hook: error: internal error: {type(e).__name__}: {e} (details in the log file)\n")
+        where = f"traceback in {log.log_path()}" if log.log_path() else "set log-file in pyxis.conf for the traceback"
+        sys.stderr.write(f"pyxis-hook: error: internal error: {type(e).__name__}: {e} ({where})\n")
         return 1

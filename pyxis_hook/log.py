@@ -32,6 +32,11 @@ def configure(log_file: str = "", level: str = "info", stderr_level: str = "warn
             sys.stderr.write(f"pyxis-hook: warning: cannot open log file {log_file}: {e.strerror}\n")
 
 
+def log_path() -> str:
+    """The log file in use ("" when none is open)."""
+    return _state["path"] if _state["fd"] >= 0 else ""
+
+
 def close() -> None:
     if _state["fd"] >= 0:
         os.close(_state["fd"])

@@ -155,5 +155,6 @@ def main_fast() -> int:
         return e.exit_code
     except Exception as e:  # a bug: one line for the runtime, the traceback in the log
         log.exception("internal error in prestart")
-        sys.stderr.write(f"pyxis-hook: error: internal error: {type(e).__name__}: {e}\n")
+        where = f"traceback in {log.log_path()}" if log.log_path() else "set log-file in pyxis.conf for the traceback"
+        sys.stderr.write(f"pyxis-hook: error: internal error: {type(e).__name__}: {e} ({where})\n")
         return 1

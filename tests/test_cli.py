@@ -1,0 +1,57 @@
+"""The CLI's contract: one error line, exit codes, tracebacks only in the log file."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from pyxis_hook import cli, log
+from pyxis_hook.commands import info
+
+
+def test_internal_error_is_one_line_and_the_traceback_goes_to_the_log(tmp_path, monkeypatch, capsys):
+    logfile = tmp_path / "hook.log"
+    conf = tmp_path / "pyxis.conf"
+    conf.write_text(f'log-file = "{logfile}"\nlog-level = "debug"\n')
+
+    def boom(args, config):
+        raise RuntimeError("simulated bug")
+
+    monkeypatch.setattr(info, "run", boom)
+    try:
+        rc = cli.main(["--config", str(conf), "info"])
+    finally:
+        log.close()
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert f"internal error: RuntimeError: simulated bug (traceback in {logfile})" in err
+    text = logfile.read_text()
+    assert "Traceback (most recent call last)" in text and "simulated bug" in text
+
+
+def test_internal_error_without_log_file_says_how_to_get_one(tmp_path, monkeypatch, capsys):
+    conf = tmp_path / "pyxis.conf"
+    conf.write_text("")
+    monkeypatch.setattr(info, "run", lambda args, config: 1 / 0)
+    assert cli.main(["--config", str(conf), "info"]) == 1
+    err = capsys.readouterr().err
+    assert "ZeroDivisionError" in err and "set log-file in pyxis.conf" in err and err.count("\n") == 1
+
+
+def test_no_command_prints_usage_exit_2():
+    r = subprocess.run([sys.executable, "-m", "pyxis_hook"], capture_output=True, text=True)
+    assert r.returncode == 2 and "usage: pyxis-hook" in r.stderr
+
+
+def test_unknown_command_exit_2():
+    r = subprocess.run([sys.executable, "-m", "pyxis_hook", "frobnicate"], capture_output=True, text=True)
+    assert r.returncode == 2 and "invalid choice" in r.stderr
+
+
+def test_every_listed_command_has_a_module():
+    import importlib
+
+    for name, (module, _help, _aliases) in cli.COMMANDS.items():
+        mod = importlib.import_module(f"pyxis_hook.commands.{module}")
+        assert callable(mod.add_arguments) and callable(mod.run), name

@@ -11,7 +11,6 @@ nobody types it: the spec names it.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 
@@ -36,23 +35,6 @@ def add_arguments(parser) -> None:
     sub._choices_actions = [a for a in sub._choices_actions if a.dest != "hook"]
 
 
-def _write(path: str, text: str) -> None:
-    from pyxis_hook.errors import UsageError
-
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except OSError as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise UsageError(f"{path}: cannot write: {e.strerror}") from None
-
-
 def run(args, config) -> int:
     from pyxis_hook import cdi
     from pyxis_hook.errors import UsageError
@@ -67,7 +49,9 @@ def run(args, config) -> int:
     doc = cdi.generate_spec(config, hooks=not args.no_hooks)
     text = cdi.to_yaml(doc) if fmt == "yaml" else cdi.to_json(doc)
     if args.output:
-        _write(args.output, text)
+        from pyxis_hook.install import install_text
+
+        install_text(args.output, text)
     else:
         sys.stdout.write(text)
     return 0

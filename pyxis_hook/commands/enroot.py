@@ -38,17 +38,10 @@ def run(args, config) -> int:
 
         if not os.path.isdir(args.install):
             raise UsageError(f"{args.install}: not a directory")
+        from pyxis_hook.install import install_text
+
         conf = os.path.abspath(config.source) if config.source not in ("", "<defaults>") else None
-        dest = os.path.join(args.install, SHIM_NAME)
-        tmp = f"{dest}.{os.getpid()}.tmp"
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o755)
-            with os.fdopen(fd, "w") as f:
-                f.write(shim_text(interpreter(), conf))
-            os.chmod(tmp, 0o755)
-            os.replace(tmp, dest)
-        except OSError as e:
-            raise UsageError(f"{dest}: cannot write: {e.strerror}") from None
+        dest = install_text(os.path.join(args.install, SHIM_NAME), shim_text(interpreter(), conf), 0o755)
         print(f"installed {dest}")
         return 0
     from pyxis_hook.enroot import run_enroot_hook

@@ -29,14 +29,8 @@ def run(args, config) -> int:
         return 0
     if not os.path.isdir(args.install):
         raise UsageError(f"{args.install}: not a directory")
-    dest = os.path.join(args.install, hook_file_name(args.stage))
-    tmp = dest + ".tmp"
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, dest)
-    except OSError as e:
-        raise UsageError(f"{dest}: cannot write: {e.strerror}") from None
+    from pyxis_hook.install import install_text
+
+    dest = install_text(os.path.join(args.install, hook_file_name(args.stage)), text)
     print(f"installed {dest}")
     return 0

@@ -1,0 +1,33 @@
+"""Writing the files that register pyxis-hook on a host (hooks.d JSON, CDI spec, enroot shim).
+
+One way for all of them: a temporary file next to the target, opened
+O_NOFOLLOW (never through a link someone planted), then renamed over the
+target, so an engine watching the directory never reads half a file.
+"""
+
+from __future__ import annotations
+
+import os
+
+from pyxis_hook.errors import UsageError
+
+
+def install_text(path: str, text: str, mode: int = 0o644, *, require_dir: bool = True) -> str:
+    """Atomically write `text` to `path` with `mode`; UsageError naming the path on failure."""
+    d = os.path.dirname(os.path.abspath(path))
+    if require_dir and not os.path.isdir(d):
+        raise UsageError(f"{d}: not a directory")
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, mode)  # the umask may have trimmed it
+        os.replace(tmp, path)
+    except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise UsageError(f"{path}: cannot write: {e.strerror}") from None
+    return path

@@ -12,6 +12,11 @@ if not __package__:  # run as a file: no site scan, find ourselves
     import os
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
+    # a venv's interpreter: do what site.venv() would (sys.prefix = the venv), minus .pth files,
+    # so its site-packages (pyelftools) and share/pyxis-hook (our schemas) are found
+    _venv = os.path.dirname(os.path.dirname(os.path.abspath(sys.executable)))
+    if os.path.isfile(os.path.join(_venv, "pyvenv.cfg")):
+        sys.prefix = sys.exec_prefix = _venv
     # our dependencies (pyelftools, for a snapshot rebuild) stay reachable: this installation's
     # site-packages as plain directories, searched last; no .pth file is read or executed
     _v = f"python{sys.version_info[0]}.{sys.version_info[1]}"

@@ -64,9 +64,23 @@ class Config:
 
 
 def _schema_dir() -> str:
-    here = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), "schemas")
-    if os.path.isdir(here):
+    """The source tree's schemas/, else the installed data files.
+
+    An installed copy has them in `<prefix>/share/pyxis-hook/schemas`, where
+    <prefix> is whatever scheme pip used (venv, /usr/local, --user, --prefix):
+    found by walking up from the package rather than from sys.prefix, which
+    under `-I -S` is the base interpreter's.
+    """
+    pkg = os.path.dirname(os.path.realpath(__file__))
+    here = os.path.join(os.path.dirname(pkg), "schemas")
+    if os.path.isfile(os.path.join(here, "pyxis-conf.schema.json")):
         return here
+    up = pkg
+    for _ in range(5):
+        up = os.path.dirname(up)
+        cand = os.path.join(up, "share", "pyxis-hook", "schemas")
+        if os.path.isdir(cand):
+            return cand
     return os.path.join(sys.prefix, "share", "pyxis-hook", "schemas")
 
 

@@ -93,6 +93,8 @@ def parse_state(data: bytes, *, require_pid: bool = True) -> State:
     what = "OCI state on stdin"
     if len(data) > MAX_STATE_BYTES:
         raise StateError(f"{what}: larger than {MAX_STATE_BYTES} bytes")
+    if not data.strip():
+        raise StateError(f"{what}: empty (run `pyxis-hook prestart` as a runtime hook, or use `pyxis-hook plan`)")
     doc = _load_json(data, what, StateError)
     if not isinstance(doc, dict):
         raise StateError(f"{what}: expected a JSON object, got {type(doc).__name__}")

@@ -253,3 +253,11 @@ def test_import_is_cheap():
                           "import sys, pyxis_hook.oci; print(' '.join(sorted(sys.modules)))"],
                          capture_output=True, text=True, check=True).stdout.split()
     assert "elftools" not in out and "jsonschema" not in out
+
+
+def test_empty_state_says_so():
+    from pyxis_hook.oci import StateError, parse_state
+
+    for data in (b"", b"  \n"):
+        with pytest.raises(StateError, match="OCI state on stdin: empty"):
+            parse_state(data)

@@ -67,7 +67,7 @@ def test_state_bundle_wins_over_bundle_path():
         (b"{not json", "not valid JSON"),
         (b"[1, 2]", "expected a JSON object"),
         (b"\xff\xfe", "not UTF-8"),
-        (b"", "not valid JSON"),
+        (b"", "empty"),
     ],
 )
 def test_state_rejects(data, words):

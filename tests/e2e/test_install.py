@@ -36,7 +36,8 @@ def test_installed_hook_command_builds_snapshot_and_plans(venv, tmp_path):
     doc = json.loads(subprocess.run([str(venv / "bin/pyxis-hook"), "hookd"], capture_output=True, text=True,
                                     check=True).stdout)
     argv = doc["hook"]["args"]
-    assert argv[0] == str(venv / "bin/python") and argv[1:3] == ["-I", "-S"]
+    # the venv's own interpreter link (python or python3: whichever pip's script names), not the base one
+    assert argv[0].startswith(str(venv / "bin") + "/python") and argv[1:3] == ["-I", "-S"]
     assert argv[3].startswith(str(venv)) and argv[3].endswith("pyxis_hook/__main__.py")
     env = {"PATH": "/usr/bin:/bin", "PYXIS_HOOK_CONFIG": str(host.conf)}
     # `plan` through the same -I -S entry: config schema (share/), snapshot build (pyelftools) both found

@@ -268,11 +268,17 @@ def discover(config, *, strict: bool = True, host: HostGpus | None = None) -> In
     try:
         cache = ldcache.read_cache(cache_path)
         st.sources.append(cache_path)
-    except LdCacheError as e:
-        st.errors.append(str(e) if os.path.exists(cache_path)
-                         else f"{cache_path}: missing: no ld.so.cache in the driver root (run ldconfig -r)")
-    except OSError as e:
-        st.errors.append(f"{cache_path}: {e.strerror}")
+    except (LdCacheError, OSError) as e:
+        if os.path.lexists(cache_path):
+            st.errors.append(str(e) if isinstance(e, LdCacheError) else f"{cache_path}: {e.strerror}")
+        else:
+            # ldconfig never ran in this tree (dpkg -x, a copied driver): index it as ldconfig would
+            from pyxis_hook.libscan import scan_root
+
+            cache, dirs = scan_root(root)
+            st.sources.extend(dirs)
+            st.warn(f"{cache_path}: missing; indexed the driver libraries by scanning {len(dirs)} "
+                    "directories as ldconfig would (run `ldconfig -r` there to use a real cache)")
 
     if cache is not None:
         entries64 = ldcache.entries_for_arch(cache, abi64)

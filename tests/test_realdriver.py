@@ -178,3 +178,33 @@ def test_download_failure_fails_in_ci_and_skips_elsewhere(monkeypatch):
     monkeypatch.setenv("CI", "")
     with pytest.raises(pytest.skip.Exception):
         realdriver.require_driver_root("535", "debian")
+
+
+@pytest.mark.parametrize("line", LINES)
+def test_dpkg_x_tree_without_ld_so_cache_is_indexed_by_scanning(line, tmp_path):
+    """`dpkg -x` of the packages, ldconfig never run, no alternatives links: the same libraries are found."""
+    tree = realdriver.extract(line)
+    assert not (tree / "etc/ld.so.cache").exists()
+    inv = discover(config_for(tree, "debian", tmp_path))
+    libs = {x for x in logical(inv) if x[0] in ("lib", "lib32")}
+    reference = {x for x in logical(inventory(line, "debian", tmp_path)) if x[0] in ("lib", "lib32")}
+    assert libs == reference
+    assert inv.driver_version == realdriver.driver_version(line)
+    assert any("indexed the driver libraries by scanning" in w for w in inv.warnings)
+    cuda = next(f for f in inv.files if f.kind == "lib" and f.soname == "libcuda.so.1")
+    assert "/nvidia/" in cuda.path  # found in Debian's nvidia/<flavour> dir, no alternatives link needed
+
+
+def test_scanned_tree_snapshot_goes_stale_when_a_library_is_added(tmp_path):
+    """The scanned directories are stat-signed: a new file there rebuilds the snapshot."""
+    from fixtures.fakedriver import make_fake_driver
+    from pyxis_hook import snapshot
+
+    root = make_fake_driver(tmp_path / "drv", version="535.216.03")
+    (root / "etc/ld.so.cache").unlink()
+    cfg = config_for(root, "installer", tmp_path)
+    inv = snapshot.load_or_build(cfg, strict=False)
+    assert inv.usable and snapshot.load(cfg).driver_version == "535.216.03"
+    (root / "usr/lib/x86_64-linux-gnu/libnvidia-extra.so.535.216.03").write_bytes(b"\x7fELF")
+    with pytest.raises(Exception, match="stale"):
+        snapshot.load(cfg)

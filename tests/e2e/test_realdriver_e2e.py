@@ -74,3 +74,18 @@ def test_real_driver_all_capabilities(tmp_path):
     assert f"\nlibcuda.so.{version}\n" in out  # `ls /usr/lib/i386-linux-gnu`
     assert "\tlibcuda.so.1 (libc6) => /usr/lib/i386-linux-gnu/libcuda.so.1" in out
     assert "nvidia-modeset" in out  # display
+
+
+def test_real_driver_unpacked_without_ld_so_cache(tmp_path):
+    """driver-root = `dpkg -x` of the 535 packages (no ld.so.cache, no alternatives): the container still works."""
+    from fixtures.realdriver import extract
+
+    root = extract("535")
+    host = make_host(tmp_path, driver_root=root)
+    version = driver_version("535")
+    with open(os.path.join(host.proc_root, "driver/nvidia/version"), "w") as f:
+        f.write(f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {version}  Thu Jan  1 00:00:00 UTC 2026\n")
+    bundle = bundle_for(tmp_path, host, ("NVIDIA_VISIBLE_DEVICES=0",), "/usr/bin/gputest")
+    r = run_container("runc", bundle, f"pyxis-real-unpacked-{os.getpid()}")
+    assert r.rc == 0, r.stderr
+    assert "cuDriverGetVersion=12020 rc=0" in r.stdout and "nvmlInit_v2=9" in r.stdout

@@ -280,6 +280,19 @@ def discover(config, *, strict: bool = True, host: HostGpus | None = None) -> In
             st.warn(f"{cache_path}: missing; indexed the driver libraries by scanning {len(dirs)} "
                     "directories as ldconfig would (run `ldconfig -r` there to use a real cache)")
 
+    if cache is not None and cache.fmt != "scan" and not any(
+            e.key.startswith(("libcuda.so", "libnvidia-ml.so")) for e in cache.entries):
+        # a cache made before the driver was unpacked, or one that never indexed its directory
+        # (Debian's nvidia/current without the alternatives links): add what ldconfig would find
+        from pyxis_hook.libscan import scan_root
+
+        scanned, dirs = scan_root(root)
+        if scanned.entries:
+            st.sources.extend(dirs)
+            st.warn(f"{cache_path}: lists no NVIDIA driver library; indexed them by scanning {len(dirs)} "
+                    "directories as ldconfig would (run `ldconfig -r` there to refresh the cache)")
+            cache = replace(cache, entries=ldcache.merge_entries(cache.entries, scanned.entries))
+
     if cache is not None:
         entries64 = ldcache.entries_for_arch(cache, abi64)
         entries32 = ldcache.entries_for_arch(cache, abi32) if abi32 is not None else ()

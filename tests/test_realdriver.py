@@ -208,3 +208,19 @@ def test_scanned_tree_snapshot_goes_stale_when_a_library_is_added(tmp_path):
     (root / "usr/lib/x86_64-linux-gnu/libnvidia-extra.so.535.216.03").write_bytes(b"\x7fELF")
     with pytest.raises(Exception, match="stale"):
         snapshot.load(cfg)
+
+
+def test_stale_host_cache_without_driver_entries_is_completed_by_scanning(tmp_path):
+    """ldconfig ran before the driver was unpacked: the cache lists no driver library; scanning adds them."""
+    tree = tmp_path / "root"
+    shutil.copytree(realdriver.extract("535"), tree, symlinks=True)
+    (tree / "etc").mkdir(exist_ok=True)
+    (tree / "usr/lib/x86_64-linux-gnu/libfoo.so.1").write_bytes(b"")  # any cache; no driver entry in it
+    realdriver.run_ldconfig(tree)  # indexes usr/lib/x86_64-linux-gnu, not nvidia/current
+    from pyxis_hook import ldcache
+
+    cache = ldcache.read_cache(str(tree / "etc/ld.so.cache"))
+    assert not any(e.key.startswith("libcuda.so") for e in cache.entries)
+    inv = discover(config_for(tree, "debian", tmp_path))
+    assert any(f.soname == "libcuda.so.1" for f in inv.files)
+    assert any("lists no NVIDIA driver library" in w for w in inv.warnings)

@@ -569,11 +569,26 @@ def _links_for(base: str, soname: str | None, keys: list[str]) -> tuple[tuple[st
     return tuple(links)
 
 
+#: where distribution packages keep the driver's binaries when no PATH link was made
+#: (Debian: /usr/lib/nvidia/<flavour>/nvidia-smi behind an alternatives link)
+VENDOR_BIN_DIRS = ("/usr/lib/nvidia/current", "/usr/lib/nvidia")
+
+
+def _bin_dirs(st: _State, config) -> list[str]:
+    """config.path first (what LNC searches), then the vendor dirs, each flavour of /usr/lib/nvidia."""
+    extra = list(VENDOR_BIN_DIRS)
+    top = _resolve(st, "/usr/lib/nvidia")
+    if top and os.path.isdir(top):
+        extra += [f"/usr/lib/nvidia/{n}" for n in sorted(os.listdir(top)) if n != "current"]
+    return list(dict.fromkeys([*config.path, *extra]))
+
+
 def _binaries(st: _State, config) -> None:
-    """First hit of each binary on `config.path`, each dir taken inside the driver root."""
+    """First hit of each binary on `config.path` (then the vendor dirs), each dir taken inside the driver root."""
+    dirs = _bin_dirs(st, config)
     for cap, names in caps.BINARIES:
         for name in names:
-            for d in config.path:
+            for d in dirs:
                 real = _resolve(st, os.path.join(d, name))
                 if real is None:
                     continue

@@ -85,7 +85,8 @@ def test_real_driver_unpacked_without_ld_so_cache(tmp_path):
     version = driver_version("535")
     with open(os.path.join(host.proc_root, "driver/nvidia/version"), "w") as f:
         f.write(f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {version}  Thu Jan  1 00:00:00 UTC 2026\n")
-    bundle = bundle_for(tmp_path, host, ("NVIDIA_VISIBLE_DEVICES=0",), "/usr/bin/gputest")
+    bundle = bundle_for(tmp_path, host, ("NVIDIA_VISIBLE_DEVICES=0",), "/usr/bin/gputest; nvidia-smi; echo smi-rc=$?")
     r = run_container("runc", bundle, f"pyxis-real-unpacked-{os.getpid()}")
     assert r.rc == 0, r.stderr
     assert "cuDriverGetVersion=12020 rc=0" in r.stdout and "nvmlInit_v2=9" in r.stdout
+    assert "smi-rc=9" in r.stdout  # found in /usr/lib/nvidia/current, mounted at /usr/bin

@@ -419,12 +419,40 @@ def _bind(b: _Bind, entry: Entry, undo: _Undo) -> int:
     return top
 
 
+def _is_our_view(rfs: RootFS, target: str, view) -> bool:
+    """A previous run for this container already covered the procfs dir: its params is our patched copy.
+
+    The kernel's own /proc/driver/nvidia/params says `ModifyDeviceFiles: 1`
+    on a node where the module manages nodes; only our view holds exactly
+    the plan's text (and lives on another filesystem than /proc).
+    """
+    want = dict(view.files).get("params")
+    if want is None:
+        return False
+    def dev(path: str) -> int:
+        fd = rfs.open(path, os.O_PATH)
+        try:
+            return os.fstat(fd).st_dev
+        finally:
+            os.close(fd)
+
+    try:
+        if dev(target) == dev("/proc"):
+            return False
+        return rfs.read_text(f"{target}/params", 1 << 20) == want
+    except (OSError, PathError):
+        return False
+
+
 def _proc_view(plan: Plan, rfs: RootFS, gpu_dirs, undo: _Undo, new_api: bool, messages: list[str]) -> list[str]:
     """tmpfs over the container's /proc/driver/nvidia with copied files and the selected GPUs' dirs."""
     view = plan.proc_driver
     target = "/proc/driver/nvidia"
     if not rfs.exists(target):
         messages.append(f"{target}: not in the container's /proc (no NVIDIA kernel module?): view not mounted")
+        return []
+    if _is_our_view(rfs, target, view):
+        messages.append(f"{target}: already this hook's view, not mounted again")
         return []
     entry = rfs.ensure_entry(target, "dir")
     try:

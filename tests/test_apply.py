@@ -321,6 +321,22 @@ def test_proc_driver_view(world, mount_api):
     assert not (base / "params").exists()  # host view: the tmpfs is not there
 
 
+def test_proc_driver_view_not_stacked_on_a_second_run(world):
+    host, root, pid = world
+    hd = _proc_tree(host, ["0000:06:00.0"])
+    (root / "proc/driver/nvidia").mkdir(parents=True)
+    view = ProcDriverView(str(hd), (("params", "ModifyDeviceFiles: 0\n"),), ("0000:06:00.0",))
+    apply_plan(Plan(rootfs=str(root), proc_driver=view), pid)
+
+    def count():  # mountinfo lines, so stacked mounts on one point count twice
+        return sum(1 for f in _mountinfo(pid) if f[4].startswith(str(root)))
+
+    before = count()
+    res = apply_plan(Plan(rootfs=str(root), proc_driver=view), pid)
+    assert count() == before
+    assert any("already this hook's view" in m for m in res.messages)
+
+
 def test_proc_driver_view_skipped_without_module(world):
     host, root, pid = world
     hd = _proc_tree(host, [])

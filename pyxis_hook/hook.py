@@ -43,6 +43,29 @@ def read_proc_driver_files(proc_root: str) -> tuple[tuple[str, str], ...] | None
     return tuple(out)
 
 
+MIG_VARS = ("NVIDIA_VISIBLE_DEVICES", "NVIDIA_MIG_CONFIG_DEVICES", "NVIDIA_MIG_MONITOR_DEVICES")
+
+
+def _names_mig_uuid(env: dict) -> bool:
+    return any("MIG-" in env.get(v, "").upper() for v in MIG_VARS)
+
+
+def _with_mig_uuids(config: Config, inventory):
+    """MIG device UUIDs come only from NVML (procfs has none): asked lazily, only for a request naming one.
+
+    NVML is the driver's own libnvidia-ml (from the inventory, so a
+    driver-root install is used, not whatever the hook's loader finds);
+    it is loaded in this process, before any namespace is entered (apply
+    forks a single-threaded child for that).
+    """
+    from pyxis_hook import gpus, inventory as inv_mod
+
+    lib = next((f.host_path for f in inventory.files if f.kind == "lib" and f.soname == "libnvidia-ml.so.1"),
+               "libnvidia-ml.so.1")
+    host = gpus.discover_gpus(config.proc_root, config.dev_root, nvml=True, nvml_library=lib)
+    return inv_mod.with_host(inventory, host)
+
+
 def prepare(config: Config, bundle, *, state=None, pid: int | None = None) -> Prepared:
     """Decide everything for `bundle` (an oci.Bundle); never touches the container."""
     from pyxis_hook import oci, request as req
@@ -61,6 +84,9 @@ def prepare(config: Config, bundle, *, state=None, pid: int | None = None) -> Pr
 
     inventory = inv_mod.load_or_build(config, strict=False)  # GPU facts are read fresh, not from the snapshot
     host = inventory.host
+    if _names_mig_uuid(env) and any(m.uuid is None for m in host.mig_devices):
+        inventory = _with_mig_uuids(config, inventory)
+        host = inventory.host
     allowed = None
     if pid is not None:
         from pyxis_hook import cgroup

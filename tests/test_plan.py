@@ -151,3 +151,28 @@ def test_plan_cli_text_json_and_errors(world, tmp_path):
     assert r.returncode == 1 and r.stderr.count("\n") == 1 and "9" in r.stderr and "Traceback" not in r.stderr
     r = subprocess.run(run[:-1] + [str(tmp_path / "nope")], capture_output=True, text=True)
     assert r.returncode != 0 and "config.json" in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_mig_uuid_request_asks_the_drivers_nvml(tmp_path):
+    """procfs has no MIG UUIDs: a request naming one makes prepare ask the driver root's libnvidia-ml."""
+    from fixtures.hosttree import fake_uuid
+    from test_gpus import FAKE_NVML
+
+    tree = make_host_tree(tmp_path / "host", gpus=fake_gpus(1), mig={0: {2: [0, 1]}}, driver_version=VERSION)
+    driver = make_fake_driver(tmp_path / "driver", version=VERSION)
+    lib = driver / f"usr/lib/x86_64-linux-gnu/libnvidia-ml.so.{VERSION}"
+    src = tmp_path / "nvml.c"
+    src.write_text(FAKE_NVML)
+    subprocess.run(["gcc", "-shared", "-fPIC", f'-DPARENT="{fake_uuid(0)}"', "-Wl,-soname,libnvidia-ml.so.1",
+                    str(src), "-o", str(lib)], check=True)
+    cfg = Config(driver_root=str(driver), dev_root=str(tree.dev_root), proc_root=str(tree.proc_root),
+                 snapshot_dir=str(tmp_path / "snap"))
+    bundle = make_bundle(tmp_path / "b", env=("NVIDIA_VISIBLE_DEVICES=MIG-aaaaaaaa-bbbb-cccc-dddd-000000000001",))
+    prepared = prepare(cfg, oci.load_bundle(str(bundle)))
+    assert [(m.gi, m.ci) for m in prepared.request.mig_devices] == [(2, 1)]
+    paths = [d.path for d in prepared.plan.devices]
+    assert "/dev/nvidia0" in paths and any(p.startswith("/dev/nvidia-caps/nvidia-cap") for p in paths)
+    # without a MIG UUID in the request NVML is never loaded
+    bundle2 = make_bundle(tmp_path / "b2", env=("NVIDIA_VISIBLE_DEVICES=0:0",))
+    p2 = prepare(cfg, oci.load_bundle(str(bundle2)))
+    assert all(m.uuid is None for m in p2.inventory.host.mig_devices)

@@ -180,7 +180,7 @@ def generate_spec(config, *, python: str | None = None, machine: str | None = No
     default directories, which holds for the Debian multiarch dirs in
     Debian/Ubuntu images) and no /proc/driver/nvidia view.
     """
-    from pyxis_hook import gpus as gpus_mod, inventory as inv_mod
+    from pyxis_hook import inventory as inv_mod
     from pyxis_hook.errors import DriverError
     from pyxis_hook.hook import read_proc_driver_files
     from pyxis_hook.plan import build_plan
@@ -188,8 +188,13 @@ def generate_spec(config, *, python: str | None = None, machine: str | None = No
 
     kind = check_kind(config.cdi_kind)
     inventory = inv_mod.load_or_build(config, strict=False)
-    host = gpus_mod.discover_gpus(config.proc_root, config.dev_root)
-    inventory = inv_mod.with_host(inventory, host)
+    host = inventory.host
+    if host.mig_devices:
+        # MIG UUIDs (procfs has none) name devices in the spec: ask the driver's NVML, here only
+        from pyxis_hook.hook import with_mig_uuids
+
+        inventory = with_mig_uuids(config, inventory)
+        host = inventory.host
     facts = cdi_facts(machine)
     proc_files = read_proc_driver_files(config.proc_root)
     caps = ",".join(config.default_capabilities)

@@ -50,7 +50,7 @@ def _names_mig_uuid(env: dict) -> bool:
     return any("MIG-" in env.get(v, "").upper() for v in MIG_VARS)
 
 
-def _with_mig_uuids(config: Config, inventory):
+def with_mig_uuids(config: Config, inventory):
     """MIG device UUIDs come only from NVML (procfs has none): asked lazily, only for a request naming one.
 
     NVML is the driver's own libnvidia-ml (from the inventory, so a
@@ -85,7 +85,7 @@ def prepare(config: Config, bundle, *, state=None, pid: int | None = None) -> Pr
     inventory = inv_mod.load_or_build(config, strict=False)  # GPU facts are read fresh, not from the snapshot
     host = inventory.host
     if _names_mig_uuid(env) and any(m.uuid is None for m in host.mig_devices):
-        inventory = _with_mig_uuids(config, inventory)
+        inventory = with_mig_uuids(config, inventory)
         host = inventory.host
     allowed = None
     if pid is not None:

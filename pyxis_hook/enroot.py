@@ -105,23 +105,19 @@ def append_environ(path: str, items: tuple[tuple[str, str], ...]) -> None:
 def run_enroot_hook(config, environ: Mapping[str, str]):
     """The whole hook; returns the ApplyResult (None for a void request)."""
     from pyxis_hook import log
-    from pyxis_hook.request import void_request
 
     pid, rootfs, environ_path = enroot_facts(environ)
     env = container_env(read_environ(environ_path), environ)
-    void = void_request(env)
-    if void is not None:
-        log.debug(f"enroot container {pid}: {void.reasons[0]}")
-        return None
-    from pyxis_hook.apply import apply_plan
-    from pyxis_hook.errors import DriverError
     from pyxis_hook.hook import prepare
 
     config = replace(config, no_cgroups=True)
-    prepared = prepare(config, synthetic_bundle(rootfs, env), pid=pid)
+    prepared = prepare(config, synthetic_bundle(rootfs, env), check=True)
+    if prepared.request.void:
+        log.debug(f"enroot container {pid}: {prepared.request.reasons[0]}")
+        return None
+    from pyxis_hook.apply import apply_plan
+
     plan, request = prepared.plan, prepared.request
-    if plan.problems:
-        raise DriverError(plan.problems[0])
     log.info(f"enroot container {pid}: {len(plan.devices)} devices, {len(plan.mounts)} mounts")
     result = apply_plan(plan, pid, config)
     if request.allocation is not None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import re
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 #: The NVIDIA control/GPU major is fixed by the driver; uvm, caps, imex are dynamic.
 NVIDIA_MAJOR = 195
@@ -612,6 +612,15 @@ def _fill_mig_uuids(r: _Reader, migs: tuple[MigDevice, ...], library: str) -> tu
         out.append(MigDevice(u, d.parent_uuid, d.gpu_minor, d.gi, d.ci, d.access_minors, d.proc_paths,
                              d.mig_index) if u else d)
     return tuple(out)
+
+
+def fill_mig_uuids(host: HostGpus, library: str = "libnvidia-ml.so.1") -> HostGpus:
+    """`host` with its MIG devices' UUIDs asked from NVML (procfs has none); a warning when NVML cannot say."""
+    if not host.mig_devices or all(m.uuid for m in host.mig_devices):
+        return host
+    r = _Reader()
+    migs = _fill_mig_uuids(r, host.mig_devices, library)
+    return replace(host, mig_devices=migs, warnings=host.warnings + tuple(r.warnings))
 
 
 def nvml_mig_uuids(library: str = "libnvidia-ml.so.1") -> tuple[dict[tuple[str, int, int], str], str | None]:

@@ -22,7 +22,6 @@ PROC_FILE_LIMIT = 1 << 20
 class Prepared:
     """Everything decided for one container; `inventory` is None for a void request."""
 
-    bundle: object  # oci.Bundle
     request: object  # request.Request
     inventory: object | None  # inventory.Inventory
     plan: Plan
@@ -43,40 +42,37 @@ def read_proc_driver_files(proc_root: str) -> tuple[tuple[str, str], ...] | None
     return tuple(out)
 
 
-MIG_VARS = ("NVIDIA_VISIBLE_DEVICES", "NVIDIA_MIG_CONFIG_DEVICES", "NVIDIA_MIG_MONITOR_DEVICES")
-
-
-def _names_mig_uuid(env: dict) -> bool:
-    return any("MIG-" in env.get(v, "").upper() for v in MIG_VARS)
-
-
-def with_mig_uuids(config: Config, inventory):
-    """MIG device UUIDs come only from NVML (procfs has none): asked lazily, only for a request naming one.
+def with_mig_uuids(inventory):
+    """The inventory with MIG device UUIDs from NVML (procfs has none), for requests that name one.
 
     NVML is the driver's own libnvidia-ml (from the inventory, so a
-    driver-root install is used, not whatever the hook's loader finds);
-    it is loaded in this process, before any namespace is entered (apply
-    forks a single-threaded child for that).
+    driver-root install is used, not whatever the hook's loader finds); it is
+    loaded in this process, before any namespace is entered (apply forks a
+    single-threaded child for that).
     """
     from pyxis_hook import gpus, inventory as inv_mod
 
     lib = next((f.host_path for f in inventory.files if f.kind == "lib" and f.soname == "libnvidia-ml.so.1"),
                "libnvidia-ml.so.1")
-    host = gpus.discover_gpus(config.proc_root, config.dev_root, nvml=True, nvml_library=lib)
-    return inv_mod.with_host(inventory, host)
+    return inv_mod.with_host(inventory, gpus.fill_mig_uuids(inventory.host, lib))
 
 
-def prepare(config: Config, bundle, *, state=None, pid: int | None = None) -> Prepared:
-    """Decide everything for `bundle` (an oci.Bundle); never touches the container."""
+def prepare(config: Config, bundle, *, state=None, check: bool = False, confine: bool = True) -> Prepared:
+    """Decide everything for `bundle` (an oci.Bundle); never touches the container.
+
+    `check`: raise DriverError with the plan's first problem (what the hook
+    and every mode that applies the plan want).  `confine`: bound the
+    selection by the GPUs this process's device cgroup allows (a hook run
+    inside a Slurm step); `plan` passes the same default, so the dry run
+    decides as the real run does.
+    """
     from pyxis_hook import oci, request as req
 
     env = bundle.env_map()
     annotations = oci.state_annotations(state, bundle) if state is not None else bundle.annotation_map()
     void = req.void_request(env)
     if void is not None:
-        from pyxis_hook.plan import Plan as _Plan
-
-        return Prepared(bundle, void, None, _Plan(rootfs=bundle.rootfs, notes=void.reasons))
+        return Prepared(void, None, Plan(rootfs=bundle.rootfs, notes=void.reasons))
 
     from pyxis_hook import inventory as inv_mod
     from pyxis_hook.container import container_facts
@@ -84,16 +80,15 @@ def prepare(config: Config, bundle, *, state=None, pid: int | None = None) -> Pr
 
     inventory = inv_mod.load_or_build(config, strict=False)  # GPU facts are read fresh, not from the snapshot
     host = inventory.host
-    if _names_mig_uuid(env) and any(m.uuid is None for m in host.mig_devices):
-        inventory = with_mig_uuids(config, inventory)
+    if "MIG-" in env.get(req.VISIBLE, "").upper() and any(m.uuid is None for m in host.mig_devices):
+        inventory = with_mig_uuids(inventory)
         host = inventory.host
     allowed = None
-    if pid is not None:
-        from pyxis_hook import cgroup
+    if confine:
+        from pyxis_hook import cgroup, gpus
 
-        nv_major = host.majors.nvidia or 195
-        allowed_set = cgroup.gpu_minors_allowed("/proc", os.getpid(), [g.minor for g in host.gpus], nv_major)
-        allowed = None if allowed_set is None else frozenset(allowed_set)
+        allowed = cgroup.gpu_minors_allowed("/proc", os.getpid(), [g.minor for g in host.gpus],
+                                            host.majors.nvidia or gpus.NVIDIA_MAJOR)
         if allowed is not None and len(allowed) == len(host.gpus):
             allowed = None  # not confined
     cuda = None
@@ -107,4 +102,8 @@ def prepare(config: Config, bundle, *, state=None, pid: int | None = None) -> Pr
     plan = build_plan(request, inventory, facts, config, proc_files=read_proc_driver_files(config.proc_root))
     for note in plan.notes:
         log.debug(note)
-    return Prepared(bundle, request, inventory, plan)
+    if check and plan.problems:
+        from pyxis_hook.errors import DriverError
+
+        raise DriverError(plan.problems[0])
+    return Prepared(request, inventory, plan)

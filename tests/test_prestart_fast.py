@@ -76,3 +76,12 @@ def test_void_exit_imports_almost_nothing(tmp_path):
              "pyxis_hook.oci", "pyxis_hook.request", "pyxis_hook.log", "pyxis_hook.cli"}
     assert "pyxis_hook.commands.prestart" in loaded
     assert not heavy & loaded, sorted(loaded)
+
+
+def test_deeply_nested_state_is_one_line_not_a_traceback():
+    """The C scanner raises RecursionError on deep nesting: the early exit must not let it out."""
+    r = subprocess.run([sys.executable, "-m", "pyxis_hook", "prestart"], input="[" * 200000,
+                       capture_output=True, text=True)
+    assert r.returncode != 0
+    assert "Traceback" not in r.stderr and r.stderr.count("\n") == 1, r.stderr[-500:]
+    assert "OCI state on stdin" in r.stderr

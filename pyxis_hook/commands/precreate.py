@@ -49,22 +49,18 @@ def _env_edit(doc: dict, name: str, value: str) -> None:
 def transform(config, data: bytes, bundle_dir: str | None = None) -> bytes:
     """The config.json podman should use instead of `data`; `data` itself for a void request."""
     from pyxis_hook import log, oci
-    from pyxis_hook.errors import DriverError, OciError
-    from pyxis_hook.request import void_request
+    from pyxis_hook.errors import OciError
 
     bundle_dir = bundle_dir or os.getcwd()
     bundle = oci.parse_config(data, bundle_dir, "<precreate config.json on stdin>")
-    void = void_request(bundle.env_map())
-    if void is not None:
-        log.debug(f"precreate: {void.reasons[0]}")
-        return data
     from pyxis_hook.hook import prepare
 
-    # pid: our own device cgroup is the allocation's (podman runs us inside the srun step)
-    prepared = prepare(config, bundle, pid=os.getpid())
+    # confined by our own device cgroup: the allocation's (podman runs us inside the srun step)
+    prepared = prepare(config, bundle, check=True)
+    if prepared.request.void:
+        log.debug(f"precreate: {prepared.request.reasons[0]}")
+        return data
     plan, request = prepared.plan, prepared.request
-    if plan.problems:
-        raise DriverError(plan.problems[0])
     try:
         doc = json.loads(data)
     except ValueError as e:  # parse_config already accepted it; keep the message anyway

@@ -19,22 +19,18 @@ def add_arguments(parser) -> None:
 def execute(config, stdin_bytes: bytes, bundle_dir: str | None = None) -> int:
     """The hook's work; raises PyxisHookError for anything the user must fix."""
     from pyxis_hook import log, oci
-    from pyxis_hook.request import void_request
 
     state = oci.parse_state(stdin_bytes)
     bundle = oci.load_bundle(bundle_dir or state.bundle)
-    void = void_request(bundle.env_map())
-    if void is not None:
-        log.debug(f"container {state.id}: {void.reasons[0]}")
-        return 0
-    from pyxis_hook.apply import apply_plan
-    from pyxis_hook.errors import DriverError
     from pyxis_hook.hook import prepare
 
-    prepared = prepare(config, bundle, state=state, pid=state.pid)
+    prepared = prepare(config, bundle, state=state, check=True)
+    if prepared.request.void:
+        log.debug(f"container {state.id}: {prepared.request.reasons[0]}")
+        return 0
+    from pyxis_hook.apply import apply_plan
+
     plan = prepared.plan
-    if plan.problems:
-        raise DriverError(plan.problems[0])
     log.info(f"container {state.id}: {len(plan.devices)} devices, {len(plan.mounts)} mounts, "
              f"ldcache {plan.ldcache.mode}")
     apply_plan(plan, state.pid, config)
@@ -122,7 +118,7 @@ def certainly_void(data: bytes) -> bool:
             if not sep:
                 return False
             env[name] = value
-    except (ValueError, OSError, AttributeError, TypeError):
+    except Exception:  # noqa: BLE001 — anything odd (incl. RecursionError on deep JSON): the full path decides
         return False
     raw_visible = env.get("NVIDIA_VISIBLE_DEVICES")
     legacy = bool(env.get("CUDA_VERSION", "")) and not env.get("NVIDIA_REQUIRE_CUDA", "")

@@ -109,7 +109,7 @@ def parse_state(data: bytes, *, require_pid: bool = True) -> State:
     bundle = doc.get(bundle_key)
     if bundle is None:
         raise StateError(f"{what}: field 'bundle' is missing")
-    if not isinstance(bundle, str) or not bundle.startswith("/"):
+    if not isinstance(bundle, str) or not bundle.startswith("/") or "\0" in bundle:
         raise StateError(f"{what}: field '{bundle_key}' must be an absolute path, got {bundle!r}")
     pid = doc.get("pid")
     if pid is not None and (isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0):
@@ -347,6 +347,8 @@ def parse_config(data: bytes, bundle_dir: str, config_path: str | None = None) -
     root_path = root.string("path")
     if not root_path:
         raise OciError(f"{config_path}: 'root.path' is empty")
+    if "\0" in root_path:
+        raise OciError(f"{config_path}: 'root.path' contains a NUL byte")
     rootfs = os.path.normpath(os.path.join(bundle_dir, root_path))
 
     env_entries = process.strings("env")

@@ -40,10 +40,11 @@ IMEX = "NVIDIA_IMEX_CHANNELS"
 SLURM_VARS = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS")
 MAX_IMEX_CHANNEL = 1 << 20
 
-_INDEX = re.compile(r"^[0-9]+$")
+# digit runs are bounded: int() of a 5,000-digit token would raise ValueError (and nothing is that big)
+_INDEX = re.compile(r"^[0-9]{1,9}$")
 _PCI = re.compile(r"^[0-9a-fA-F]{1,8}:[0-9a-fA-F]{1,2}:[0-9a-fA-F]{1,2}\.[0-7]$")
-_GPU_MIG = re.compile(r"^([0-9]+):([0-9]+)$")
-_LEGACY_MIG = re.compile(r"^MIG-(GPU-[0-9a-fA-F-]+)/([0-9]+)/([0-9]+)$", re.IGNORECASE)
+_GPU_MIG = re.compile(r"^([0-9]{1,9}):([0-9]{1,9})$")
+_LEGACY_MIG = re.compile(r"^MIG-(GPU-[0-9a-fA-F-]+)/([0-9]{1,9})/([0-9]{1,9})$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)

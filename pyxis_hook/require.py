@@ -25,11 +25,11 @@ OPERATORS = ("=", "==", "!=", "<", "<=", ">", ">=")
 PREFIX = "NVIDIA_REQUIRE_"
 DISABLE = "NVIDIA_DISABLE_REQUIRE"
 OVERRIDE_HINT = f"set {DISABLE}=true in the container to skip this check"
-_VERSION = re.compile(r"^[0-9]+(\.[0-9]+)*$")
+_VERSION = re.compile(r"^[0-9]{1,9}(\.[0-9]{1,9})*$")  # bounded: int() of huge digit runs raises
 _OP = re.compile(r"[<>=!]+")
 # semver as Go's golang.org/x/mod/semver accepts it (NCT parseMajorMinorVersion)
 _SEMVER = re.compile(
-    r"^v?(0|[1-9][0-9]*)(?:\.(0|[1-9][0-9]*)(?:\.(0|[1-9][0-9]*))?)?"
+    r"^v?(0|[1-9][0-9]{0,8})(?:\.(0|[1-9][0-9]{0,8})(?:\.(0|[1-9][0-9]{0,8}))?)?"
     r"(?:-[0-9A-Za-z.-]+)?(?:\+[0-9A-Za-z.-]+)?$"
 )
 

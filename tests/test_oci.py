@@ -261,3 +261,16 @@ def test_empty_state_says_so():
     for data in (b"", b"  \n"):
         with pytest.raises(StateError, match="OCI state on stdin: empty"):
             parse_state(data)
+
+
+def test_nul_bytes_in_paths_are_one_line_errors(tmp_path):
+    import json as _json
+
+    from pyxis_hook.oci import OciError, StateError, load_bundle, parse_state
+
+    with pytest.raises(StateError, match="'bundle' must be an absolute path"):
+        parse_state(_json.dumps({"ociVersion": "1.0.2", "id": "x", "pid": 1, "bundle": "/tmp/a\u0000b"}).encode())
+    (tmp_path / "config.json").write_text(_json.dumps({"ociVersion": "1.0.2", "root": {"path": "r\u0000"},
+                                                       "process": {"env": [], "args": ["sh"], "cwd": "/"}}))
+    with pytest.raises(OciError, match="'root.path' contains a NUL byte"):
+        load_bundle(str(tmp_path))

@@ -654,3 +654,25 @@ def test_property_void_request_agrees_with_resolve(env):
         assert full == early
     else:
         assert not (isinstance(full, Request) and full.void)
+
+
+BIG = "1" * 5000  # int() refuses more than 4,300 digits: must be a one-line request error, not a ValueError
+
+
+@pytest.mark.parametrize("env", [
+    {"NVIDIA_VISIBLE_DEVICES": BIG},
+    {"NVIDIA_VISIBLE_DEVICES": f"0:{BIG}"},
+    {"NVIDIA_VISIBLE_DEVICES": f"MIG-GPU-aa/{BIG}/0"},
+    {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_IMEX_CHANNELS": BIG},
+    {"NVIDIA_VISIBLE_DEVICES": "all", "SLURM_JOB_GPUS": BIG},
+    {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_REQUIRE_CUDA": f"cuda>={BIG}"},
+    {"NVIDIA_VISIBLE_DEVICES": "0", "CUDA_VERSION": BIG},
+])
+def test_huge_numbers_are_request_errors(env):
+    with pytest.raises((RequestError, RequirementError)):
+        resolve(env, cuda_version="12.2")
+
+
+def test_huge_cuda_visible_devices_is_a_warning():
+    req = resolve({"NVIDIA_VISIBLE_DEVICES": "0", "CUDA_VISIBLE_DEVICES": BIG})
+    assert any("will not exist in the container" in w for w in req.warnings)

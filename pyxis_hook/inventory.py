@@ -52,9 +52,11 @@ class DriverFile:
     """One host file (or socket/dir) the driver provides.
 
     `path` is where it is inside the driver root after resolving symlinks
-    there (``/usr/lib/x86_64-linux-gnu/nvidia/current/libcuda.so.535.309.01``);
-    `host_path` is the same file as an absolute host path (driver-root
-    prefixed).  `name` is the file name it gets in the container (the
+    there (``/usr/lib/x86_64-linux-gnu/nvidia/current/libcuda.so.535.309.01``),
+    except for firmware and ICD files, which keep the path they are listed
+    under (where the container's loaders look for them); `host_path` is the
+    file itself as an absolute host path, always resolved inside the driver
+    root.  `name` is the file name it gets in the container (the
     versioned file for libraries, never a link).  `links` are the symlinks
     to make next to it, as (link name, target) in the same directory: the
     SONAME link, the `.so` link when the host has one, LNC's extras.
@@ -265,33 +267,26 @@ def discover(config, *, strict: bool = True, host: HostGpus | None = None) -> In
 
     cache_path = os.path.join(root, "etc/ld.so.cache")
     cache = None
-    try:
-        cache = ldcache.read_cache(cache_path)
-        st.sources.append(cache_path)
-    except (LdCacheError, OSError) as e:
-        if os.path.lexists(cache_path):
-            st.errors.append(str(e) if isinstance(e, LdCacheError) else f"{cache_path}: {e.strerror}")
-        else:
-            # ldconfig never ran in this tree (dpkg -x, a copied driver): index it as ldconfig would
-            from pyxis_hook.libscan import scan_root
-
-            cache, dirs = scan_root(root)
-            st.sources.extend(dirs)
-            st.warn(f"{cache_path}: missing; indexed the driver libraries by scanning {len(dirs)} "
-                    "directories as ldconfig would (run `ldconfig -r` there to use a real cache)")
-
-    if cache is not None and cache.fmt != "scan" and not any(
-            e.key.startswith(("libcuda.so", "libnvidia-ml.so")) for e in cache.entries):
-        # a cache made before the driver was unpacked, or one that never indexed its directory
-        # (Debian's nvidia/current without the alternatives links): add what ldconfig would find
+    if os.path.lexists(cache_path):
+        try:
+            cache = ldcache.read_cache(cache_path)
+            st.sources.append(cache_path)
+        except LdCacheError as e:
+            st.errors.append(str(e))
+    if not st.errors and (cache is None or not any(
+            e.key.startswith(("libcuda.so", "libnvidia-ml.so")) for e in cache.entries)):
+        # ldconfig never ran here (dpkg -x, a copied driver), or ran before the driver was unpacked
+        # (Debian's nvidia/current without the alternatives links): index what ldconfig would find
         from pyxis_hook.libscan import scan_root
 
         scanned, dirs = scan_root(root)
-        if scanned.entries:
+        if scanned.entries or cache is None:
             st.sources.extend(dirs)
-            st.warn(f"{cache_path}: lists no NVIDIA driver library; indexed them by scanning {len(dirs)} "
-                    "directories as ldconfig would (run `ldconfig -r` there to refresh the cache)")
-            cache = replace(cache, entries=ldcache.merge_entries(cache.entries, scanned.entries))
+            st.warn(f"{cache_path}: {'lists no NVIDIA driver library' if cache else 'missing'}; indexed the "
+                    f"driver libraries by scanning {len(dirs)} directories as ldconfig would "
+                    "(run `ldconfig -r` there to use a real cache)")
+            cache = scanned if cache is None else replace(
+                cache, entries=ldcache.merge_entries(cache.entries, scanned.entries))
 
     if cache is not None:
         entries64 = ldcache.entries_for_arch(cache, abi64)
@@ -604,19 +599,43 @@ def _binaries(st: _State, config) -> None:
                 break
 
 
-def _firmware(st: _State) -> None:
-    d = _resolve(st, caps.FIRMWARE_DIR.format(version=st.version))
-    import glob  # only when building (the hook path loads the snapshot)
+def _files_in_root(st: _State, directory: str, pattern: str) -> list[tuple[str, str]]:
+    """(root-relative path as listed, host path resolved inside the root) of regular files matching
+    `pattern` in `directory`.
 
-    hits = sorted(glob.glob(os.path.join(glob.escape(d), caps.FIRMWARE_GLOB))) if d else []
-    hits = [h for h in hits if os.path.isfile(h)]
-    for h in hits:
-        st.files.append(DriverFile(kind="firmware", capability="utility", path=_rel(st, h), host_path=h,
-                                   name=os.path.basename(h), source="firmware"))
-        st.sources.append(h)
+    A hit that is a symlink (Debian's alternatives links for ICD files, a
+    planted link) is resolved inside the root, never followed on the host;
+    the listed path is kept because that is where the container's loaders
+    look (/etc/vulkan/icd.d/nvidia_icd.json, not the alternatives target).
+    """
+    import fnmatch  # only when building (the hook path loads the snapshot)
+
+    d = _resolve(st, directory)
+    try:
+        names = sorted(os.listdir(d)) if d else []
+    except OSError:
+        return []
+    out: list[tuple[str, str]] = []
+    for name in names:
+        if not fnmatch.fnmatchcase(name, pattern):
+            continue
+        listed = os.path.join(directory, name)
+        real = _resolve(st, listed)
+        if real is not None and os.path.isfile(real):
+            out.append((listed, real))
+    return out
+
+
+def _firmware(st: _State) -> None:
+    directory = caps.FIRMWARE_DIR.format(version=st.version)
+    hits = _files_in_root(st, directory, caps.FIRMWARE_GLOB)
+    for listed, real in hits:
+        st.files.append(DriverFile(kind="firmware", capability="utility", path=listed, host_path=real,
+                                   name=os.path.basename(listed), source="firmware"))
+        st.sources.append(real)
     major = int(st.version.split(".")[0]) if st.version and st.version.split(".")[0].isdigit() else 0
     if not hits and major >= 510:
-        st.warn(f"{d or caps.FIRMWARE_DIR.format(version=st.version)}: no GSP firmware (gsp*.bin)")
+        st.warn(f"{st.root}{directory}: no GSP firmware (gsp*.bin)")
 
 
 def _ipc(st: _State, config) -> None:
@@ -640,21 +659,16 @@ def _ipc(st: _State, config) -> None:
 
 
 def _icd(st: _State, config) -> None:
-    import glob
-
     seen: set[str] = set()
     for cap, pattern in caps.ICD_FILES:
-        d = _resolve(st, os.path.dirname(pattern))
-        if d is None:
-            continue
-        for h in sorted(glob.glob(os.path.join(glob.escape(d), os.path.basename(pattern)))):
-            if h in seen or not os.path.isfile(h):
+        for listed, real in _files_in_root(st, os.path.dirname(pattern), os.path.basename(pattern)):
+            if listed in seen:
                 continue
-            seen.add(h)
-            st.files.append(DriverFile(kind="icd", capability=cap, path=_rel(st, h), host_path=h,
-                                       name=os.path.basename(h), source=f"icd:{pattern}",
+            seen.add(listed)
+            st.files.append(DriverFile(kind="icd", capability=cap, path=listed, host_path=real,
+                                       name=os.path.basename(listed), source=f"icd:{pattern}",
                                        inject=bool(config.graphics_config_files)))
-            st.sources.append(h)
+            st.sources.append(real)
 
 
 def _cuda_version(st: _State) -> int | None:

@@ -116,7 +116,10 @@ def scan_root(root: str, machine: str | None = None) -> tuple[ldcache.LdCache, t
                 continue  # an earlier directory (or the real file next to its link) wins, as in ldconfig
             seen.add((key, flags))
             link = f"{d}/{key}"
-            value = link if os.path.lexists(resolve_in_root(root, link)) else f"{d}/{name}"
+            try:
+                value = link if os.path.lexists(resolve_in_root(root, link)) else f"{d}/{name}"
+            except PathError:  # a looping SONAME link: the file itself is the entry
+                value = f"{d}/{name}"
             entries.append(ldcache.CacheEntry(key, value, flags))
     cache = ldcache.LdCache(entries=ldcache.sort_entries(entries), generator=GENERATOR, fmt="scan",
                             name=os.path.join(root, "etc/ld.so.cache"))

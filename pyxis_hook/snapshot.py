@@ -125,6 +125,8 @@ def save(config, inv) -> str:
         if not os.path.isdir(d):
             os.makedirs(d, mode=0o755, exist_ok=True)
             os.chmod(d, 0o755)
+        # a snapshot `load` would refuse is not worth writing: say so (once per rebuild) instead
+        _trusted_dir(path)
         payload = json.dumps({"format": FORMAT, "key": config_key(config), "inventory": inv.to_dict()},
                              indent=1, sort_keys=True).encode()
         import tempfile  # only when writing (tempfile pulls shutil, random, bz2, lzma)

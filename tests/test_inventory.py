@@ -430,3 +430,47 @@ def test_inventory_dict_round_trip_property(files):
     inv = Inventory(driver_version=V, cuda_version=12020, host=host, files=tuple(files),
                     sources=(("/x", 1, 2, 3, 4),))
     assert Inventory.from_dict(json.loads(json.dumps(inv.to_dict()))) == inv
+
+
+def test_untrusted_snapshot_dir_is_not_written_and_says_so(tmp_path, capsys):
+    """A dir load would refuse: save refuses too, with a warning, instead of a silent rebuild every start."""
+    from pyxis_hook import log
+    from pyxis_hook.errors import SnapshotError
+
+    root = make_driver(tmp_path / "root", extra=False)
+    c = cfg(root)
+    os.makedirs(c.snapshot_dir, exist_ok=True)
+    os.chmod(c.snapshot_dir, 0o777)
+    with pytest.raises(SnapshotError, match="writable by group or others"):
+        snapshot.save(c, discover(c))
+    log.configure(stderr_level="warning")
+    assert load_or_build(c).usable
+    assert "writable by group or others" in capsys.readouterr().err
+    assert not list(Path(c.snapshot_dir).glob("inventory-*.json"))
+
+
+def test_icd_and_firmware_links_resolved_inside_the_root(tmp_path):
+    """An ICD file that is a link (Debian's alternatives) keeps its listed path in the container; its source
+    is resolved inside the driver root, and a link aimed at a host file never reaches the host file."""
+    root = make_driver(tmp_path / "root", extra=False)
+    (root / "usr/share/vulkan/icd.d/nvidia_icd.json").unlink()
+    outside = tmp_path / "host-secret.json"
+    outside.write_text('{"host": true}\n')
+    (root / "usr/share/nvidia").mkdir(parents=True)
+    (root / "usr/share/nvidia/icd.json").write_text("{}\n")
+    vk = root / "etc/vulkan/icd.d"
+    vk.mkdir(parents=True)
+    (vk / "nvidia_icd.json").symlink_to("/usr/share/nvidia/icd.json")  # absolute: inside the root
+    egl = root / "usr/share/egl/egl_external_platform.d"
+    egl.mkdir(parents=True)
+    (egl / "15_nvidia_gbm.json").symlink_to(outside)  # a host path: must resolve inside the root (missing)
+    fw = root / f"lib/firmware/nvidia/{V}"
+    (fw / "gsp_ga10x.bin").unlink()
+    (root / "blob.bin").write_bytes(b"\0")
+    (fw / "gsp_ga10x.bin").symlink_to("/blob.bin")
+    host = hosttree.make_host_tree(tmp_path / "host", driver_version=V, make_nodes=False)
+    inv = discover(replace(cfg(root, host), graphics_config_files=True))
+    icd = {f.path: f.host_path for f in inv.files if f.kind == "icd"}
+    assert icd == {"/etc/vulkan/icd.d/nvidia_icd.json": str(root / "usr/share/nvidia/icd.json")}
+    fwf = [f for f in inv.files if f.kind == "firmware"]
+    assert [(f.path, f.host_path) for f in fwf] == [(f"/lib/firmware/nvidia/{V}/gsp_ga10x.bin", str(root / "blob.bin"))]

@@ -222,3 +222,16 @@ def test_stale_host_cache_without_driver_entries_is_completed_by_scanning(tmp_pa
     inv = discover(config_for(tree, "debian", tmp_path))
     assert any(f.soname == "libcuda.so.1" for f in inv.files)
     assert any("lists no NVIDIA driver library" in w for w in inv.warnings)
+
+
+def test_scan_survives_a_looping_soname_link(tmp_path):
+    """A symlink loop in an uncached driver root: indexed anyway (info/list print what they find)."""
+    from fixtures.fakedriver import make_fake_driver
+
+    root = make_fake_driver(tmp_path / "drv", version="535.216.03")
+    (root / "etc/ld.so.cache").unlink()
+    lib = root / "usr/lib/x86_64-linux-gnu"
+    (lib / "libcuda.so.1").unlink()
+    (lib / "libcuda.so.1").symlink_to("libcuda.so.1")  # loops
+    inv = discover(config_for(root, "installer", tmp_path))
+    assert any(f.soname == "libcuda.so.1" and f.host_path.endswith("libcuda.so.535.216.03") for f in inv.files)

@@ -114,29 +114,9 @@ EXTRA_LINKS: tuple[tuple[str, str, str], ...] = (
     ("libnvidia-opticalflow.so.1", "libnvidia-opticalflow.so", "libnvidia-opticalflow.so.1"),
 )
 
-#: every capability a request may name (same order as config.ALL_CAPABILITIES)
-CAPABILITIES: tuple[str, ...] = ("compute", "compat32", "graphics", "utility", "video", "display", "ngx")
-
 #: libraries whose file must carry a GNU ABI note (OS Linux, ABI >= 2.3.99), else hard error
 ABI_NOTE_REQUIRED: tuple[str, ...] = ("libnvidia-tls.so",)
 ABI_NOTE_MIN = (2, 3, 99)
-
-
-def library_prefixes(capability: str) -> tuple[str, ...]:
-    """The cache-key prefixes of one capability (empty for compat32/display)."""
-    return dict(LIBRARY_PREFIXES).get(capability, ())
-
-
-def binaries(capability: str) -> tuple[str, ...]:
-    return dict(BINARIES).get(capability, ())
-
-
-def capability_of_library(name: str) -> str | None:
-    """The capability whose prefix list matches `name` (a SONAME or file name), or None."""
-    for cap, prefixes in LIBRARY_PREFIXES:
-        if any(name.startswith(p) for p in prefixes):
-            return cap
-    return None
 
 
 def never_injected(name: str) -> bool:

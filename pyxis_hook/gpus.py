@@ -138,7 +138,9 @@ class HostGpus:
         return next((g for g in self.gpus if g.index == index), None)
 
     def gpu_by_uuid(self, uuid: str) -> Gpu | None:
-        return next((g for g in self.gpus if g.uuid == uuid), None)
+        """UUIDs compare case-insensitively (NVML prints lower case; users paste either)."""
+        want = uuid.lower()
+        return next((g for g in self.gpus if g.uuid and g.uuid.lower() == want), None)
 
     def gpu_by_bus_id(self, bus_id: str) -> Gpu | None:
         """Match either the 4-digit procfs or the 8-digit NVML form of a PCI id."""

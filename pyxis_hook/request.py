@@ -151,10 +151,10 @@ def _unknown(tok: str, host: HostGpus, hint: str = "") -> RequestError:
 
 
 def _find_gpu_uuid(host: HostGpus, tok: str) -> Gpu:
+    found = host.gpu_by_uuid(tok)
+    if found is not None:
+        return found
     want = tok.lower()
-    for g in host.gpus:
-        if g.uuid and g.uuid.lower() == want:
-            return g
     prefixed = [g for g in host.gpus if g.uuid and g.uuid.lower().startswith(want)]
     hint = ""
     if len(prefixed) == 1:
@@ -237,7 +237,7 @@ def _slurm_allocation(env: Mapping[str, str], host: HostGpus, config: Config,
                     raise RequestError(f"{label}: GPU {tok} does not exist on this host, which has {count} usable "
                                        f"GPU(s) in PCI order (does gres.conf match the hardware?)")
             elif tok[:4].upper() == "GPU-":
-                g = next((x for x in host.gpus if x.uuid and x.uuid.lower() == tok.lower()), None)
+                g = host.gpu_by_uuid(tok)
                 if g is None or g.index is None:
                     raise RequestError(f"{label}: GPU {tok} does not exist on this host")
             else:
@@ -402,19 +402,15 @@ def resolve_request(
     *,
     cuda_version: str | None = None,
     privileged: bool = False,
-    cgroup_allowed: frozenset[int] | None = None,
 ) -> Request:
     """Resolve what the container asked for; raise RequestError/RequirementError (one line) if impossible.
 
     `allowed_minors`: GPU minors the hook's device cgroup allows (None = not
-    confined); `cgroup_allowed` is the same, under design.md's name.
-    `cuda_version` (`major.minor`, from the inventory) feeds `cuda` requirements;
-    falls back to `host.cuda_version` when the object has one.  `privileged`
+    confined).  `cuda_version` (`major.minor`, from the inventory) feeds
+    `cuda` requirements (None: unknown, and a cuda condition fails).  `privileged`
     (CAP_SYS_ADMIN in the bounding set, `oci.Bundle.privileged`) gates MIG
     config/monitor like NCT.
     """
-    if allowed_minors is None:
-        allowed_minors = cgroup_allowed
     reasons: list[str] = []
     warnings: list[str] = []
     legacy = require.is_legacy(env)
@@ -504,8 +500,6 @@ def resolve_request(
         reasons.append("requirements not checked: " + ("disable-require = true in pyxis.conf"
                                                        if config.disable_require else "NVIDIA_DISABLE_REQUIRE is true"))
     elif reqs:
-        if cuda_version is None:
-            cuda_version = getattr(host, "cuda_version", None)
         facts = require.HostFacts(cuda=cuda_version, driver=host.driver_version,
                                   devices=tuple(require.DeviceFacts() for _ in (*sel_gpus, *sel_migs)))
         require.check_requirements(reqs, facts)

@@ -47,8 +47,6 @@ DEFAULT_RTLD = {(64, EM_X86_64): "/lib64/ld-linux-x86-64.so.2", (32, EM_386): "/
 DEFAULT_PLATFORM = {EM_X86_64: "x86_64", EM_386: "i686", EM_AARCH64: "aarch64"}
 
 #: glibc-hwcaps subdirectories, most preferred first (sysdeps/x86_64/dl-hwcaps-subdirs.c)
-X86_64_HWCAPS = ("x86-64-v4", "x86-64-v3", "x86-64-v2")
-
 #: legacy hwcap subdirs glibc 2.36 on x86-64 searched after glibc-hwcaps (measured, LD_DEBUG=libs); gone in 2.37
 X86_64_LEGACY_SUBDIRS_236 = ("tls/x86_64/x86_64", "tls/x86_64", "tls", "x86_64/x86_64", "x86_64")
 

@@ -263,13 +263,10 @@ def test_requirements_also_for_none():
         resolve({"NVIDIA_VISIBLE_DEVICES": "none", "NVIDIA_REQUIRE_DRIVER": "driver>=999"})
 
 
-def test_cuda_version_from_host_object():
-    class WithCuda(HostGpus):
-        cuda_version = "11.0"
-
-    host = WithCuda(**{f: getattr(HOST, f) for f in HOST.__dataclass_fields__})
+def test_cuda_requirement_checked_against_the_given_version():
     with pytest.raises(RequirementError, match="cuda 11.0"):
-        resolve({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_REQUIRE_CUDA": "cuda>=12.0"}, host)
+        resolve({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_REQUIRE_CUDA": "cuda>=12.0"}, cuda_version="11.0")
+    assert resolve({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_REQUIRE_CUDA": "cuda>=12.0"}, cuda_version="12.2").gpus
 
 
 @pytest.mark.parametrize("env, config", [
@@ -410,7 +407,7 @@ def test_cgroup_refuses_explicit():
 
 
 def test_cgroup_alias_name():
-    req = resolve_request({"NVIDIA_VISIBLE_DEVICES": "all"}, {}, HOST, CFG, cgroup_allowed=frozenset({3}))
+    req = resolve_request({"NVIDIA_VISIBLE_DEVICES": "all"}, {}, HOST, CFG, frozenset({3}))
     assert indices(req) == [3]
 
 

@@ -243,7 +243,8 @@ def slurm_of_lines(lines: tuple[CgroupLine, ...]) -> SlurmCgroup | None:
 # ------------------------------------------------------------------ thin readers
 
 
-def _read(path: str) -> str | None:
+def read_text(path: str) -> str | None:
+    """A small procfs/cgroupfs text file, None when it cannot be read (a process gone, no controller)."""
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
             return f.read()
@@ -253,16 +254,16 @@ def _read(path: str) -> str | None:
 
 def read_devices_cgroup(proc_root: str, pid: int | str, mountinfo_pid: int | str = "self") -> DeviceCgroup | None:
     """`devices_cgroup` of `<proc-root>/<pid>/cgroup`, with mounts as `mountinfo_pid` (the hook) sees them."""
-    cg = _read(os.path.join(proc_root, str(pid), "cgroup"))
+    cg = read_text(os.path.join(proc_root, str(pid), "cgroup"))
     if cg is None:
         return None
-    mi = _read(os.path.join(proc_root, str(mountinfo_pid), "mountinfo")) or ""
+    mi = read_text(os.path.join(proc_root, str(mountinfo_pid), "mountinfo")) or ""
     return devices_cgroup(cg, mi)
 
 
 def read_slurm_cgroup(proc_root: str, pid: int | str) -> SlurmCgroup | None:
     """The Slurm step whose cgroup holds process `pid`, from the kernel's record (not from env)."""
-    cg = _read(os.path.join(proc_root, str(pid), "cgroup"))
+    cg = read_text(os.path.join(proc_root, str(pid), "cgroup"))
     return slurm_of_lines(parse_proc_cgroup(cg)) if cg is not None else None
 
 
@@ -276,7 +277,7 @@ def gpu_minors_allowed(proc_root: str, pid: int | str, candidates, nvidia_major:
     dc = read_devices_cgroup(proc_root, pid, mountinfo_pid)
     if dc is None or dc.controller != "v1" or dc.fs_path is None:
         return None
-    text = _read(os.path.join(dc.fs_path, "devices.list"))
+    text = read_text(os.path.join(dc.fs_path, "devices.list"))
     if text is None:
         return None
     return allowed_minors(parse_devices_list(text), nvidia_major, candidates)

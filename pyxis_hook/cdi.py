@@ -28,7 +28,6 @@ from pyxis_hook.plan import ContainerFacts, DeviceEdit, MountEdit, Plan
 #: lowest CDI version covering what we emit (deviceNodes.hostPath is 0.5.0; mount `type` 0.4.0)
 CDI_VERSION = "0.5.0"
 HOOK_STAGE = "createContainer"
-HOOK_ENV_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #: CDI containers must not be injected a second time by a hooks.d prestart hook
 VOID_ENV = "NVIDIA_VISIBLE_DEVICES=void"
 
@@ -62,13 +61,10 @@ def hook_command(config, python: str | None = None) -> tuple[str, list[str], lis
     argv[0] is the absolute interpreter: Python derives sys.prefix from a bare
     argv[0] by a PATH search, which finds the system python, not this install.
     """
-    from pyxis_hook.hookd import base_argv, interpreter
+    from pyxis_hook.hookd import base_argv, hook_env, interpreter
 
     python = python or interpreter()
-    env = [HOOK_ENV_PATH]
-    if config.source and config.source != "<defaults>":
-        env.append(f"PYXIS_HOOK_CONFIG={os.path.abspath(config.source)}")
-    return python, [*base_argv(python), "cdi", "hook"], env
+    return python, [*base_argv(python), "cdi", "hook"], hook_env(config)
 
 
 def _node(d: DeviceEdit) -> dict:
@@ -193,7 +189,7 @@ def generate_spec(config, *, python: str | None = None, machine: str | None = No
         # MIG UUIDs (procfs has none) name devices in the spec: ask the driver's NVML, here only
         from pyxis_hook.hook import with_mig_uuids
 
-        inventory = with_mig_uuids(config, inventory)
+        inventory = with_mig_uuids(inventory)
         host = inventory.host
     facts = cdi_facts(machine)
     proc_files = read_proc_driver_files(config.proc_root)

@@ -20,9 +20,9 @@ import stat
 import subprocess
 from dataclasses import dataclass
 
-from pyxis_hook.errors import ConfigError, ElfError, LdCacheError, PathError
+from pyxis_hook.errors import ConfigError, ElfError, LdCacheError
 from pyxis_hook.findings import Finding
-from pyxis_hook.rootfs import resolve_in_root
+from pyxis_hook.ldcheck import in_root
 
 DEFAULT_HOOKS_DIRS = ("/usr/share/containers/oci/hooks.d", "/etc/containers/oci/hooks.d")
 PERSISTENCED_SOCKET = "/var/run/nvidia-persistenced/socket"
@@ -51,14 +51,8 @@ class DoctorEnv:
     run_runtimes: bool = True
 
 
-def _host(root: str, path: str) -> str | None:
-    try:
-        return resolve_in_root(root, path)
-    except PathError:
-        return None
-
-
 def _read(path: str) -> str | None:
+    # the same as cgroup's private reader; kept here until cgroup exposes one (read_text)
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
             return f.read()
@@ -140,13 +134,13 @@ def check_devices(host, config) -> list[Finding]:
 
 
 def check_persistenced(config) -> list[Finding]:
-    sock = _host(config.driver_root, PERSISTENCED_SOCKET)
+    sock = in_root(config.driver_root, PERSISTENCED_SOCKET)
     try:
         if sock and stat.S_ISSOCK(os.stat(sock).st_mode):
             return [Finding("ok", "persistenced", f"nvidia-persistenced is running ({sock})")]
     except OSError:
         pass
-    pidfile = _host(config.driver_root, PERSISTENCED_PID)
+    pidfile = in_root(config.driver_root, PERSISTENCED_PID)
     text = _read(pidfile) if pidfile else None
     if text and text.strip().isdigit() and os.path.isdir(os.path.join(config.proc_root, text.strip())):
         return [Finding("ok", "persistenced", f"nvidia-persistenced is running (pid {text.strip()})")]
@@ -156,10 +150,16 @@ def check_persistenced(config) -> list[Finding]:
                     "systemctl enable --now nvidia-persistenced")]
 
 
-def check_host_ldcache(inv, config) -> list[Finding]:
-    """The driver root's ld.so.cache must list libcuda.so.1/libnvidia-ml.so.1 of the driver version."""
+def check_host_ldcache(inv, config, machine: str | None = None) -> list[Finding]:
+    """The driver root's ld.so.cache must list libcuda.so.1/libnvidia-ml.so.1 of the driver version.
+
+    Looked up with the flags this machine's 64-bit loader accepts
+    (`ldcache.LOADER_FLAGS`; 0x0A03 on aarch64), as the host's own ld.so would.
+    """
     from pyxis_hook import ldcache
 
+    machine = machine or os.uname().machine
+    flags = ldcache.LOADER_FLAGS.get(machine, ldcache.LOADER_FLAGS["generic"])
     path = os.path.join(config.driver_root, "etc/ld.so.cache")
     try:
         cache = ldcache.read_cache(path)
@@ -168,8 +168,8 @@ def check_host_ldcache(inv, config) -> list[Finding]:
                         "the hook finds driver libraries through the host's ld.so.cache", "run ldconfig on the host")]
     out = []
     for soname in ("libcuda.so.1", "libnvidia-ml.so.1"):
-        hit = ldcache.search_cache(cache, soname, ldcache.FLAG_X8664_LIB64 | ldcache.FLAG_ELF_LIBC6)
-        real = _host(config.driver_root, hit.value) if hit else None
+        hit = ldcache.search_cache(cache, soname, flags)
+        real = in_root(config.driver_root, hit.value) if hit else None
         if hit is None or real is None or not os.path.isfile(real):
             out.append(Finding("error", "host-ldcache", f"{path} does not list {soname}" if hit is None else
                                f"{path}: {soname} -> {hit.value}, which does not exist",
@@ -234,25 +234,31 @@ def check_config(config) -> list[Finding]:
     return [Finding("ok", "config", f"{config.source} is valid")]
 
 
+def _strs(value) -> list[str]:
+    """A hooks.d `args`/`env` as a list of strings; anything else (a foreign file's `1`) as []."""
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
 def _main_file(hook: dict) -> str | None:
     """The pyxis_hook/__main__.py a hook runs (`python -I -S .../__main__.py`), realpath'd; None for `-m`."""
-    for a in hook.get("args") or []:
-        if str(a).endswith("pyxis_hook/__main__.py"):
-            return os.path.realpath(str(a))
+    for a in _strs(hook.get("args")):
+        if a.endswith("pyxis_hook/__main__.py"):
+            return os.path.realpath(a)
     return None
 
 
 def _runs_pyxis_hook(hook: dict) -> bool:
-    args = [str(a) for a in hook.get("args") or []]
+    args = _strs(hook.get("args"))
     return ("pyxis_hook" in args or _main_file(hook) is not None
             or os.path.basename(str(hook.get("path", ""))) == "pyxis-hook")
 
 
 def check_hooks_d(config, env: DoctorEnv) -> list[Finding]:
     """The oci-hooks file podman/CRI-O read: present, and running this install with this config."""
-    from pyxis_hook.hookd import base_argv, interpreter
+    from pyxis_hook.hookd import CONFIG_ENV, base_argv, config_path, interpreter
 
     python = env.python or interpreter()
+    want_conf = config_path(config)
     this_main = os.path.realpath(base_argv(python)[-1])
     found = []
     for d in env.hooks_dirs:
@@ -279,7 +285,7 @@ def check_hooks_d(config, env: DoctorEnv) -> list[Finding]:
     out = []
     for p, hook in found:
         path = str(hook.get("path", ""))
-        conf = next((e.split("=", 1)[1] for e in hook.get("env") or [] if str(e).startswith("PYXIS_HOOK_CONFIG=")), None)
+        conf = next((e.split("=", 1)[1] for e in _strs(hook.get("env")) if e.startswith(CONFIG_ENV + "=")), None)
         if not os.access(path, os.X_OK):
             out.append(Finding("error", "hook-path-missing", f"{p}: hook path {path} is not an executable file",
                                "the engine fails every container start with this hook", "pyxis-hook hookd --install "
@@ -288,10 +294,10 @@ def check_hooks_d(config, env: DoctorEnv) -> list[Finding]:
             out.append(Finding("warning", "hook-other-install", f"{p} runs {path}, not this install's {python}",
                                "containers get another pyxis-hook (version, configuration) than the one checked here",
                                "pyxis-hook hookd --install " + os.path.dirname(p)))
-        elif config.source != "<defaults>" and conf != config.source:
+        elif want_conf and (os.path.abspath(conf) if conf else None) != want_conf:
             out.append(Finding("warning", "hook-other-config", f"{p} uses configuration {conf or 'the default'}, "
-                               f"not {config.source}", "the hook would read another pyxis.conf than this check",
-                               "pyxis-hook --config " + config.source + " hookd --install " + os.path.dirname(p)))
+                               f"not {want_conf}", "the hook would read another pyxis.conf than this check",
+                               "pyxis-hook --config " + want_conf + " hookd --install " + os.path.dirname(p)))
         else:
             out.append(Finding("ok", "hook-installed", f"{p} runs this install ({path})"))
     return out
@@ -324,16 +330,14 @@ def check_cgroup(config, env: DoctorEnv) -> list[Finding]:
     from pyxis_hook import cgroup
 
     path = os.path.join(config.proc_root, env.self_pid, "cgroup")
-    text = _read(path)
-    if text is None:
+    dc = cgroup.read_devices_cgroup(config.proc_root, env.self_pid, env.self_pid)
+    if dc is None and not os.access(path, os.R_OK):
         return [Finding("info", "cgroup", f"{path} is unreadable: cgroup layout unknown", "", "")]
-    lines = cgroup.parse_proc_cgroup(text)
-    version = cgroup.cgroup_version(lines)
-    if version in ("v1", "hybrid") and any("devices" in ln.controllers for ln in lines):
-        return [Finding("ok", "cgroup", f"cgroup {version}: devices controller in use; the hook adds each node to "
-                        "the container's devices.allow")]
-    if version in ("v2", "hybrid"):
-        return [Finding("info", "cgroup-v2", f"cgroup {version}: device access is decided by eBPF programs",
+    if dc is not None and dc.controller == "v1":
+        return [Finding("ok", "cgroup", f"cgroup {dc.version}: devices controller in use; the hook adds each node "
+                        "to the container's devices.allow")]
+    if dc is not None:
+        return [Finding("info", "cgroup-v2", f"cgroup {dc.version}: device access is decided by eBPF programs",
                         "the hook does not rewrite them: the runtime must allow the GPU nodes (devices in config.json, "
                         "CDI, or the precreate hook)", "nothing to do with runc/crun/podman; use CDI for other engines")]
     return [Finding("warning", "cgroup", f"{path}: no devices controller and no cgroup v2",

@@ -13,6 +13,7 @@ import sys
 
 HOOK_FILE_NAME = "pyxis-hook.json"
 HOOK_ENV_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+CONFIG_ENV = "PYXIS_HOOK_CONFIG"
 
 
 def hook_file_name(stage: str = "prestart") -> str:
@@ -47,19 +48,39 @@ def base_argv(python: str | None = None) -> list[str]:
     return [python, "-I", "-S", main]
 
 
-def hook_document(stage: str = "prestart", config_path: str | None = None,
+def config_path(config) -> str | None:
+    """The absolute pyxis.conf path a registered hook must be told, or None for built-in defaults.
+
+    Absolute because the runtime runs hooks from its own cwd, not the one
+    `pyxis-hook --config pyxis.conf ...` was typed in.
+    """
+    if not config.source or config.source == "<defaults>":
+        return None
+    return os.path.abspath(config.source)
+
+
+def hook_env(config) -> list[str]:
+    """The environment of every hook we register (hooks.d, CDI hooks, enroot shim).
+
+    One place, so the three never disagree: a fixed PATH (runtimes hand hooks
+    an environment we must not rely on) and the absolute PYXIS_HOOK_CONFIG
+    unless the configuration is the built-in defaults.
+    """
+    conf = config_path(config)
+    return [HOOK_ENV_PATH] + ([f"{CONFIG_ENV}={conf}"] if conf else [])
+
+
+def hook_document(stage: str = "prestart", env: list[str] | None = None,
                   python: str | None = None, timeout: int | None = None) -> dict:
     """The hooks.d document for this install: run `python -I -S .../pyxis_hook/__main__.py <stage>`.
 
     argv[0] is the interpreter's absolute path, not its basename: CPython
     derives sys.prefix from argv[0], and a bare `python3` would be looked up
-    on the hook's PATH and could pick another installation.
+    on the hook's PATH and could pick another installation.  `env` comes from
+    `hook_env(config)` (default: PATH only).
     """
     python = python or interpreter()
-    env = [HOOK_ENV_PATH]
-    if config_path:
-        env.append(f"PYXIS_HOOK_CONFIG={config_path}")
-    hook: dict = {"path": python, "args": hook_argv(stage, python), "env": env}
+    hook: dict = {"path": python, "args": hook_argv(stage, python), "env": list(env or [HOOK_ENV_PATH])}
     if timeout:
         hook["timeout"] = timeout
     return {"version": "1.0.0", "hook": hook, "when": {"always": True}, "stages": [stage]}

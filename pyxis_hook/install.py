@@ -12,10 +12,14 @@ import os
 from pyxis_hook.errors import UsageError
 
 
-def install_text(path: str, text: str, mode: int = 0o644, *, require_dir: bool = True) -> str:
-    """Atomically write `text` to `path` with `mode`; UsageError naming the path on failure."""
+def install_text(path: str, text: str, mode: int = 0o644) -> str:
+    """Atomically write `text` to `path` with `mode`; UsageError naming the path on failure.
+
+    The directory must exist ("<dir>: not a directory"): an install never
+    creates engine configuration directories the engine does not read.
+    """
     d = os.path.dirname(os.path.abspath(path))
-    if require_dir and not os.path.isdir(d):
+    if not os.path.isdir(d):
         raise UsageError(f"{d}: not a directory")
     tmp = f"{path}.{os.getpid()}.tmp"
     try:

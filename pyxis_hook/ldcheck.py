@@ -28,11 +28,12 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
-from pyxis_hook.errors import LdCacheError, PathError, RequirementError
+from pyxis_hook.errors import LdCacheError, PathError, RequestError, RequirementError
 from pyxis_hook.findings import Finding
 from pyxis_hook.rootfs import resolve_in_root
 
-EM_386, EM_X86_64 = 3, 62
+#: the 32-bit loader that runs next to a 64-bit machine's own (ldcache.LOADER_FLAGS keys)
+LOADER32 = {"x86_64": "i386", "aarch64": "armhf"}
 
 #: well-known non-driver dependencies -> (Debian/Ubuntu package, RHEL package)
 PACKAGES = {
@@ -50,8 +51,7 @@ CUDA_DIRS = ("/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib"
              "/usr/local/cuda/targets/sbsa-linux/lib")
 COMPAT_DIR = "/usr/local/cuda/compat"
 
-_CUDART_RE = re.compile(r"^libcudart\.so\.(\d+)\.(\d+)(?:\.\d+)*$")
-_DRIVER_LIB_RE = re.compile(r"^lib[\w+-]*\.so\.(\d{3})\.\d+(?:\.\d+)?$")
+CUDART_PREFIX = "libcudart.so."
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,7 @@ class InjectedLib:
     host_path: str
     elfclass: int
     capability: str
+    needed: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -148,11 +149,12 @@ def injected_libs(inventory, capabilities, facts) -> tuple[InjectedLib, ...]:
             continue
         names = tuple(dict.fromkeys([f.name, f.soname, *(link for link, _ in f.links)]))
         out.append(InjectedLib(f.soname, f"{d}/{f.name}", names, f.host_path,
-                               f.elfclass or (64 if f.kind == "lib" else 32), f.capability))
+                               f.elfclass or (64 if f.kind == "lib" else 32), f.capability, tuple(f.needed)))
     return tuple(out)
 
 
-def _hostdir(rootfs: str, path: str) -> str | None:
+def in_root(rootfs: str, path: str) -> str | None:
+    """`resolve_in_root`, with None for a path that escapes or cannot be walked (a check, not an error)."""
     try:
         return resolve_in_root(rootfs, path)
     except PathError:
@@ -163,7 +165,7 @@ def virtual_files(rootfs: str, libs: tuple[InjectedLib, ...]) -> dict[tuple[str,
     """(host dir, file name) -> injected library, for every name an injected library answers to."""
     out: dict[tuple[str, str], InjectedLib] = {}
     for lib in libs:
-        d = _hostdir(rootfs, os.path.dirname(lib.container_path))
+        d = in_root(rootfs, os.path.dirname(lib.container_path))
         if d is None:
             continue
         for n in lib.names:
@@ -171,20 +173,29 @@ def virtual_files(rootfs: str, libs: tuple[InjectedLib, ...]) -> dict[tuple[str,
     return out
 
 
-def cache_flags(elfclass: int) -> tuple[int, ...]:
-    """The cache flags ld.so accepts for a class on this machine (x86-64: 0x0303; i386: 0x0001/0x0003)."""
+def cache_flags(elfclass: int, machine: str | None = None) -> tuple[int, ...]:
+    """The cache flags the container's ld.so of a class accepts on this machine (`ldcache.LOADER_FLAGS`).
+
+    x86-64: 0x0303 (64-bit), 0x0001/0x0003 (i386); aarch64: 0x0A03 (64-bit),
+    0x0003/0x0903 (armhf).  An unknown machine gets glibc's generic answer.
+    """
     from pyxis_hook import ldcache
 
-    return (ldcache.FLAG_X8664_LIB64 | ldcache.FLAG_ELF_LIBC6,) if elfclass == 64 else \
-        (ldcache.FLAG_ELF_LIBC6, ldcache.FLAG_ELF)
+    machine = machine or os.uname().machine
+    name = machine if elfclass == 64 else LOADER32.get(machine, "generic")
+    return ldcache.LOADER_FLAGS.get(name, ldcache.LOADER_FLAGS["generic"])
 
 
 def cache_after_injection(image_cache, libs: tuple[InjectedLib, ...]):
-    """The image's cache (or an empty one) with one entry per injected SONAME, as the hook leaves it."""
-    from pyxis_hook import ldcache
+    """The image's cache (or an empty one) with one entry per injected SONAME, as the hook leaves it.
+
+    Each entry gets the flags ldconfig would give the file (`ldmerge.cache_flags`:
+    a 32-bit library without DT_NEEDED is plain ELF, 0x0001), as the hook's merge writes them.
+    """
+    from pyxis_hook import ldcache, ldmerge
 
     added = [ldcache.CacheEntry(lib.soname, f"{os.path.dirname(lib.container_path)}/{lib.soname}",
-                                cache_flags(lib.elfclass)[0]) for lib in libs]
+                                ldmerge.cache_flags(lib.elfclass, lib.needed)) for lib in libs]
     existing = image_cache.entries if image_cache is not None else ()
     merged = ldcache.merge_entries(existing, added)
     return ldcache.LdCache(merged, image_cache.generator if image_cache is not None else None, "new",
@@ -194,18 +205,45 @@ def cache_after_injection(image_cache, libs: tuple[InjectedLib, ...]):
 # ------------------------------------------------------------------ the search
 
 
+def loader_of(elfclass: int, machine: str | None = None) -> tuple[int, str | None, str | None]:
+    """(ELF e_machine, PT_INTERP, AT_PLATFORM) of the container's loader for a class on this machine.
+
+    From `inventory.ARCHES` (which e_machine the driver's libraries of each
+    class have here) and resolve's per-(class, machine) loader tables; None
+    where glibc has no such loader (32-bit on ppc64le).
+    """
+    from pyxis_hook import inventory, resolve
+
+    machine = machine or os.uname().machine
+    arch = inventory.ARCHES.get(machine, inventory.ARCHES["x86_64"])
+    em = (arch[2] if elfclass == 64 else arch[3]) or 0
+    return em, resolve.DEFAULT_RTLD.get((elfclass, em)), resolve.DEFAULT_PLATFORM.get(em)
+
+
+def _fallback_dirs(elfclass: int, machine: str | None = None) -> tuple[str, ...]:
+    """Debian's and RHEL's default dirs, for an image whose ld.so cannot be inspected."""
+    from pyxis_hook.container import TRIPLETS
+
+    machine = machine or os.uname().machine
+    triplet, triplet32 = TRIPLETS.get(machine, (f"{machine}-linux-gnu", None))
+    if elfclass == 64:
+        return (f"/lib/{triplet}", f"/usr/lib/{triplet}", "/lib64", "/usr/lib64", "/lib", "/usr/lib")
+    return ((f"/lib/{triplet32}", f"/usr/lib/{triplet32}") if triplet32 else ()) + ("/lib", "/usr/lib")
+
+
 def search_setup(rootfs: str, elfclass: int, ld_library_path: str, cache) -> SearchSetup:
     """The loader of `rootfs` for one class: its compiled-in dirs and hwcaps subdirs (resolve.py)."""
     from pyxis_hook import resolve
 
-    interp, platform, machine = (("/lib64/ld-linux-x86-64.so.2", "x86_64", EM_X86_64) if elfclass == 64
-                                 else ("/lib/ld-linux.so.2", "i686", EM_386))
+    machine, interp, platform = loader_of(elfclass)
     try:
-        env = resolve.loader_env_for_root(rootfs, interp=interp, inhibit_cache=True, platform=platform, cwd="/")
+        if interp is None:
+            raise PathError(f"no {elfclass}-bit loader for ELF machine {machine}")
+        env = resolve.loader_env_for_root(rootfs, elfclass=elfclass, machine=machine, interp=interp,
+                                          inhibit_cache=True, platform=platform, cwd="/")
         dirs, hwcaps, legacy = env.system_dirs, env.hwcaps, env.legacy_subdirs
     except (PathError, OSError):
-        dirs = (("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64", "/lib", "/usr/lib")
-                if elfclass == 64 else ("/lib/i386-linux-gnu", "/usr/lib/i386-linux-gnu", "/lib", "/usr/lib"))
+        dirs = _fallback_dirs(elfclass)
         hwcaps, legacy = (), ()
     subdirs = tuple(f"glibc-hwcaps/{h}" for h in hwcaps) + tuple(legacy) + ("",)
     lib_token = dirs[0].lstrip("/") if dirs else "lib"
@@ -267,7 +305,7 @@ def resolve_soname(rootfs: str, name: str, setup: SearchSetup,
         if path in seen:
             continue
         seen.add(path)
-        d = _hostdir(rootfs, os.path.dirname(path))
+        d = in_root(rootfs, os.path.dirname(path))
         lib = virtual.get((d, os.path.basename(path))) if d is not None else None
         if lib is not None and lib.elfclass == setup.elfclass:
             tried.append(Candidate(path, how, "host"))
@@ -300,10 +338,21 @@ def _real_in_root(rootfs: str, path: str) -> str:
 
 
 def _driver_major(version: str | None) -> int | None:
+    """535 of "535.104.05" (inventory's version order); None when unknown or not a driver version."""
+    from pyxis_hook import inventory
+
     try:
-        return int(version.split(".")[0]) if version else None
+        return inventory._version_key(version)[0] if version else None
     except ValueError:
         return None
+
+
+def _lib_driver_major(name: str) -> int | None:
+    """The driver branch in a versioned driver library file name (libcuda.so.550.54.15 -> 550)."""
+    from pyxis_hook import inventory
+
+    m = inventory._VERSIONED_RE.match(name)
+    return _driver_major(m.group(2)) if m else None
 
 
 def _where_from(how: str, path: str) -> str:
@@ -357,8 +406,7 @@ def library_findings(rootfs: str, res: Resolution, driver_version: str | None) -
             _where_from(res.how, path)))
         return out
     if "/compat/" in f"{path}/{real}/":
-        m = _DRIVER_LIB_RE.match(os.path.basename(real))
-        compat_major = int(m.group(1)) if m else None
+        compat_major = _lib_driver_major(os.path.basename(real))
         host_major = _driver_major(driver_version)
         if compat_major is not None and host_major is not None and compat_major > host_major:
             out.append(Finding(
@@ -420,22 +468,24 @@ class CudaFacts:
 
 
 def cuda_facts(rootfs: str, search_dirs) -> CudaFacts:
+    from pyxis_hook.cudaversion import parse_cuda_version
+
     found: dict[str, int] = {}
     for d in dict.fromkeys(tuple(search_dirs) + CUDA_DIRS):
-        host = _hostdir(rootfs, d)
+        host = in_root(rootfs, d)
         if host is None or not os.path.isdir(host):
             continue
-        for p in sorted(glob.glob(os.path.join(glob.escape(host), "libcudart.so.*"))):
-            m = _CUDART_RE.match(os.path.basename(p))
-            if m:
-                found.setdefault(f"{d.rstrip('/')}/{os.path.basename(p)}", int(m.group(1)) * 1000 + int(m.group(2)) * 10)
+        for p in sorted(glob.glob(os.path.join(glob.escape(host), CUDART_PREFIX + "*"))):
+            version = parse_cuda_version(os.path.basename(p)[len(CUDART_PREFIX):])
+            if version is not None:
+                found.setdefault(f"{d.rstrip('/')}/{os.path.basename(p)}", version)
     compat = []
-    host = _hostdir(rootfs, COMPAT_DIR)
+    host = in_root(rootfs, COMPAT_DIR)
     if host is not None and os.path.isdir(host):
         for p in sorted(glob.glob(os.path.join(glob.escape(host), "libcuda.so.*"))):
-            m = _DRIVER_LIB_RE.match(os.path.basename(p))
-            if m and not os.path.islink(p):
-                compat.append((f"{COMPAT_DIR}/{os.path.basename(p)}", int(m.group(1))))
+            major = _lib_driver_major(os.path.basename(p))
+            if major is not None and not os.path.islink(p):
+                compat.append((f"{COMPAT_DIR}/{os.path.basename(p)}", major))
     return CudaFacts(tuple(found.items()), tuple(compat))
 
 
@@ -447,7 +497,7 @@ def cuda_findings(env: Mapping[str, str], facts: CudaFacts, host_cuda: int | Non
     out: list[Finding] = []
     host_major = _driver_major(driver_version)
     bridge = next(((p, m) for p, m in facts.compat_libcuda if host_major is not None and m > host_major), None)
-    compat_on = getattr(config, "cuda_compat", "ldconfig") != "disabled"
+    compat_on = config.cuda_compat != "disabled"
     host_text = format_cuda_version(host_cuda) if host_cuda else None
 
     def gap(code: str, what: str, need: str) -> Finding:
@@ -465,7 +515,7 @@ def cuda_findings(env: Mapping[str, str], facts: CudaFacts, host_cuda: int | Non
                        f"or use an image built for CUDA {host_text} or older")
 
     try:
-        reqs = require.parse_requirements(env, getattr(config, "disable_require", False))
+        reqs = require.parse_requirements(env, config.disable_require)
     except RequirementError as e:
         out.append(Finding("error", "bad-requirement", str(e),
                            "the hook refuses a container whose NVIDIA_REQUIRE_* cannot be parsed",
@@ -520,7 +570,7 @@ def loader_setup_findings(rootfs: str, image_cache, cache_problem: str | None,
     if image_cache is not None:
         stale = []
         for e in image_cache.entries:
-            d = _hostdir(rootfs, os.path.dirname(e.value))
+            d = in_root(rootfs, os.path.dirname(e.value))
             if d is not None and (d, os.path.basename(e.value)) in virtual:
                 continue
             try:
@@ -554,7 +604,7 @@ def loader_setup_findings(rootfs: str, image_cache, cache_problem: str | None,
 
 
 def _ldconfig_findings(rootfs: str, config) -> list[Finding]:
-    host_binary = str(getattr(config, "ldconfig", "@")).startswith("@")
+    host_binary = config.ldconfig.startswith("@")
     path = "/sbin/ldconfig" if host_binary else config.ldconfig
     try:
         host = resolve_in_root(rootfs, path)
@@ -586,17 +636,25 @@ def _ldconfig_findings(rootfs: str, config) -> list[Finding]:
 # ------------------------------------------------------------------ the whole check
 
 
-def _capabilities(env: Mapping[str, str], config, explicit: str | None) -> tuple[str, ...]:
-    from pyxis_hook.config import ALL_CAPABILITIES
+def capabilities_for(env: Mapping[str, str], config, explicit: str | None) -> tuple[tuple[str, ...], list[Finding]]:
+    """The capabilities the hook would grant (request.py's own rules), or () and a finding when it
+    would refuse the container.  `explicit` (--capabilities) stands for NVIDIA_DRIVER_CAPABILITIES.
 
-    raw = explicit if explicit is not None else env.get("NVIDIA_DRIVER_CAPABILITIES", "")
-    supported = tuple(getattr(config, "supported_capabilities", ALL_CAPABILITIES))
-    if not raw:
-        return tuple(getattr(config, "default_capabilities", ("utility", "compute")))
-    toks = [t.strip() for t in raw.split(",") if t.strip()]
-    if "all" in toks:
-        return supported
-    return tuple(t for t in dict.fromkeys(toks) if t in supported)
+    The request module decides, so a legacy CUDA_VERSION image gets every
+    capability and an unknown one is an error here exactly as in the hook.
+    """
+    from pyxis_hook import request, require
+
+    if explicit is not None:
+        env = {**env, request.CAPABILITIES: explicit}
+    try:
+        # request._capabilities is private for now; the lead makes it public as request.capabilities
+        return tuple(request._capabilities(env, config, require.is_legacy(env), [])), []
+    except RequestError as e:
+        return (), [Finding("error", "bad-capabilities", str(e),
+                            "the hook refuses to start a container asking for a capability it does not know",
+                            "fix NVIDIA_DRIVER_CAPABILITIES (or --capabilities), or add the capability to "
+                            "supported-capabilities in pyxis.conf")]
 
 
 def request_findings(env: Mapping[str, str], source: str) -> list[Finding]:
@@ -627,8 +685,8 @@ def check_image(rootfs: str, env: Mapping[str, str], inventory, config, *, capab
     from pyxis_hook.container import container_facts
 
     rootfs = os.path.normpath(os.path.abspath(rootfs))
-    caps = _capabilities(env, config, capabilities)
-    findings: list[Finding] = request_findings(env, source)
+    caps, findings = capabilities_for(env, config, capabilities)
+    findings += request_findings(env, source)
     if not inventory.usable:
         for e in inventory.errors or ("no NVIDIA driver found",):
             findings.append(Finding("error", "no-driver", e, "there is no driver library to inject or check",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ import pytest
 from e2e.conftest import fresh_rootfs, make_host, mount_table
 from pyxis_hook import enroot
 from pyxis_hook.commands.enroot import SHIM_NAME, shim_text
+from pyxis_hook.config import Config
 from pyxis_hook.errors import UsageError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -197,6 +199,6 @@ def test_error_is_one_line_and_nothing_left(setup):
 def test_documented_shim_matches_generated():
     text = (REPO / "docs/enroot-pyxis.md").read_text()
     shown = text.split("```sh\n#!/bin/sh\n", 1)[1].split("```", 1)[0]
-    generated = shim_text("/usr/bin/python3.11", "/etc/pyxis-hook/pyxis.conf").split("\n", 2)[2]
+    generated = shim_text("/usr/bin/python3.11", replace(Config(), source="/etc/pyxis-hook/pyxis.conf")).split("\n", 2)[2]
     here = os.path.join(REPO, "pyxis_hook", "__main__.py")
     assert shown == generated.replace(here, "/usr/lib/python3/dist-packages/pyxis_hook/__main__.py")

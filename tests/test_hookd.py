@@ -6,12 +6,14 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import jsonschema
 
 from pyxis_hook.config import load_schema
-from pyxis_hook.hookd import hook_document
+from pyxis_hook.config import Config
+from pyxis_hook.hookd import HOOK_ENV_PATH, hook_document, hook_env
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -37,7 +39,7 @@ def test_generated_document_runs_this_interpreter_isolated():
 
 
 def test_create_runtime_stage_and_config_env():
-    doc = hook_document("createRuntime", config_path="/etc/pyxis-hook/site.conf")
+    doc = hook_document("createRuntime", hook_env(replace(Config(), source="/etc/pyxis-hook/site.conf")))
     _validate(doc)
     assert doc["stages"] == ["createRuntime"] and doc["hook"]["args"][-1] == "createRuntime"
     assert "PYXIS_HOOK_CONFIG=/etc/pyxis-hook/site.conf" in doc["hook"]["env"]

@@ -6,8 +6,6 @@ import json
 import os
 import sys
 
-from pyxis_hook.errors import UsageError
-
 
 def add_arguments(parser) -> None:
     parser.add_argument("--install", metavar="DIR", help="write pyxis-hook.json into DIR "
@@ -19,16 +17,13 @@ def add_arguments(parser) -> None:
 
 
 def run(args, config) -> int:
-    from pyxis_hook.hookd import hook_document, hook_file_name
+    from pyxis_hook.hookd import hook_document, hook_env, hook_file_name
 
-    conf = config.source if config.source != "<defaults>" else None
-    doc = hook_document(args.stage, config_path=conf, timeout=args.timeout)
+    doc = hook_document(args.stage, hook_env(config), timeout=args.timeout)
     text = json.dumps(doc, indent=2) + "\n"
     if not args.install:
         sys.stdout.write(text)
         return 0
-    if not os.path.isdir(args.install):
-        raise UsageError(f"{args.install}: not a directory")
     from pyxis_hook.install import install_text
 
     dest = install_text(os.path.join(args.install, hook_file_name(args.stage)), text)

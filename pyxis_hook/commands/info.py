@@ -33,13 +33,9 @@ def info_dict(inv) -> dict:
 
 
 def _cuda_text(v: int | None) -> str | None:
-    if v is None:
-        return None
-    try:
-        from pyxis_hook.cudaversion import format_cuda_version
-    except ImportError:
-        return f"{v // 1000}.{(v % 1000) // 10}"
-    return format_cuda_version(v)
+    from pyxis_hook.cudaversion import format_cuda_version
+
+    return format_cuda_version(v) if v is not None else None
 
 
 def format_text(inv) -> str:
@@ -65,7 +61,7 @@ def format_text(inv) -> str:
         lines.append(f"MIG devices: {len(h.mig_devices)}")
         for d in h.mig_devices:
             lines.append(f"  gpu minor {d.gpu_minor} gi {d.gi} ci {d.ci}  {d.uuid or '?'}")
-    problems = [n for n in getattr(h, "nodes", ()) if n.problem]
+    problems = [n for n in h.nodes if n.problem]
     if problems:
         lines.append("device node problems:")
         lines += [f"  {n.path}: {n.problem}" for n in problems]

@@ -27,11 +27,15 @@ def add_arguments(parser) -> None:
     parser.add_argument("files", nargs="+", metavar="FILE", help="root-relative path of an executable or library")
 
 
-def _one(args, path: str) -> dict:
-    """Resolve one file; the dict is the JSON document's per-file object."""
+def _one(args, path: str) -> tuple[dict, str]:
+    """Resolve one file: (the JSON document's per-file object, what ldd prints on stdout for it).
+
+    The stdout text is `resolve.format_ldd` of the dependencies, the one
+    formatter of ldd lines; a file whose load fails prints nothing there.
+    """
     from pyxis_hook.elf import read_elf
     from pyxis_hook.errors import ElfError
-    from pyxis_hook.resolve import DEFAULT_RTLD, LoadFailed, loader_env_for_root, resolve_tree
+    from pyxis_hook.resolve import DEFAULT_RTLD, LoadFailed, format_ldd, loader_env_for_root, resolve_tree
     from pyxis_hook.rootfs import resolve_in_root
 
     import os
@@ -44,7 +48,7 @@ def _one(args, path: str) -> dict:
         info = read_elf(resolve_in_root(args.root, path))
     except ElfError as e:
         result["error"] = {"name": path, "reason": _reason(str(e), resolve_in_root(args.root, path))}
-        return result
+        return result, ""
     interp = info.interp or DEFAULT_RTLD.get((info.elfclass, info.machine), "/lib64/ld-linux-x86-64.so.2")
     env = loader_env_for_root(args.root, elfclass=info.elfclass, machine=info.machine, interp=interp,
                               ld_library_path=args.library_path,
@@ -64,15 +68,15 @@ def _one(args, path: str) -> dict:
         deps = resolve_tree(env, path)
     except LoadFailed as e:
         result["error"] = {"name": e.name, "reason": e.reason}
-        return result
+        return result, ""
     for d in deps:
         if d.error is not None:
             result["error"] = {"name": d.name, "reason": d.error}
-            break
+            return result, ""
         result["dependencies"].append({"name": d.name, "path": d.path, "how": d.how, "needed_by": d.needed_by,
                                        "soname": d.soname, "interpreter": d.interpreter})
     result["statically_linked"] = not info.dynamic or not info.needed
-    return result
+    return result, format_ldd(deps, main_is_dynamic=not result["statically_linked"])
 
 
 def _reason(message: str, host_path: str) -> str:
@@ -81,34 +85,25 @@ def _reason(message: str, host_path: str) -> str:
     return message[len(prefix):] if message.startswith(prefix) else message
 
 
-def format_text(result: dict) -> tuple[str, str]:
-    """(stdout, stderr) text for one file, as ldd prints it."""
-    if result["error"] is not None:
-        err = result["error"]
-        return "", f"{result['file']}: error while loading shared libraries: {err['name']}: {err['reason']}\n"
-    if result["statically_linked"]:
-        return "\tstatically linked\n", ""
-    lines = []
-    for d in result["dependencies"]:
-        if d["path"] is None:
-            lines.append(f"\t{d['name']} => not found\n")
-        elif d["name"] == d["path"]:
-            lines.append(f"\t{d['name']}\n")
-        else:
-            lines.append(f"\t{d['name']} => {d['path']}\n")
-    return "".join(lines), ""
+def error_text(result: dict) -> str:
+    """glibc's message for a file whose load fails ("" when it loads)."""
+    err = result["error"]
+    if err is None:
+        return ""
+    return f"{result['file']}: error while loading shared libraries: {err['name']}: {err['reason']}\n"
 
 
 def run(args, config) -> int:
-    results = [_one(args, f) for f in args.files]
+    done = [_one(args, f) for f in args.files]
+    results = [r for r, _ in done]
     rc = LOAD_FAILED_EXIT if any(r["error"] for r in results) else 0
     if args.json:
         import json
 
         sys.stdout.write(json.dumps({"files": results}, indent=2) + "\n")
         return rc
-    for r in results:
-        out, err = format_text(r)
+    for r, out in done:
+        err = error_text(r)
         if len(results) > 1:
             sys.stdout.write(f"{r['file']}:\n")
         sys.stdout.write(out)

@@ -30,7 +30,7 @@ def _selection(args, config, inv):
            "NVIDIA_DRIVER_CAPABILITIES": args.capabilities if args.capabilities is not None else "all"}
     req = resolve_request(env, {}, inv.host, config, privileged=True)
     caps = tuple(req.capabilities)
-    if getattr(req, "void", False) or getattr(req, "mode", "") == "void":
+    if req.void:
         return caps, (), (), (), tuple(req.warnings)
     want = set(caps)
     nodes = gpus_mod.device_nodes_for(

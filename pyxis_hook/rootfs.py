@@ -130,6 +130,18 @@ class Entry:
                 pass
 
 
+def _temp_symlink(parent: int, name: str, target: str) -> str:
+    """Create a symlink to `target` under a fresh hidden name next to `name`; return that name."""
+    for _ in range(16):
+        tmp = f".{name[:200]}.pyxis-{os.getpid()}-{os.urandom(4).hex()}"
+        try:
+            os.symlink(target, tmp, dir_fd=parent)
+            return tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), name)
+
+
 def _err(path: str, root: str, e: OSError | int, what: str = "") -> RootPathError:
     err = e if isinstance(e, int) else (e.errno or 0)
     text = os.strerror(err)
@@ -223,21 +235,43 @@ class RootFS:
                 return False
             raise
 
-    def read_text(self, path: str, limit: int = 65536) -> str:
-        """Read a small regular text file of the image; FIFOs, devices and huge files are refused."""
+    def read_bytes(self, path: str, limit: int) -> bytes:
+        """Read a regular file of the image, at most `limit` bytes; anything else is a RootPathError.
+
+        Why not open(): the image chooses what the name is.  O_NONBLOCK keeps a
+        FIFO from blocking the open, the regular-file check refuses FIFOs,
+        devices (/dev/zero would never end) and directories (EISDIR, so callers
+        can treat a directory as ldconfig does), and the cap bounds memory.
+        """
         fd = self.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
         try:
             st = os.fstat(fd)
+            if stat.S_ISDIR(st.st_mode):
+                raise RootPathError(f"{path} (in {self.path}): is a directory", errno.EISDIR)
             if not stat.S_ISREG(st.st_mode):
                 raise RootPathError(f"{path} (in {self.path}): not a regular file", errno.EINVAL)
             if st.st_size > limit:
                 raise RootPathError(f"{path} (in {self.path}): larger than {limit} bytes", errno.EFBIG)
-            data = os.read(fd, limit + 1)
+            chunks = []
+            left = limit + 1  # one byte more tells a file that grew past the cap
+            while left > 0:
+                chunk = os.read(fd, min(left, 1 << 20))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                left -= len(chunk)
+        except OSError as e:
+            raise _err(path, self.path, e, "cannot read ") from None
         finally:
             os.close(fd)
+        data = b"".join(chunks)
         if len(data) > limit:
             raise RootPathError(f"{path} (in {self.path}): larger than {limit} bytes", errno.EFBIG)
-        return data.decode("utf-8", "replace")
+        return data
+
+    def read_text(self, path: str, limit: int = 65536) -> str:
+        """Read a small regular text file of the image; FIFOs, devices and huge files are refused."""
+        return self.read_bytes(path, limit).decode("utf-8", "replace")
 
     def _walk(self, path: str, *, follow_last: bool, create_mode: int | None) -> tuple[int, str | None]:
         """Resolve all but the last component; return (owned parent dir fd, last name or None).
@@ -330,14 +364,25 @@ class RootFS:
             return False
         except OSError as e:
             raise _err(path, self.path, e, "cannot create directory for ") from None
-        self._record(parent, name, "dir")
+        self._record(parent, name, "dir", path)
         return True
 
-    def _record(self, parent: int, name: str, kind: str, old_target: str | None = None) -> None:
-        st = os.stat(name, dir_fd=parent, follow_symlinks=False)
-        if self.owner and (st.st_uid, st.st_gid) != self.owner:
-            os.chown(name, self.owner[0], self.owner[1], dir_fd=parent, follow_symlinks=False)
-        self.created.append(_Created(os.dup(parent), name, kind, st, old_target))
+    def _record(self, parent: int, name: str, kind: str, path: str, old_target: str | None = None,
+                at: str | None = None) -> None:
+        """Remember what was just created at `at` (default `name`), then give it to the rootfs owner.
+
+        Recorded *before* the chown, so a chown that fails still leaves the
+        entry for rollback to remove.  `at` is a temporary name that the
+        caller is about to rename to `name`.
+        """
+        at = at or name
+        try:
+            st = os.stat(at, dir_fd=parent, follow_symlinks=False)
+            self.created.append(_Created(os.dup(parent), name, kind, st, old_target))
+            if self.owner and (st.st_uid, st.st_gid) != self.owner:
+                os.chown(at, self.owner[0], self.owner[1], dir_fd=parent, follow_symlinks=False)
+        except OSError as e:
+            raise _err(path, self.path, e, "cannot record or chown created ") from None
 
     def _parent(self, path: str, create_mode: int | None) -> tuple[int, str | None]:
         """Parent fd + last name: openat2 for an existing parent, else the creating walk."""
@@ -377,7 +422,12 @@ class RootFS:
                 except OSError as e:
                     raise _err(path, self.path, e) from None
                 self._check_type(st, kind, path)
-                fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+                try:
+                    fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+                except FileNotFoundError:
+                    continue  # removed between stat and open: look again
+                except OSError as e:
+                    raise _err(path, self.path, e) from None
                 fst = os.fstat(fd)
                 if (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino):
                     os.close(fd)  # replaced between stat and open: look again
@@ -412,7 +462,7 @@ class RootFS:
             return False
         except OSError as e:
             raise _err(path, self.path, e, "cannot create mount point ") from None
-        self._record(parent, name, kind)
+        self._record(parent, name, kind, path)
         return True
 
     def _check_type(self, st: os.stat_result, kind: str, path: str) -> None:
@@ -446,13 +496,32 @@ class RootFS:
                 raise _err(path, self.path, e) from None
             if old == target:
                 return False
-            if old is not None:
-                os.unlink(name, dir_fd=parent)
+            if old is None:
+                try:
+                    os.symlink(target, name, dir_fd=parent)
+                except OSError as e:
+                    raise _err(path, self.path, e, "cannot create symlink ") from None
+                self._record(parent, name, "symlink", path)
+                return True
+            # replace atomically: the image's link stays in place until the new one is complete
             try:
-                os.symlink(target, name, dir_fd=parent)
+                tmp = _temp_symlink(parent, name, target)
             except OSError as e:
                 raise _err(path, self.path, e, "cannot create symlink ") from None
-            self._record(parent, name, "symlink", old)
+            recorded = len(self.created)
+            try:
+                self._record(parent, name, "symlink", path, old, at=tmp)
+                os.replace(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
+            except BaseException as e:
+                try:
+                    os.unlink(tmp, dir_fd=parent)
+                except OSError:
+                    pass
+                while len(self.created) > recorded:  # nothing of ours is at `name`: forget it
+                    os.close(self.created.pop().parent_fd)
+                if isinstance(e, OSError):
+                    raise _err(path, self.path, e, "cannot replace symlink ") from None
+                raise
             return True
         finally:
             os.close(parent)
@@ -471,10 +540,15 @@ class RootFS:
                 if (st.st_dev, st.st_ino) == (c.dev, c.ino):
                     if c.kind == "dir":
                         os.rmdir(c.name, dir_fd=c.parent_fd)
+                    elif c.old_target is not None:  # put the image's link back in one rename
+                        tmp = _temp_symlink(c.parent_fd, c.name, c.old_target)
+                        try:
+                            os.replace(tmp, c.name, src_dir_fd=c.parent_fd, dst_dir_fd=c.parent_fd)
+                        except OSError:
+                            os.unlink(tmp, dir_fd=c.parent_fd)
+                            raise
                     else:
                         os.unlink(c.name, dir_fd=c.parent_fd)
-                    if c.old_target is not None:
-                        os.symlink(c.old_target, c.name, dir_fd=c.parent_fd)
             except OSError as e:
                 problems.append(f"cannot remove {c.name} created in {self.path}: {e.strerror}")
             finally:

@@ -221,3 +221,96 @@ def test_agrees_with_resolve_in_root(tree, use_openat2):
 def test_missing_rootfs_is_one_line(tmp_path):
     with pytest.raises(PathError, match="container rootfs"):
         RootFS(str(tmp_path / "nope"))
+
+
+# --- read_bytes and rollback gaps -------------------------------------------------------------
+
+
+@pytest.mark.root
+def test_read_bytes_refuses_devices_and_dirs_and_caps_size(tree, use_openat2):
+    root, _ = tree
+    os.mknod(root / "etc/zero", stat.S_IFCHR | 0o666, os.makedev(1, 5))  # /dev/zero: never ends
+    (root / "etc/exact").write_bytes(b"y" * 4096)
+    with RootFS(str(root), use_openat2=use_openat2) as r:
+        with pytest.raises(RootPathError, match="not a regular file"):
+            r.read_bytes("/etc/zero", 1 << 20)
+        with pytest.raises(RootPathError) as e:
+            r.read_bytes("/etc", 4096)
+        assert e.value.errno == errno.EISDIR
+        assert r.read_bytes("/etc/exact", 4096) == b"y" * 4096
+        with pytest.raises(RootPathError, match="larger than"):
+            r.read_bytes("/etc/exact", 4095)
+
+
+def test_failed_chown_still_rolled_back(tree, use_openat2, monkeypatch):
+    """A created entry is recorded before it is chowned: a chown that fails leaves nothing behind."""
+    root, _ = tree
+
+    def chown(*_a, **_k):
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    with RootFS(str(root), owner=(4321, 4321), use_openat2=use_openat2) as r:
+        monkeypatch.setattr(os, "chown", chown)
+        with pytest.raises(RootPathError) as e:
+            r.ensure_file("/opt/nv/libcuda.so.1")
+        monkeypatch.undo()
+        assert "opt" in str(e.value) and "\n" not in str(e.value)
+        assert r.rollback() == []
+    assert not (root / "opt").exists()
+
+
+def test_entry_vanishing_between_stat_and_open_is_retried(tree, use_openat2, monkeypatch):
+    root, _ = tree
+    (root / "etc/target").write_text("")
+    real_open = os.open
+    fired = []
+
+    def racing_open(path, flags, mode=0o777, *, dir_fd=None):
+        if path == "target" and flags & os.O_PATH and not flags & os.O_DIRECTORY and not fired:
+            fired.append(1)
+            os.unlink(path, dir_fd=dir_fd)  # someone removes it after our stat
+        return real_open(path, flags, mode, dir_fd=dir_fd)
+
+    with RootFS(str(root), use_openat2=use_openat2) as r:
+        monkeypatch.setattr(os, "open", racing_open)
+        entry = r.ensure_entry("/etc/target", "file")
+        monkeypatch.undo()
+        assert fired and entry.created
+        assert _ident(os.dup(entry.fd)) == _ident_path(root / "etc/target")
+        entry.close()
+        assert r.rollback() == []
+    assert not (root / "etc/target").exists()
+
+
+def test_failed_symlink_replacement_keeps_the_images_link(tree, use_openat2, monkeypatch):
+    root, _ = tree
+    (root / "usr/lib/libcuda.so").symlink_to("libcuda.so.old")
+
+    def symlink(*_a, **_k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with RootFS(str(root), use_openat2=use_openat2) as r:
+        monkeypatch.setattr(os, "symlink", symlink)
+        with pytest.raises(RootPathError, match="libcuda.so"):
+            r.symlink("/usr/lib/libcuda.so", "libcuda.so.1")
+        monkeypatch.undo()
+        assert r.created == []
+    assert os.readlink(root / "usr/lib/libcuda.so") == "libcuda.so.old"
+    assert sorted(os.listdir(root / "usr/lib")) == ["libcuda.so"]
+
+
+def test_failed_rename_of_replacement_link_leaves_no_temp(tree, use_openat2, monkeypatch):
+    root, _ = tree
+    (root / "usr/lib/libcuda.so").symlink_to("libcuda.so.old")
+
+    def replace(*_a, **_k):
+        raise OSError(errno.EIO, "Input/output error")
+
+    with RootFS(str(root), use_openat2=use_openat2) as r:
+        monkeypatch.setattr(os, "replace", replace)
+        with pytest.raises(RootPathError, match="cannot replace symlink"):
+            r.symlink("/usr/lib/libcuda.so", "libcuda.so.1")
+        monkeypatch.undo()
+        assert r.created == [] and r.rollback() == []
+    assert os.readlink(root / "usr/lib/libcuda.so") == "libcuda.so.old"
+    assert sorted(os.listdir(root / "usr/lib")) == ["libcuda.so"]

@@ -20,6 +20,7 @@ import stat
 import subprocess
 from dataclasses import dataclass
 
+from pyxis_hook.cgroup import read_text
 from pyxis_hook.errors import ConfigError, ElfError, LdCacheError
 from pyxis_hook.findings import Finding
 from pyxis_hook.ldcheck import in_root
@@ -49,15 +50,6 @@ class DoctorEnv:
     self_pid: str = "self"
     python: str | None = None
     run_runtimes: bool = True
-
-
-def _read(path: str) -> str | None:
-    # the same as cgroup's private reader; kept here until cgroup exposes one (read_text)
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read()
-    except OSError:
-        return None
 
 
 # ------------------------------------------------------------------ driver
@@ -141,7 +133,7 @@ def check_persistenced(config) -> list[Finding]:
     except OSError:
         pass
     pidfile = in_root(config.driver_root, PERSISTENCED_PID)
-    text = _read(pidfile) if pidfile else None
+    text = read_text(pidfile) if pidfile else None
     if text and text.strip().isdigit() and os.path.isdir(os.path.join(config.proc_root, text.strip())):
         return [Finding("ok", "persistenced", f"nvidia-persistenced is running (pid {text.strip()})")]
     return [Finding("warning", "persistenced-not-running", f"no nvidia-persistenced socket at {sock or PERSISTENCED_SOCKET}",

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import glob
 import os
-import re
 from dataclasses import dataclass
 from typing import Mapping
 

@@ -290,3 +290,17 @@ def test_proc_driver_hook_plans_the_gpus_the_runtime_was_given(host, tmp_path):
     # without the kernel module there is nothing to show, and nothing is planned
     config = dataclasses.replace(config, proc_root=str(tmp_path / "no-proc"))
     assert cdi.hook_plan("proc-driver", oci.load_bundle(str(bundle)), config).proc_driver is None
+
+
+def test_cdi_hooks_get_the_hooks_d_environment(tmp_path, monkeypatch):
+    """CDI hooks, hooks.d and the enroot shim share `hookd.hook_env`: PATH and the absolute config."""
+    from dataclasses import replace
+
+    from pyxis_hook.config import Config
+    from pyxis_hook.hookd import HOOK_ENV_PATH, hook_env
+
+    monkeypatch.chdir(tmp_path)
+    cfg = replace(Config(), source="pyxis.conf")
+    _, _, env = cdi.hook_command(cfg, "/usr/bin/python3")
+    assert env == hook_env(cfg) == [HOOK_ENV_PATH, f"PYXIS_HOOK_CONFIG={tmp_path}/pyxis.conf"]
+    assert not hasattr(cdi, "HOOK_ENV_PATH")

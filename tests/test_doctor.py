@@ -361,3 +361,62 @@ def test_troubleshooting_doc_lists_every_finding_code():
     assert len(found) > 40
     missing = sorted(c for c in found if f"`{c}`" not in doc)
     assert not missing, missing
+
+
+# --------------------------------------------------------------------- review fixes
+
+
+def test_host_ldcache_uses_the_machines_loader_flags(tmp_path, driver):
+    """An aarch64 host's cache lists libcuda with 0x0A03: found there, not with x86-64's 0x0303."""
+    from pyxis_hook import ldcache
+
+    cfg = host_config(tmp_path, driver)
+    inv = discover(cfg, strict=False)
+    drv = tmp_path / "drv-arm"
+    shutil.copytree(driver, drv, symlinks=True)
+    lib = "/usr/lib/x86_64-linux-gnu"
+    entries = [ldcache.CacheEntry(s, f"{lib}/{s}", 0x0A03) for s in ("libcuda.so.1", "libnvidia-ml.so.1")]
+    (drv / "etc/ld.so.cache").write_bytes(ldcache.serialize_cache(entries, "ldconfig (GNU libc) 2.36"))
+    cfg = replace(cfg, driver_root=str(drv))
+    assert doctor.check_host_ldcache(inv, cfg, machine="aarch64")[0].severity == "ok"
+    assert [f.severity for f in doctor.check_host_ldcache(inv, cfg, machine="x86_64")] == ["error", "error"]
+
+
+def test_foreign_hooks_d_file_with_odd_args(tmp_path):
+    """A hooks.d file of another tool with `"args": 1` or `"env": "x"` is ignored, not an internal error."""
+    env = denv(tmp_path, python="/usr/bin/python3")
+    hooks = Path(env.hooks_dirs[0])
+    (hooks / "other.json").write_text(json.dumps({"version": "1.0.0", "hook": {"path": "/bin/true", "args": 1,
+                                                                                "env": "x"}}))
+    assert only(doctor.check_hooks_d(Config(), env), "hook-not-installed").severity == "warning"
+    doc = hook_document(python="/usr/bin/python3")
+    doc["hook"]["env"] = 7
+    (hooks / "pyxis-hook.json").write_text(json.dumps(doc))
+    assert only(doctor.check_hooks_d(Config(), env), "hook-installed").severity == "ok"
+
+
+def test_relative_config_matches_the_absolute_one_in_hooks_d(tmp_path, monkeypatch):
+    """`pyxis-hook --config pyxis.conf doctor` in the config's dir: the installed hook names it absolute."""
+    from pyxis_hook.hookd import hook_env
+
+    env = denv(tmp_path, python="/usr/bin/python3")
+    (tmp_path / "pyxis.conf").write_text("")
+    monkeypatch.chdir(tmp_path)
+    cfg = replace(Config(), source="pyxis.conf")
+    doc = hook_document(env=hook_env(cfg), python="/usr/bin/python3")
+    assert f"PYXIS_HOOK_CONFIG={tmp_path}/pyxis.conf" in doc["hook"]["env"]
+    (Path(env.hooks_dirs[0]) / "pyxis-hook.json").write_text(json.dumps(doc))
+    assert only(doctor.check_hooks_d(cfg, env), "hook-installed").severity == "ok"
+    elsewhere = replace(Config(), source=str(tmp_path / "other.conf"))
+    assert only(doctor.check_hooks_d(elsewhere, env), "hook-other-config").fix.startswith(
+        f"pyxis-hook --config {tmp_path}/other.conf hookd --install ")
+
+
+def test_cgroup_hybrid_without_v1_devices_and_v1_without_devices(tmp_path, driver):
+    cfg = host_config(tmp_path, driver)
+    env = denv(tmp_path)
+    _self_cgroup(cfg, "1:name=systemd:/user.slice\n0::/user.slice\n")
+    f = doctor.check_cgroup(cfg, env)[0]
+    assert (f.code, f.what) == ("cgroup-v2", "cgroup hybrid: device access is decided by eBPF programs")
+    _self_cgroup(cfg, "3:cpu:/user.slice\n")
+    assert (doctor.check_cgroup(cfg, env)[0].severity, doctor.check_cgroup(cfg, env)[0].code) == ("warning", "cgroup")

@@ -202,3 +202,18 @@ def test_documented_shim_matches_generated():
     generated = shim_text("/usr/bin/python3.11", replace(Config(), source="/etc/pyxis-hook/pyxis.conf")).split("\n", 2)[2]
     here = os.path.join(REPO, "pyxis_hook", "__main__.py")
     assert shown == generated.replace(here, "/usr/lib/python3/dist-packages/pyxis_hook/__main__.py")
+
+
+def test_shim_names_the_config_absolute(tmp_path):
+    """`pyxis-hook --config pyxis.conf enroot --install DIR`: enroot runs the shim from another cwd."""
+    (tmp_path / "pyxis.conf").write_text("")
+    hooks = tmp_path / "hooks.d"
+    hooks.mkdir()
+    r = subprocess.run([sys.executable, "-m", "pyxis_hook", "--config", "pyxis.conf", "enroot", "--install",
+                        str(hooks)], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (hooks / SHIM_NAME).read_text().split("\n")[2].startswith(f"PYXIS_HOOK_CONFIG='{tmp_path}/pyxis.conf' exec ")
+    assert "PYXIS_HOOK_CONFIG" not in shim_text("/usr/bin/python3", Config())
+    r = subprocess.run([sys.executable, "-m", "pyxis_hook", "enroot", "--install", str(tmp_path / "no")],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.strip().endswith(f"{tmp_path}/no: not a directory")

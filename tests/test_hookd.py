@@ -88,3 +88,33 @@ def test_cli_install_precreate_next_to_prestart(tmp_path):
     _validate(pre)
     assert pre["stages"] == ["precreate"] and pre["hook"]["args"][-1] == "precreate"
     assert json.loads((tmp_path / "pyxis-hook.json").read_text())["stages"] == ["prestart"]
+
+
+# ------------------------------------------------------------ one hook environment, absolute config
+
+
+def test_hook_env_defaults_have_no_config():
+    assert hook_env(Config()) == [HOOK_ENV_PATH]
+
+
+def test_relative_config_is_registered_absolute(tmp_path):
+    """`pyxis-hook --config pyxis.conf hookd` typed in /etc/pyxis-hook: the runtime runs hooks elsewhere."""
+    (tmp_path / "pyxis.conf").write_text("")
+    r = subprocess.run([sys.executable, "-m", "pyxis_hook", "--config", "pyxis.conf", "hookd"],
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    env = json.loads(r.stdout)["hook"]["env"]
+    assert env == [HOOK_ENV_PATH, f"PYXIS_HOOK_CONFIG={tmp_path}/pyxis.conf"]
+
+
+def test_install_text_needs_an_existing_dir(tmp_path):
+    import pytest
+
+    from pyxis_hook.errors import UsageError
+    from pyxis_hook.install import install_text
+
+    with pytest.raises(UsageError, match=f"^{tmp_path}/no: not a directory$"):
+        install_text(str(tmp_path / "no/pyxis-hook.json"), "{}")
+    with pytest.raises(TypeError):
+        install_text(str(tmp_path / "x.json"), "{}", require_dir=False)  # no such knob any more
+    assert Path(install_text(str(tmp_path / "x.json"), "{}\n")).read_text() == "{}\n"

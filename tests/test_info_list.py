@@ -120,3 +120,12 @@ def test_list_json_same_set_in_all_layouts(tmp_path, line):
         seen[layout] = {(f["kind"], f["capability"], f["soname"] or f["name"]) for f in doc["files"]}
     assert all(s == seen["debian"] for s in seen.values())
     assert ("lib", "compute", "libcuda.so.1") in seen["debian"]
+
+
+def test_info_cuda_text_is_cudaversion_format():
+    from pyxis_hook.commands.info import _cuda_text
+    from pyxis_hook.cudaversion import format_cuda_version
+
+    assert _cuda_text(None) is None
+    assert _cuda_text(12020) == format_cuda_version(12020) == "12.2"
+    assert _cuda_text(11080) == "11.8"

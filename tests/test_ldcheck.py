@@ -481,3 +481,55 @@ def test_finding_lines_and_worst(sevs, text):
 def test_finding_rejects_unknown_severity():
     with pytest.raises(ValueError):
         Finding("fatal", "x", "y")
+
+
+# --------------------------------------------------------------------- capabilities as the hook decides them
+
+
+def test_legacy_cuda_version_image_gets_every_capability(host, image):
+    """A CUDA_VERSION image without NVIDIA_DRIVER_CAPABILITIES: the hook injects all supported capabilities."""
+    cfg, _, _ = host
+    r = check(host, image, {"CUDA_VERSION": "12.0.1", "NVIDIA_REQUIRE_CUDA": ""})
+    assert set(r.capabilities) == set(cfg.supported_capabilities)
+    assert set(check(host, image).capabilities) == set(cfg.default_capabilities)
+
+
+def test_unknown_capability_is_the_hooks_error(host, image):
+    f = only(check(host, image, {"NVIDIA_DRIVER_CAPABILITIES": "compute,warp"}), "bad-capabilities")
+    assert f.severity == "error" and "'compute,warp'" in f.what
+    r = check(host, image, caps="utility,nope")
+    assert only(r, "bad-capabilities").severity == "error" and r.capabilities == () and r.libraries == ()
+
+
+# --------------------------------------------------------------------- the machine's loader
+
+
+def test_loader_and_cache_flags_follow_the_machine():
+    assert ldcheck.cache_flags(64, "x86_64") == (0x0303,) and ldcheck.cache_flags(32, "x86_64") == (1, 3)
+    assert ldcheck.cache_flags(64, "aarch64") == (0x0A03,) and ldcheck.cache_flags(32, "aarch64") == (3, 0x0903)
+    assert ldcheck.loader_of(64, "aarch64") == (183, "/lib/ld-linux-aarch64.so.1", "aarch64")
+    assert ldcheck.loader_of(64, "x86_64") == (62, "/lib64/ld-linux-x86-64.so.2", "x86_64")
+    assert ldcheck.loader_of(32, "x86_64") == (3, "/lib/ld-linux.so.2", "i686")
+    assert ldcheck._fallback_dirs(64, "aarch64")[:2] == ("/lib/aarch64-linux-gnu", "/usr/lib/aarch64-linux-gnu")
+
+
+def test_injected_32_bit_entries_get_ldconfigs_flags():
+    """As ldmerge writes them: a 32-bit library without DT_NEEDED is plain ELF (1), with libc.so.6 libc6 (3)."""
+    libs = (ldcheck.InjectedLib("libplain.so.1", "/usr/lib/i386-linux-gnu/libplain.so.1.0", (), "/x", 32, "compute"),
+            ldcheck.InjectedLib("libc6ish.so.1", "/usr/lib/i386-linux-gnu/libc6ish.so.1.0", (), "/y", 32, "compute",
+                                ("libc.so.6",)),
+            ldcheck.InjectedLib("libcuda.so.1", "/usr/lib/x86_64-linux-gnu/libcuda.so.1.0", (), "/z", 64, "compute"))
+    flags = {e.key: e.flags for e in ldcheck.cache_after_injection(None, libs).entries}
+    assert flags["libplain.so.1"] == 0x0001 and flags["libc6ish.so.1"] == 0x0003
+    assert flags["libcuda.so.1"] == ldcheck.cache_flags(64)[0]
+
+
+def test_cudart_versions_parse_as_cudaversion_does(tmp_path):
+    root = tmp_path / "r"
+    d = root / "usr/local/cuda/lib64"
+    d.mkdir(parents=True)
+    for n in ("libcudart.so.12", "libcudart.so.12.4", "libcudart.so.11.8.89", "libcudart.so.x.y"):
+        (d / n).write_bytes(b"")
+    facts = ldcheck.cuda_facts(str(root), ())
+    assert dict(facts.cudart) == {"/usr/local/cuda/lib64/libcudart.so.11.8.89": 11080,
+                                  "/usr/local/cuda/lib64/libcudart.so.12.4": 12040}

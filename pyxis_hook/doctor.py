@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pyxis_hook.cgroup import read_text
 from pyxis_hook.errors import ConfigError, ElfError, LdCacheError
 from pyxis_hook.findings import Finding
-from pyxis_hook.ldcheck import in_root
+from pyxis_hook.rootfs import try_resolve_in_root
 
 DEFAULT_HOOKS_DIRS = ("/usr/share/containers/oci/hooks.d", "/etc/containers/oci/hooks.d")
 PERSISTENCED_SOCKET = "/var/run/nvidia-persistenced/socket"
@@ -126,13 +126,13 @@ def check_devices(host, config) -> list[Finding]:
 
 
 def check_persistenced(config) -> list[Finding]:
-    sock = in_root(config.driver_root, PERSISTENCED_SOCKET)
+    sock = try_resolve_in_root(config.driver_root, PERSISTENCED_SOCKET)
     try:
         if sock and stat.S_ISSOCK(os.stat(sock).st_mode):
             return [Finding("ok", "persistenced", f"nvidia-persistenced is running ({sock})")]
     except OSError:
         pass
-    pidfile = in_root(config.driver_root, PERSISTENCED_PID)
+    pidfile = try_resolve_in_root(config.driver_root, PERSISTENCED_PID)
     text = read_text(pidfile) if pidfile else None
     if text and text.strip().isdigit() and os.path.isdir(os.path.join(config.proc_root, text.strip())):
         return [Finding("ok", "persistenced", f"nvidia-persistenced is running (pid {text.strip()})")]
@@ -161,7 +161,7 @@ def check_host_ldcache(inv, config, machine: str | None = None) -> list[Finding]
     out = []
     for soname in ("libcuda.so.1", "libnvidia-ml.so.1"):
         hit = ldcache.search_cache(cache, soname, flags)
-        real = in_root(config.driver_root, hit.value) if hit else None
+        real = try_resolve_in_root(config.driver_root, hit.value) if hit else None
         if hit is None or real is None or not os.path.isfile(real):
             out.append(Finding("error", "host-ldcache", f"{path} does not list {soname}" if hit is None else
                                f"{path}: {soname} -> {hit.value}, which does not exist",

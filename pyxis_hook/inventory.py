@@ -24,6 +24,7 @@ from pyxis_hook import capabilities as caps
 from pyxis_hook import log
 from pyxis_hook.errors import DriverError, ElfError, LdCacheError, PathError
 from pyxis_hook.gpus import HostGpus, discover_gpus
+from pyxis_hook.require import version_key
 from pyxis_hook.rootfs import resolve_in_root, to_root_relative
 
 KINDS = ("lib", "lib32", "bin", "firmware", "ipc", "icd")
@@ -44,7 +45,7 @@ ARCHES = {
 
 _VERSION_RE = r"\d{3}\.\d+(?:\.\d+)?"  # driver versions: 470.256.02, 535.104.05, 550.54
 _INFER_RE = re.compile(rf"^lib(?:cuda|nvidia-ml)\.so\.({_VERSION_RE})$")
-_VERSIONED_RE = re.compile(rf"^(lib[^/]*\.so)\.({_VERSION_RE})$")
+VERSIONED_RE = re.compile(rf"^(lib[^/]*\.so)\.({_VERSION_RE})$")
 
 
 @dataclass(frozen=True)
@@ -397,15 +398,17 @@ def _pick_version(st: _State, host: HostGpus, cache, entries, abi: int) -> str |
             chosen = m.group(1)
             break
     if chosen is None:
-        chosen = max(found, key=_version_key)
+        chosen = max(found, key=version_key)
     st.other_versions |= found - {chosen}
-    st.warn(f"{st.root}: several driver versions installed ({', '.join(sorted(found, key=_version_key))}) "
+    st.warn(f"{st.root}: several driver versions installed ({', '.join(sorted(found, key=version_key))}) "
             f"and no kernel module to tell which; using {chosen}, the one libcuda.so.1 points to")
     return chosen
 
 
-def _version_key(v: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in v.split("."))
+def driver_major(version: str | None) -> int | None:
+    """535 of "535.104.05"; None when unknown or not a dotted number."""
+    head = (version or "").split(".")[0]
+    return int(head) if head.isdigit() and len(head) < 10 else None
 
 
 def _libraries(st: _State, cache, entries, kind: str, abi: int, elfclass: int, machine: int) -> None:
@@ -433,7 +436,7 @@ def _libraries(st: _State, cache, entries, kind: str, abi: int, elfclass: int, m
                     continue
                 base = os.path.basename(real)
                 if not base.endswith(suffix):
-                    m = _VERSIONED_RE.match(base)
+                    m = VERSIONED_RE.match(base)
                     if m:
                         st.other_versions.add(m.group(2))
                     st.warn(f"{real}: skipping: not driver version {st.version}")
@@ -487,7 +490,7 @@ def _libraries(st: _State, cache, entries, kind: str, abi: int, elfclass: int, m
             needed_by = tuple(sorted(set((old.needed_by if old else ()) + (requirer,))))
             st.deps[key] = NonDriverDep(name=dep, needed_by=needed_by, capability=old.capability if old else cap,
                                         elfclass=elfclass, host_path=real)
-            if real is None and _VERSIONED_RE.match(dep) and dep.endswith(suffix):
+            if real is None and VERSIONED_RE.match(dep) and dep.endswith(suffix):
                 st.warn(f"{dep}: needed by {requirer} but not found in the driver root")
 
     for real in chosen:
@@ -633,8 +636,7 @@ def _firmware(st: _State) -> None:
         st.files.append(DriverFile(kind="firmware", capability="utility", path=listed, host_path=real,
                                    name=os.path.basename(listed), source="firmware"))
         st.sources.append(real)
-    major = int(st.version.split(".")[0]) if st.version and st.version.split(".")[0].isdigit() else 0
-    if not hits and major >= 510:
+    if not hits and (driver_major(st.version) or 0) >= 510:
         st.warn(f"{st.root}{directory}: no GSP firmware (gsp*.bin)")
 
 

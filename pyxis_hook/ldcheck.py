@@ -29,7 +29,7 @@ from typing import Mapping
 
 from pyxis_hook.errors import LdCacheError, PathError, RequestError, RequirementError
 from pyxis_hook.findings import Finding
-from pyxis_hook.rootfs import resolve_in_root
+from pyxis_hook.rootfs import resolve_in_root, try_resolve_in_root
 
 #: the 32-bit loader that runs next to a 64-bit machine's own (ldcache.LOADER_FLAGS keys)
 LOADER32 = {"x86_64": "i386", "aarch64": "armhf"}
@@ -152,19 +152,11 @@ def injected_libs(inventory, capabilities, facts) -> tuple[InjectedLib, ...]:
     return tuple(out)
 
 
-def in_root(rootfs: str, path: str) -> str | None:
-    """`resolve_in_root`, with None for a path that escapes or cannot be walked (a check, not an error)."""
-    try:
-        return resolve_in_root(rootfs, path)
-    except PathError:
-        return None
-
-
 def virtual_files(rootfs: str, libs: tuple[InjectedLib, ...]) -> dict[tuple[str, str], InjectedLib]:
     """(host dir, file name) -> injected library, for every name an injected library answers to."""
     out: dict[tuple[str, str], InjectedLib] = {}
     for lib in libs:
-        d = in_root(rootfs, os.path.dirname(lib.container_path))
+        d = try_resolve_in_root(rootfs, os.path.dirname(lib.container_path))
         if d is None:
             continue
         for n in lib.names:
@@ -304,7 +296,7 @@ def resolve_soname(rootfs: str, name: str, setup: SearchSetup,
         if path in seen:
             continue
         seen.add(path)
-        d = in_root(rootfs, os.path.dirname(path))
+        d = try_resolve_in_root(rootfs, os.path.dirname(path))
         lib = virtual.get((d, os.path.basename(path))) if d is not None else None
         if lib is not None and lib.elfclass == setup.elfclass:
             tried.append(Candidate(path, how, "host"))
@@ -338,19 +330,16 @@ def _real_in_root(rootfs: str, path: str) -> str:
 
 def _driver_major(version: str | None) -> int | None:
     """535 of "535.104.05" (inventory's version order); None when unknown or not a driver version."""
-    from pyxis_hook import inventory
+    from pyxis_hook.inventory import driver_major
 
-    try:
-        return inventory._version_key(version)[0] if version else None
-    except ValueError:
-        return None
+    return driver_major(version)
 
 
 def _lib_driver_major(name: str) -> int | None:
     """The driver branch in a versioned driver library file name (libcuda.so.550.54.15 -> 550)."""
     from pyxis_hook import inventory
 
-    m = inventory._VERSIONED_RE.match(name)
+    m = inventory.VERSIONED_RE.match(name)
     return _driver_major(m.group(2)) if m else None
 
 
@@ -471,7 +460,7 @@ def cuda_facts(rootfs: str, search_dirs) -> CudaFacts:
 
     found: dict[str, int] = {}
     for d in dict.fromkeys(tuple(search_dirs) + CUDA_DIRS):
-        host = in_root(rootfs, d)
+        host = try_resolve_in_root(rootfs, d)
         if host is None or not os.path.isdir(host):
             continue
         for p in sorted(glob.glob(os.path.join(glob.escape(host), CUDART_PREFIX + "*"))):
@@ -479,7 +468,7 @@ def cuda_facts(rootfs: str, search_dirs) -> CudaFacts:
             if version is not None:
                 found.setdefault(f"{d.rstrip('/')}/{os.path.basename(p)}", version)
     compat = []
-    host = in_root(rootfs, COMPAT_DIR)
+    host = try_resolve_in_root(rootfs, COMPAT_DIR)
     if host is not None and os.path.isdir(host):
         for p in sorted(glob.glob(os.path.join(glob.escape(host), "libcuda.so.*"))):
             major = _lib_driver_major(os.path.basename(p))
@@ -569,7 +558,7 @@ def loader_setup_findings(rootfs: str, image_cache, cache_problem: str | None,
     if image_cache is not None:
         stale = []
         for e in image_cache.entries:
-            d = in_root(rootfs, os.path.dirname(e.value))
+            d = try_resolve_in_root(rootfs, os.path.dirname(e.value))
             if d is not None and (d, os.path.basename(e.value)) in virtual:
                 continue
             try:
@@ -647,8 +636,7 @@ def capabilities_for(env: Mapping[str, str], config, explicit: str | None) -> tu
     if explicit is not None:
         env = {**env, request.CAPABILITIES: explicit}
     try:
-        # request._capabilities is private for now; the lead makes it public as request.capabilities
-        return tuple(request._capabilities(env, config, require.is_legacy(env), [])), []
+        return tuple(request.capabilities(env, config, require.is_legacy(env), [])), []
     except RequestError as e:
         return (), [Finding("error", "bad-capabilities", str(e),
                             "the hook refuses to start a container asking for a capability it does not know",

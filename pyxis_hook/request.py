@@ -253,7 +253,7 @@ def _slurm_allocation(env: Mapping[str, str], host: HostGpus, config: Config,
 # ----------------------------------------------------------------- capabilities, MIG control, IMEX
 
 
-def _capabilities(env: Mapping[str, str], config: Config, legacy: bool, reasons: list[str]) -> tuple[str, ...]:
+def capabilities(env: Mapping[str, str], config: Config, legacy: bool, reasons: list[str]) -> tuple[str, ...]:
     supported = tuple(config.supported_capabilities)
     raw = env.get(CAPABILITIES)
     if raw is None and legacy:
@@ -491,7 +491,7 @@ def resolve_request(
     specific_migs = mode == "list" and bool(migs)
     mig_config = _mig_control(env, MIG_CONFIG, privileged, specific_migs, reasons)
     mig_monitor = _mig_control(env, MIG_MONITOR, privileged, specific_migs, reasons)
-    capabilities = _capabilities(env, config, legacy, reasons)
+    caps = capabilities(env, config, legacy, reasons)
     imex = _imex_channels(env, legacy, reasons)
 
     disabled = require.requirements_disabled(env, config.disable_require)
@@ -516,7 +516,7 @@ def resolve_request(
         mode=mode,
         gpus=sel_gpus,
         mig_devices=sel_migs,
-        capabilities=capabilities,
+        capabilities=caps,
         requirements=reqs,
         requirements_disabled=disabled,
         mig_config=mig_config,

@@ -64,6 +64,14 @@ def resolve_in_root(root: str, path: str, *, follow_last: bool = True) -> str:
     return (prefix + "/" + "/".join(done)) if done else (prefix or "/")
 
 
+def try_resolve_in_root(root: str, path: str) -> str | None:
+    """`resolve_in_root`, None for a path that loops or cannot be walked (for checks, not errors)."""
+    try:
+        return resolve_in_root(root, path)
+    except PathError:
+        return None
+
+
 def to_root_relative(root: str, host_path: str) -> str:
     """Inverse of resolve_in_root's prefixing: '/ROOT/usr/lib/x' -> '/usr/lib/x'."""
     root = os.path.normpath(os.path.abspath(root))

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from pyxis_hook import ldcache as L
-from pyxis_hook.errors import LdCacheError, PyxisHookError
+from pyxis_hook.errors import LdCacheError, PathError, PyxisHookError
 
 #: ldconfig's built-in directories, after the configured ones (Debian 12's glibc 2.36, measured with
 #: `ldconfig -v`: "(from <builtin>:0)"); the fallback runs the host's ldconfig, so these are the host's.
@@ -218,7 +218,14 @@ def merge_cache(data: bytes, scan_dirs: Sequence[str], libs: Iterable[InjectedLi
     if not data:
         raise CannotMerge(f"{name}: empty cache file")
     if data.startswith(L.CACHEMAGIC_VERSION_NEW):
-        return _merge_new(data, scan_dirs, libs, name)
+        try:
+            return _merge_new(data, scan_dirs, libs, name)
+        except CannotMerge:
+            raise
+        except LdCacheError as e:  # a corrupt table or string: ldconfig rebuilds it, we cannot
+            raise CannotMerge(f"corrupt cache: {e}") from None
+        except struct.error as e:
+            raise CannotMerge(f"{name}: corrupt cache: {e}") from None
     try:
         cache = L.parse_cache(data, name)
     except LdCacheError as e:
@@ -359,83 +366,56 @@ def scan_dirs_in(rfs, conf_dirs: Sequence[str], builtin: Sequence[str]) -> tuple
     """ldconfig's directory list inside the rootfs: (names in scan order, {(dev, ino): name}).
 
     Like add_dir_1/add_single_dir: a directory that does not exist is
-    skipped, one reached twice (same inode) keeps its first name.
+    skipped, one reached twice (same inode) keeps its first name
+    (`ldconf.dirs_by_inode`, the one implementation of that rule).
     """
-    names: list[str] = []
-    ids: dict[tuple[int, int], str] = {}
-    for d in tuple(conf_dirs) + tuple(builtin):
-        ident = _dir_id(rfs, d)
-        if ident is None or ident in ids:
-            continue
-        ids[ident] = d
-        names.append(d)
-    return tuple(names), ids
+    from pyxis_hook.ldconf import dirs_by_inode
 
-
-def _dir_id(rfs, path: str) -> tuple[int, int] | None:
-    from pyxis_hook.rootfs import RootPathError
-
-    try:
-        fd = rfs.open(path, os.O_PATH | os.O_DIRECTORY)
-    except RootPathError:
-        return None
-    try:
-        st = os.fstat(fd)
-        return st.st_dev, st.st_ino
-    finally:
-        os.close(fd)
+    ids = dirs_by_inode(rfs, tuple(conf_dirs) + tuple(builtin))
+    return tuple(ids.values()), ids
 
 
 def _read_cache(rfs) -> bytes:
     from pyxis_hook.rootfs import RootPathError
 
     try:
-        fd = rfs.open(CACHE, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+        return rfs.read_bytes(CACHE, CACHE_LIMIT)
     except RootPathError as e:
         if e.errno in (errno.ENOENT, errno.ENOTDIR):
             raise CannotMerge(f"{CACHE}: the image has no ld.so.cache") from None
-        raise
-    try:
-        import stat
-
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise CannotMerge(f"{CACHE}: not a regular file")
-        if st.st_size > CACHE_LIMIT:
-            raise CannotMerge(f"{CACHE}: larger than {CACHE_LIMIT} bytes")
-        chunks = []
-        left = CACHE_LIMIT + 1
-        while left > 0:
-            b = os.read(fd, min(left, 1 << 20))
-            if not b:
-                break
-            chunks.append(b)
-            left -= len(b)
-        data = b"".join(chunks)
-    finally:
-        os.close(fd)
-    if len(data) > CACHE_LIMIT:
-        raise CannotMerge(f"{CACHE}: larger than {CACHE_LIMIT} bytes")
-    return data
+        raise CannotMerge(str(e)) from None
 
 
 def model_image(rfs, libs: Sequence[InjectedLib], *, machine: str | None = None):
     """Everything the merge needs from the rootfs; raises CannotMerge where it cannot be modelled.
 
     Returns (cache bytes, scan dirs, libs with their dir named as ldconfig names it).
+    Whatever the image holds (a symlink loop, a FIFO, a corrupt cache) is a
+    CannotMerge, never another error: the caller then runs the confined
+    ldconfig rather than failing the container.
     """
-    from pyxis_hook.ldconf import read_ld_so_conf
+    try:
+        return _model_image(rfs, libs, machine)
+    except CannotMerge:
+        raise
+    except (PathError, LdCacheError) as e:
+        raise CannotMerge(str(e)) from None
+
+
+def _model_image(rfs, libs: Sequence[InjectedLib], machine: str | None):
+    from pyxis_hook.ldconf import dir_identity, read_ld_so_conf
 
     if not rfs.exists("/etc/ld.so.conf"):
         raise CannotMerge("the image has no /etc/ld.so.conf (musl or distroless?)")
     machine = machine or os.uname().machine
-    conf = read_ld_so_conf(rfs.path)
+    conf = read_ld_so_conf(rfs.path, rfs=rfs)
     if conf.truncated:
-        raise CannotMerge("/etc/ld.so.conf includes too many files")
+        why = conf.problems[0] if conf.problems else "incomplete"
+        raise CannotMerge(f"/etc/ld.so.conf cannot be read as ldconfig reads it: {why}")
     dirs, ids = scan_dirs_in(rfs, conf.dirs, BUILTIN_DIRS.get(machine, ()))
     mapped = []
     for lib in libs:
-        ident = _dir_id(rfs, lib.dir)
+        ident = dir_identity(rfs, lib.dir)
         if ident is None or ident not in ids:
             raise CannotMerge(f"{lib.dir} is not in the image's ld.so.conf nor a built-in directory")
         mapped.append(InjectedLib(ids[ident], lib.name, lib.soname, lib.flags))

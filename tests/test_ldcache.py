@@ -453,6 +453,119 @@ def test_ld_so_conf_include_loop_terminates(tmp_path):
     assert conf.dirs == ("/a",) and conf.truncated
 
 
+def _read_conf(root, mode, conf="/etc/ld.so.conf"):
+    """read_ld_so_conf by name ("path") or through a RootFS fd walk ("rfs")."""
+    from pyxis_hook.rootfs import RootFS
+
+    if mode == "path":
+        return read_ld_so_conf(str(root), conf)
+    with RootFS(str(root)) as rfs:
+        return read_ld_so_conf(str(root), conf, rfs=rfs)
+
+
+@pytest.fixture(params=["path", "rfs"])
+def conf_mode(request):
+    return request.param
+
+
+@pytest.fixture
+def no_hang():
+    """Turn a blocked read (a FIFO opened without O_NONBLOCK) into a failure instead of a hung suite."""
+    import signal
+
+    def boom(*_):
+        raise TimeoutError("blocked reading ld.so.conf")
+
+    old = signal.signal(signal.SIGALRM, boom)
+    signal.alarm(20)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+def test_ld_so_conf_rfs_mode_reads_the_same_tree(tmp_path):
+    root = tmp_path / "root"
+    write(root, "/etc/ld.so.conf", "/opt/a\ninclude /etc/ld.so.conf.d/*.conf etc.d/x.conf /etc/none\n/opt/z\n")
+    write(root, "/etc/ld.so.conf.d/1.conf", "/opt/one\ninclude ../more/*.conf\n")
+    write(root, "/etc/more/m.conf", "/opt/more\n")
+    write(root, "/etc/etc.d/x.conf", "/opt/x\n")
+    (root / "etc/ld.so.conf.d/link.conf").symlink_to("/etc/more/m.conf")
+    (root / "etc/ld.so.conf.d/escape.conf").symlink_to("../../../../../../etc/passwd")
+    mkdirs(root, "/opt/a", "/opt/x")
+    by_path, by_rfs = _read_conf(root, "path"), _read_conf(root, "rfs")
+    assert by_rfs == by_path
+    assert by_path.dirs == ("/opt/a", "/opt/one", "/opt/more", "/opt/x", "/opt/z")
+    assert by_path.unmatched_includes == (("/etc/ld.so.conf", 2, "/etc/none"),)
+    assert by_rfs.indexed == by_path.indexed == ("/opt/a", "/opt/x")
+
+
+def test_ld_so_conf_rfs_mode_never_opens_by_name(tmp_path, monkeypatch):
+    """The apply side reads through the RootFS fds: no name is resolved and then reopened."""
+    import pyxis_hook.ldconf as C
+
+    write(tmp_path, "/etc/ld.so.conf", "include /etc/ld.so.conf.d/*.conf\n")
+    write(tmp_path, "/etc/ld.so.conf.d/a.conf", "/opt/a\n")
+
+    def refuse(*_a, **_k):
+        raise AssertionError("resolve_in_root used in rfs mode")
+
+    monkeypatch.setattr(C, "resolve_in_root", refuse)
+    assert _read_conf(tmp_path, "rfs").dirs == ("/opt/a",)
+
+
+def test_ld_so_conf_symlink_loops_are_reported_not_raised(tmp_path, conf_mode):
+    write(tmp_path, "/etc/ld.so.conf",
+          "/opt/first\ninclude /etc/ld.so.conf.d/*.conf\ninclude /etc/loop/x.conf\n/opt/last\n")
+    (tmp_path / "etc/ld.so.conf.d").mkdir()
+    (tmp_path / "etc/ld.so.conf.d/a.conf").symlink_to("b.conf")
+    (tmp_path / "etc/ld.so.conf.d/b.conf").symlink_to("a.conf")
+    (tmp_path / "etc/loop").symlink_to("loop")
+    conf = _read_conf(tmp_path, conf_mode)
+    assert conf.dirs == ("/opt/first", "/opt/last")
+    assert conf.truncated and any("a.conf" in p for p in conf.problems)
+    assert ("/etc/ld.so.conf", 3, "/etc/loop/x.conf") in conf.unmatched_includes
+    assert all("\n" not in p for p in conf.problems)
+
+
+@pytest.mark.root
+def test_ld_so_conf_fifo_device_and_huge_file_are_not_read(tmp_path, conf_mode, no_hang):
+    import stat as S
+
+    from pyxis_hook.ldconf import CONF_LIMIT
+
+    write(tmp_path, "/etc/ld.so.conf", "/opt/a\ninclude /etc/ld.so.conf.d/*.conf\n/opt/b\n")
+    d = tmp_path / "etc/ld.so.conf.d"
+    d.mkdir()
+    os.mkfifo(d / "1-fifo.conf")
+    os.mknod(d / "2-zero.conf", S.S_IFCHR | 0o666, os.makedev(1, 5))  # /dev/zero: never ends
+    (d / "3-huge.conf").write_bytes(b"/opt/huge\n" + b"#" * CONF_LIMIT)
+    (d / "4-dir.conf").mkdir()  # ldconfig reads a directory as empty, silently
+    conf = _read_conf(tmp_path, conf_mode)
+    assert conf.dirs == ("/opt/a", "/opt/b")
+    assert conf.truncated and len(conf.problems) == 3
+    assert [p for p in conf.problems if "fifo" in p and "not a regular file" in p]
+    assert [p for p in conf.problems if "huge" in p and "larger than" in p]
+
+
+def test_existing_dirs_one_name_per_inode(tmp_path, conf_mode):
+    from pyxis_hook.ldconf import dirs_by_inode, existing_dirs
+    from pyxis_hook.rootfs import RootFS
+
+    mkdirs(tmp_path, "/usr/lib", "/opt/x")
+    (tmp_path / "lib").symlink_to("usr/lib")
+    (tmp_path / "loop").symlink_to("loop")
+    write(tmp_path, "/etc/file", "")
+    dirs = ("/missing", "/lib", "/etc/file", "/loop", "/usr/lib", "/opt/x", "/opt/../lib")
+    if conf_mode == "path":
+        got, ids = existing_dirs(str(tmp_path), dirs), dirs_by_inode(str(tmp_path), dirs)
+    else:
+        with RootFS(str(tmp_path)) as rfs:
+            got, ids = existing_dirs(rfs, dirs), dirs_by_inode(rfs, dirs)
+    assert got == ("/lib", "/opt/x")
+    st = os.stat(tmp_path / "usr/lib")
+    assert ids[(st.st_dev, st.st_ino)] == "/lib"
+
+
 conf_dir = st.sampled_from(["/d1", "/d2", "/usr/lib/x", "/opt/q"])
 
 

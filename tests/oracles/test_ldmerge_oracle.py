@@ -267,3 +267,60 @@ def test_preview_tells_plan_whether_merge_applies(tmp_path):
     assert (root / "etc/ld.so.cache").read_bytes() == before  # a look, nothing written
     (root / "etc/ld.so.cache").unlink()
     assert "no ld.so.cache" in ldmerge.preview(str(root), update)
+
+
+# --- what the image holds is never more than a CannotMerge (apply then runs ldconfig) -----------
+
+
+@pytest.fixture
+def no_hang():
+    """A blocked open or read (a FIFO without O_NONBLOCK) fails the test instead of hanging the suite."""
+    import signal
+
+    def boom(*_):
+        raise TimeoutError("blocked reading the image")
+
+    old = signal.signal(signal.SIGALRM, boom)
+    signal.alarm(30)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+@pytest.mark.parametrize("hostile", ["fifo", "device", "loop", "conf-loop"])
+def test_hostile_ld_so_conf_is_cannot_merge(tmp_path, no_hang, hostile):
+    import stat
+
+    root = build_image(tmp_path / "root", hwcaps=False)
+    libs = inject(root)
+    before = (root / "etc/ld.so.cache").read_bytes()
+    bad = root / "etc/ld.so.conf.d/zz.conf"
+    if hostile == "fifo":
+        os.mkfifo(bad)
+    elif hostile == "device":
+        os.mknod(bad, stat.S_IFCHR | 0o666, os.makedev(1, 5))  # /dev/zero
+    elif hostile == "loop":
+        bad.symlink_to("zz.conf")
+    else:
+        (root / "etc/ld.so.conf").unlink()
+        (root / "etc/ld.so.conf").symlink_to("ld.so.conf")
+    msg = _refused(root, libs)
+    assert "\n" not in msg and ("zz.conf" in msg or "ld.so.conf" in msg)
+    assert (root / "etc/ld.so.cache").read_bytes() == before
+
+
+@pytest.mark.parametrize("where", ["key", "value"])
+def test_corrupt_new_format_cache_is_cannot_merge(tmp_path, where):
+    import struct
+
+    root = build_image(tmp_path / "root", hwcaps=False)
+    libs = inject(root)
+    data = bytearray((root / "etc/ld.so.cache").read_bytes())
+    n = struct.unpack_from("<I", data, 20)[0]
+    for i in range(n):  # every string offset past the end of the file
+        off = L.NEW_HEADER_SIZE + i * L.NEW_ENTRY_SIZE + (4 if where == "key" else 8)
+        struct.pack_into("<I", data, off, len(data) + 100)
+    with pytest.raises(ldmerge.CannotMerge):
+        ldmerge.merge_cache(bytes(data), (MULTIARCH,), libs, "/etc/ld.so.cache")
+    (root / "etc/ld.so.cache").write_bytes(data)
+    _refused(root, libs)

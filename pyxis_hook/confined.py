@@ -10,8 +10,8 @@ CVE-2025-23267 / CVE-2024-0136 class):
   `/sbin/ldconfig`, is ever executed, and a swap of the host file after the
   check changes nothing.  Scripts (Ubuntu's wrapper) are refused: an fd exec
   of a script would need the interpreter from the rootfs.
-- a runner child joins the container's mount namespace (unless the caller
-  already did), unshares new mount/IPC/UTS/NET/PID namespaces, makes `/`
+- a runner child (the caller is already in the container's mount namespace)
+  unshares new mount/IPC/UTS/NET/PID namespaces, makes `/`
   rprivate and forks ldconfig as pid 1 of the new PID namespace; that one
   chroots into the rootfs through an fd, hides the live `/proc` and `/sys`
   under empty read-only tmpfs (so `include /proc/1/root/...` in a hostile
@@ -95,12 +95,15 @@ def ldconfig_argv(lib_dirs: tuple[str, ...] | list[str], conf: str = "/etc/ld.so
 
 
 def run_ldconfig(rootfs: str, exe_fd: int, lib_dirs: tuple[str, ...] | list[str], *,
-                 mntns_fd: int | None = None, root_fd: int | None = None,
-                 owner: tuple[int, int] | None = None, timeout: float = DEFAULT_TIMEOUT) -> str:
+                 root_fd: int | None = None, owner: tuple[int, int] | None = None,
+                 timeout: float = DEFAULT_TIMEOUT) -> str:
     """Run the sealed ldconfig `exe_fd` chrooted into `rootfs`; return its stderr (warnings).
 
-    `mntns_fd` is the container's /proc/<pid>/ns/mnt, or None when the caller
-    is already inside it.  The rootfs is opened by name *after* the new mount
+    The caller is inside the container's mount namespace.  /dev/null is
+    opened here, before the fork, and handed to the runner as an fd.  The
+    runner never outlives this call: whatever goes wrong while waiting, it
+    is SIGKILLed and reaped before the ApplyError, so it cannot write the
+    cache after the caller rolled back.  The rootfs is opened by name *after* the new mount
     namespace exists (an fd from before would pin the old namespace's mount,
     and chroot through it would make every later mount fail with EINVAL);
     `root_fd`, when given, is the caller's fd of the same directory and the
@@ -117,7 +120,7 @@ def run_ldconfig(rootfs: str, exe_fd: int, lib_dirs: tuple[str, ...] | list[str]
     if pid == 0:  # pragma: no cover - runs in the child
         try:
             os.close(errr)
-            _runner(rootfs, root_fd, exe_fd, argv, mntns_fd, owner, errw, devnull)
+            _runner(rootfs, root_fd, exe_fd, argv, owner, errw, devnull)
         except BaseException as e:  # noqa: BLE001 - report anything, exit
             try:
                 os.write(errw, f"pyxis-hook: ldconfig setup: {e}\n".encode())
@@ -128,6 +131,11 @@ def run_ldconfig(rootfs: str, exe_fd: int, lib_dirs: tuple[str, ...] | list[str]
     os.close(devnull)
     try:
         status, err = _wait(pid, errr, timeout)
+    except BaseException as e:
+        _kill_and_reap(pid)
+        if isinstance(e, Exception):
+            raise ApplyError(f"ldconfig in {label}: waiting for it failed ({e}); killed") from None
+        raise
     finally:
         os.close(errr)
     text = err.decode("utf-8", "replace")
@@ -139,26 +147,62 @@ def run_ldconfig(rootfs: str, exe_fd: int, lib_dirs: tuple[str, ...] | list[str]
     return text
 
 
+def _kill_and_reap(pid: int) -> None:
+    """SIGKILL the runner (its pid-1 ldconfig dies with it: PDEATHSIG) and wait for it; never raises."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+    while True:
+        try:
+            os.waitpid(pid, 0)
+            return
+        except InterruptedError:
+            continue
+        except OSError:  # ECHILD: already reaped
+            return
+
+
+#: how often the fallback without a pidfd looks whether the runner has exited
+_POLL_INTERVAL = 0.02
+
+
 def _wait(pid: int, errr: int, timeout: float) -> tuple[int | None, bytes]:
-    """Collect stderr while waiting for `pid`; a None status means it was killed at the timeout."""
+    """Collect stderr while waiting for `pid`; a None status means it was killed at the timeout.
+
+    A pidfd makes the exit pollable with the pipe; where pidfd_open is not
+    available (kernel < 5.3: ENOSYS, or refused by a seccomp filter: EPERM)
+    the same loop polls the pipe in short slices and asks waitpid(WNOHANG).
+    """
     import time
 
-    pidfd = os.pidfd_open(pid)
+    try:
+        pidfd: int | None = os.pidfd_open(pid)
+    except (OSError, AttributeError):
+        pidfd = None
     poller = select.poll()
     poller.register(errr, select.POLLIN)
-    poller.register(pidfd, select.POLLIN)
+    if pidfd is not None:
+        poller.register(pidfd, select.POLLIN)
     buf = b""
     deadline = time.monotonic() + timeout
     exited = timed_out = False
+    reaped: int | None = None
     pipe_open = True
     try:
         while not exited:
+            if pidfd is None:
+                done, wstatus = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    reaped, exited = wstatus, True
+                    break
             left = deadline - time.monotonic()
             if left <= 0:
                 os.kill(pid, signal.SIGKILL)  # its pid-1 child dies with it (PDEATHSIG)
                 timed_out = True
                 break
-            for fd, _ev in poller.poll(int(left * 1000) + 1):
+            slice_s = left if pidfd is not None else min(left, _POLL_INTERVAL)
+            for fd, _ev in poller.poll(int(slice_s * 1000) + 1):
                 if fd == pidfd:
                     exited = True
                 elif pipe_open:
@@ -168,7 +212,8 @@ def _wait(pid: int, errr: int, timeout: float) -> tuple[int | None, bytes]:
                         pipe_open = False
                     buf = (buf + chunk)[-STDERR_LIMIT:]
         # drain what is left; bounded, in case a killed grandchild lingers a moment
-        poller.unregister(pidfd)
+        if pidfd is not None:
+            poller.unregister(pidfd)
         drain_deadline = time.monotonic() + 2.0
         while pipe_open and time.monotonic() < drain_deadline:
             if not poller.poll(200):
@@ -178,8 +223,12 @@ def _wait(pid: int, errr: int, timeout: float) -> tuple[int | None, bytes]:
                 break
             buf = (buf + chunk)[-STDERR_LIMIT:]
     finally:
-        os.close(pidfd)
-    _, wstatus = os.waitpid(pid, 0)
+        if pidfd is not None:
+            os.close(pidfd)
+    if reaped is None:
+        _, wstatus = os.waitpid(pid, 0)
+    else:
+        wstatus = reaped
     if timed_out:
         return None, buf
     if os.WIFEXITED(wstatus):
@@ -187,14 +236,12 @@ def _wait(pid: int, errr: int, timeout: float) -> tuple[int | None, bytes]:
     return 128 + os.WTERMSIG(wstatus), buf
 
 
-def _runner(rootfs, root_fd, exe_fd, argv, mntns_fd, owner, errw, devnull) -> None:  # pragma: no cover - child
-    """In the forked child: join, unshare, fork ldconfig as pid 1 and relay its exit status."""
+def _runner(rootfs, root_fd, exe_fd, argv, owner, errw, devnull) -> None:  # pragma: no cover - child
+    """In the forked child: unshare, fork ldconfig as pid 1 and relay its exit status."""
     os.dup2(devnull, 0)
     os.dup2(devnull, 1)
     os.dup2(errw, 2)
     kernel.prctl(kernel.PR_SET_PDEATHSIG, signal.SIGKILL)
-    if mntns_fd is not None:
-        kernel.setns(mntns_fd, kernel.CLONE_NEWNS, "container mount namespace")
     if root_fd is None:
         root_fd = os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     expect = os.fstat(root_fd)

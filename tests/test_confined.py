@@ -174,3 +174,51 @@ def test_failure_and_timeout_are_one_line(rootfs, tmp_path):
 def test_relative_lib_dir_refused(rootfs):
     with pytest.raises(ApplyError, match="not an absolute"):
         confined.run_ldconfig(str(rootfs), 0, ["usr/lib"])
+
+
+def test_without_pidfd_the_wait_polls(rootfs, tmp_path, monkeypatch):
+    """Kernels < 5.3 (ENOSYS) or a seccomp filter (EPERM): same results through waitpid(WNOHANG)."""
+    import errno
+
+    def no_pidfd(_pid, *_a):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(os, "pidfd_open", no_pidfd)
+    exe = confined.sealed_copy("/sbin/ldconfig")
+    try:
+        confined.run_ldconfig(str(rootfs), exe, ["/" + LIBDIR])
+    finally:
+        os.close(exe)
+    assert "libcuda.so.1" in _listing(rootfs)
+    fail = _static(tmp_path, "fail", '#include <stdio.h>\nint main(void){fputs("bad conf\\n", stderr);return 3;}\n')
+    hang = _static(tmp_path, "hang", "#include <unistd.h>\nint main(void){for(;;) pause();}\n")
+    for prog, match, timeout in ((fail, "exit code 3: bad conf", 30), (hang, "no result after 1 s", 1)):
+        exe = confined.sealed_copy(str(prog))
+        try:
+            with pytest.raises(ApplyError, match=match):
+                confined.run_ldconfig(str(rootfs), exe, ["/" + LIBDIR], timeout=timeout)
+        finally:
+            os.close(exe)
+
+
+def test_runner_is_killed_and_reaped_when_waiting_fails(rootfs, tmp_path, monkeypatch):
+    """Nothing keeps running (and writing the cache) after run_ldconfig has given up."""
+    import errno
+
+    hang = _static(tmp_path, "hang", "#include <unistd.h>\nint main(void){for(;;) pause();}\n")
+    seen = []
+
+    def broken_wait(pid, _errr, _timeout):
+        seen.append(pid)
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(confined, "_wait", broken_wait)
+    exe = confined.sealed_copy(str(hang))
+    try:
+        with pytest.raises(ApplyError, match="waiting for it failed") as e:
+            confined.run_ldconfig(str(rootfs), exe, ["/" + LIBDIR])
+    finally:
+        os.close(exe)
+    assert "\n" not in str(e.value)
+    with pytest.raises(ChildProcessError):  # already reaped: no runner left behind
+        os.waitpid(seen[0], os.WNOHANG)

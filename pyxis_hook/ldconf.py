@@ -30,7 +30,7 @@ import errno
 import fnmatch
 import os
 import stat
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Union
 
 from pyxis_hook.errors import PathError
@@ -73,12 +73,6 @@ class LdSoConf:
     files_read: tuple[str, ...]
     truncated: bool = False
     problems: tuple[str, ...] = ()
-    root: str = field(default="", compare=False, repr=False)
-
-    @property
-    def indexed(self) -> tuple[str, ...]:
-        """`dirs` that exist in the root, one name per inode (`existing_dirs`): what ldconfig scans first."""
-        return existing_dirs(self.root, self.dirs)
 
 
 def read_ld_so_conf(root: str, conf: str = "/etc/ld.so.conf", *, rfs: "RootFS | None" = None) -> LdSoConf:
@@ -95,7 +89,7 @@ def read_ld_so_conf(root: str, conf: str = "/etc/ld.so.conf", *, rfs: "RootFS | 
     state = _State(_RfsAccess(rfs) if rfs is not None else _PathAccess(root))
     state.parse(conf, 0)
     return LdSoConf(tuple(state.dirs), tuple(state.unmatched), tuple(state.files), state.truncated,
-                    tuple(state.problems), root if rfs is None else rfs.path)
+                    tuple(state.problems))
 
 
 def dir_identity(where: Where, path: str) -> tuple[int, int] | None:

@@ -47,25 +47,12 @@ def driver_name(name: str) -> bool:
 
 def candidate_dirs(root: str, machine: str | None = None) -> tuple[str, ...]:
     """Root-relative directories to index, in ldconfig's order, each followed by its vendor subdirs."""
-    from pyxis_hook.ldconf import read_ld_so_conf
+    from pyxis_hook.ldconf import existing_dirs, read_ld_so_conf
 
     machine = machine or os.uname().machine
     conf = read_ld_so_conf(root, "/etc/ld.so.conf")
     base = list(dict.fromkeys([*conf.dirs, *BUILTIN_DIRS.get(machine, ()), *EXTRA_DIRS]))
-    out: list[str] = []
-    seen: set[tuple[int, int]] = set()
-    for d in base:
-        for sub in (d, *_vendor_subdirs(root, d)):
-            try:
-                host = resolve_in_root(root, sub)
-                st = os.stat(host)
-            except (OSError, PathError):
-                continue
-            if not os.path.isdir(host) or (st.st_dev, st.st_ino) in seen:
-                continue
-            seen.add((st.st_dev, st.st_ino))
-            out.append(sub)
-    return tuple(out)
+    return existing_dirs(root, [sub for d in base for sub in (d, *_vendor_subdirs(root, d))])
 
 
 def _vendor_subdirs(root: str, d: str) -> list[str]:

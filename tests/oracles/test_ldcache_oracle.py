@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from fixtures.synth import build_exe, build_lib
 from pyxis_hook import ldcache as L
-from pyxis_hook.ldconf import read_ld_so_conf
+from pyxis_hook.ldconf import existing_dirs, read_ld_so_conf
 
 LDCONFIG = shutil.which("ldconfig") or "/sbin/ldconfig"
 LD64 = "/lib64/ld-linux-x86-64.so.2"
@@ -236,8 +236,9 @@ def test_ld_so_conf_matches_ldconfig(tmp_path):
     (root / "etc/more.d/m.conf").write_text("/opt/multi2\n")
     (root / "etc/sub/conf.d/s.conf").write_text("/opt/rel\n")
     conf = read_ld_so_conf(str(root))
-    assert list(conf.indexed) == ldconfig_scanned_dirs(root)
-    assert "/opt/missing" in conf.dirs and "/opt/missing" not in conf.indexed
+    indexed = existing_dirs(str(root), conf.dirs)
+    assert list(indexed) == ldconfig_scanned_dirs(root)
+    assert "/opt/missing" in conf.dirs and "/opt/missing" not in indexed
     assert conf.unmatched_includes == (("/etc/ld.so.conf", 2, "/etc/none/*.conf"),)
 
 

@@ -2,7 +2,10 @@
 
 Order (the plan's order): device binds, library/file binds, symlinks, the
 /proc/driver/nvidia view, then the ld.so.cache refresh.  Device cgroup rules
-are written first, from the host side.
+are written last, from the host side, once all of that succeeded (the
+cgroup is found and its devices.allow opened before, so a wrong cgroup
+fails before anything is mounted); a v1 rule cannot be taken back, so
+writing it last means a failed start never widened the cgroup.
 
 Why a forked child does the namespace work: `setns(CLONE_NEWNS)` fails with
 EINVAL in a multi-threaded process and changes the caller's view of the
@@ -26,7 +29,10 @@ Safety rules kept here (security.md §5):
   source inode;
 - any failure undoes every mount (umount2 MNT_DETACH, newest first) and
   removes every mount point, directory and symlink created, so nothing is
-  left behind; the ldconfig run comes last so its failure is undone too.
+  left behind; the ldconfig run comes last so its failure is undone too;
+- nothing is imported after setns: a module imported by name then would be
+  looked up in the container's mount namespace (after pivot_root, for the
+  CDI hooks: the image's files), so apply_plan imports what the child needs.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import json
 import os
 import re
 import stat
+import sys
 from dataclasses import dataclass
 
 from pyxis_hook import kernel, log
@@ -43,10 +50,10 @@ from pyxis_hook.errors import ApplyError, PathError, PyxisHookError
 from pyxis_hook.plan import DEV_OPTIONS, PROC_OPTIONS, Plan
 from pyxis_hook.rootfs import Entry, RootFS, RootPathError
 
-_ATTRS = {"ro": kernel.MOUNT_ATTR_RDONLY, "nosuid": kernel.MOUNT_ATTR_NOSUID,
-          "nodev": kernel.MOUNT_ATTR_NODEV, "noexec": kernel.MOUNT_ATTR_NOEXEC}
-#: legacy MS_* flags for the same options (the values happen to match, kept explicit)
-_MS = {"ro": kernel.MS_RDONLY, "nosuid": kernel.MS_NOSUID, "nodev": kernel.MS_NODEV, "noexec": kernel.MS_NOEXEC}
+#: mount option -> (MOUNT_ATTR_* for mount_setattr, MS_* for the legacy remount); the values
+#: happen to be equal, the two names are kept so each call site says which API it speaks
+_FLAGS = {"ro": (kernel.MOUNT_ATTR_RDONLY, kernel.MS_RDONLY), "nosuid": (kernel.MOUNT_ATTR_NOSUID, kernel.MS_NOSUID),
+          "nodev": (kernel.MOUNT_ATTR_NODEV, kernel.MS_NODEV), "noexec": (kernel.MOUNT_ATTR_NOEXEC, kernel.MS_NOEXEC)}
 
 _BUS_RE = re.compile(r"^[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.+-]+$")
@@ -78,17 +85,23 @@ class _Bind:
     tree: int = -1
 
 
-def apply_plan(plan: Plan, pid: int, config=None, *, proc: str = "/proc") -> ApplyResult:
-    """Apply `plan` to the container whose init is `pid` (in our PID namespace).
+def apply_plan(plan: Plan, pid: int | str, config=None, *, proc: str = "/proc") -> ApplyResult:
+    """Apply `plan` to the container whose init is `pid` (in our PID namespace; "self": our own namespace).
 
-    `config` is a `pyxis_hook.config.Config` (only `no_cgroups` is read; None
-    means defaults).  Raises PathError/ApplyError with one line; on error
-    nothing is left mounted or created in the rootfs.
+    Every decision is in the plan (`cgroup_mode`, `ldcache.ldconfig`):
+    `config` is accepted for the design's signature and not read.  Every
+    message is logged here, once.  Raises PathError/ApplyError with one
+    line; on error nothing is left mounted or created in the rootfs and no
+    cgroup rule was written.  (One exception: the kernel refusing a rule
+    after devices.allow opened leaves the mounts, in the mount namespace
+    of a container whose start then fails.)
     """
+    del config  # the plan says everything: apply never re-decides what the planner decided
     messages: list[str] = []
-    no_cgroups = bool(getattr(config, "no_cgroups", False))
     if plan.empty and not plan.cgroup_rules and plan.ldcache.mode == "none":
         return ApplyResult()
+    if plan.ldcache.mode != "none":
+        _preload_ldcache_modules()
     fds: list[int] = []
     try:
         binds = _open_sources(plan, fds)
@@ -105,41 +118,67 @@ def apply_plan(plan: Plan, pid: int, config=None, *, proc: str = "/proc") -> App
             raise ApplyError(f"container process {pid}: {e.strerror}") from None
         fds.append(ns_fd)
         owner = (owner_st.st_uid, owner_st.st_gid)
-        exe_fd = None
-        # merge mode keeps ldconfig ready: the child falls back to it when the image cannot be modelled
-        if plan.ldcache.mode == "ldconfig" or (plan.ldcache.mode == "merge" and _fallback_configured(plan, config)):
-            from pyxis_hook import confined
-
-            exe_fd = confined.sealed_copy(_host_ldconfig(plan, config))
-            fds.append(exe_fd)
-        if plan.cgroup_rules:
-            messages.append(_cgroup(plan, pid, no_cgroups, proc))
+        exe_fd = _ldconfig_fd(plan, fds)
+        allow = _cgroup_target(plan, pid, proc, fds, messages) if plan.cgroup_rules else None
         result = _in_child(plan, ns_fd, binds, gpu_dirs, exe_fd, owner)
+        messages += result["messages"]
+        if allow is not None:
+            messages.append(_cgroup_write(plan, *allow))
     finally:
         for fd in fds:
             os.close(fd)
-    return ApplyResult(tuple(result["mounted"]), tuple(result["symlinks"]),
-                       tuple(messages) + tuple(result["messages"]))
+        for m in messages:
+            log.info(m)
+    return ApplyResult(tuple(result["mounted"]), tuple(result["symlinks"]), tuple(messages))
+
+
+def _preload_ldcache_modules() -> None:
+    """Import on the host what the ld.so.cache step runs, so the child imports nothing after setns.
+
+    After setns a name lookup is the container's: an import there could
+    read (and run) the image's files.  traceback is what log.exception uses.
+    """
+    import fnmatch  # noqa: F401 - ldconf's, imported by name in ldmerge's functions
+    import traceback  # noqa: F401
+
+    from pyxis_hook import confined, ldconf, ldmerge  # noqa: F401
 
 
 # ---------------------------------------------------------------- host side
 
 
-def _host_ldconfig(plan: Plan, config) -> str:
-    """The plan's ldconfig, else the configured one; only ever a host binary."""
-    if plan.ldcache.ldconfig:
-        return plan.ldcache.ldconfig
-    if config is not None:
-        is_host, path = config.host_ldconfig()
-        if not is_host:
-            raise ApplyError(f"ldconfig = {path!r} names a binary in the image; only host binaries "
-                             "('@/sbin/ldconfig') are run")
-        return path
-    raise ApplyError("ld.so.cache: the plan asks for ldconfig but names no host ldconfig binary")
+def _host_ldconfig(plan: Plan) -> str:
+    """The plan's host ldconfig: the planner sets it only from an '@' (host) `ldconfig` key."""
+    if not plan.ldcache.ldconfig:
+        raise ApplyError("ld.so.cache: the plan asks for ldconfig but names no host ldconfig binary "
+                         "(the `ldconfig` key must name a host binary: '@/sbin/ldconfig')")
+    return plan.ldcache.ldconfig
 
 
-def _fallback_configured(plan: Plan, config) -> bool:
-    return bool(plan.ldcache.ldconfig) or (config is not None and config.host_ldconfig()[0])
+def _fallback_configured(plan: Plan) -> bool:
+    return bool(plan.ldcache.ldconfig)
+
+
+def _ldconfig_fd(plan: Plan, fds: list[int]) -> int | None:
+    """The host ldconfig for the child: a sealed copy (mode ldconfig) or an O_RDONLY fd (merge's fallback).
+
+    Merge normally succeeds, so it only opens the binary (microseconds);
+    the child makes the sealed copy from that fd when it must fall back.
+    """
+    if plan.ldcache.mode == "ldconfig":
+        from pyxis_hook import confined
+
+        fd = confined.sealed_copy(_host_ldconfig(plan))
+    elif plan.ldcache.mode == "merge" and _fallback_configured(plan):
+        path = _host_ldconfig(plan)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY)
+        except OSError as e:
+            raise ApplyError(f"ldconfig {path}: {e.strerror}") from None
+    else:
+        return None
+    fds.append(fd)
+    return fd
 
 
 def _open_sources(plan: Plan, fds: list[int]) -> list[_Bind]:
@@ -169,7 +208,7 @@ def _clone(b: _Bind, fds: list[int]) -> _Bind:
 
     attrs = 0
     for o in b.options:
-        attrs |= _ATTRS.get(o, 0)
+        attrs |= _FLAGS.get(o, (0, 0))[0]
     tree = kernel.open_tree(b.fd, "", kernel.OPEN_TREE_CLONE | kernel.OPEN_TREE_CLOEXEC | kernel.AT_EMPTY_PATH,
                             what=b.host_path)
     fds.append(tree)
@@ -210,53 +249,62 @@ def _open_proc_sources(plan: Plan, fds: list[int], messages: list[str]) -> list[
     return out
 
 
-def _cgroup(plan: Plan, pid: int, no_cgroups: bool, proc: str) -> str:
-    """Allow the plan's devices in the container's v1 device cgroup; explain what to do otherwise.
+def _rules_text(plan: Plan) -> str:
+    return ", ".join(f"{r.type} {r.major}:{r.minor} {r.access}" for r in plan.cgroup_rules)
 
-    Never inside a Slurm job: the step's cgroup is the boundary Slurm
-    computed, and the container's cgroup below it inherits it; rules we
-    wrote there could only try to widen it (gpu-requests.md §8 rule 5).
+
+def _cgroup_target(plan: Plan, pid, proc: str, fds: list[int], messages: list[str]) -> tuple[int, str] | None:
+    """The container's v1 devices.allow, opened (fd, path); None with a message when no rule is written.
+
+    Done before anything is mounted, so a cgroup that cannot be written
+    fails the start with nothing to undo.  Never inside a Slurm job: the
+    step's cgroup is the boundary Slurm computed, and the container's
+    cgroup below it inherits it; rules we wrote there could only try to
+    widen it (gpu-requests.md §8 rule 5).
     """
     from pyxis_hook import cgroup
 
-    rules = ", ".join(f"{r.type} {r.major}:{r.minor} {r.access}" for r in plan.cgroup_rules)
-    if no_cgroups:
-        msg = f"device cgroup: not modified (no-cgroups = true): {rules}"
-        log.info(msg)
-        return msg
+    rules = _rules_text(plan)
+    if plan.cgroup_mode == "none":
+        messages.append(f"device cgroup: not modified (no-cgroups = true): {rules}")
+        return None
+    if plan.cgroup_mode != "auto":
+        raise ApplyError(f"device cgroup: unknown cgroup_mode {plan.cgroup_mode!r} in plan")
     if not os.path.exists(f"{proc}/{pid}/cgroup"):
         raise ApplyError(f"{proc}/{pid}/cgroup: no such process")
     slurm = cgroup.read_slurm_cgroup(proc, pid)
     if slurm is not None:
-        msg = (f"device cgroup: not modified: the container is inside Slurm job {slurm.job} step {slurm.step}, "
-               "whose device cgroup is authoritative")
-        log.info(msg)
-        return msg
+        messages.append(f"device cgroup: not modified: the container is inside Slurm job {slurm.job} "
+                        f"step {slurm.step}, whose device cgroup is authoritative")
+        return None
     dev = cgroup.read_devices_cgroup(proc, pid)
     if dev is None or dev.controller != "v1":
         if dev is not None and dev.controller == "v2":
-            msg = (f"device cgroup v2: not modified; the runtime must allow {rules} "
-                   "(config.json linux.resources.devices, or use CDI)")
+            messages.append(f"device cgroup v2: not modified; the runtime must allow {rules} "
+                            "(config.json linux.resources.devices, or use CDI)")
         else:
-            msg = f"device cgroup: no devices controller for pid {pid}: not modified"
-        log.info(msg)
-        return msg
+            messages.append(f"device cgroup: no devices controller for pid {pid}: not modified")
+        return None
     if dev.fs_path is None:
         raise ApplyError(f"device cgroup {dev.path}: no cgroup v1 devices mount in {proc}/self/mountinfo")
     allow = f"{dev.fs_path}/devices.allow"
+    try:
+        fd = os.open(allow, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        raise ApplyError(f"{allow}: cannot allow {rules}: {e.strerror}") from None
+    fds.append(fd)
+    return fd, allow
+
+
+def _cgroup_write(plan: Plan, fd: int, allow: str) -> str:
+    """Write the plan's rules into the opened v1 devices.allow (one rule per write, as the kernel parses)."""
     for r in plan.cgroup_rules:
         rule = f"{r.type} {r.major}:{r.minor} {r.access}"
         try:
-            fd = os.open(allow, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            try:
-                os.write(fd, rule.encode())
-            finally:
-                os.close(fd)
+            os.write(fd, rule.encode())
         except OSError as e:
             raise ApplyError(f"{allow}: cannot allow {rule}: {e.strerror}") from None
-    msg = f"device cgroup v1 {dev.fs_path}: allowed {rules}"
-    log.info(msg)
-    return msg
+    return f"device cgroup v1 {os.path.dirname(allow)}: allowed {_rules_text(plan)}"
 
 
 # -------------------------------------------------------- in the namespace
@@ -273,7 +321,10 @@ def _in_child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner) -> dict:
         except PyxisHookError as e:
             out = {"error": str(e), "class": type(e).__name__}
         except BaseException as e:  # noqa: BLE001 - a bug: log the traceback, report one line
-            log.exception("apply: internal error")
+            if "traceback" in sys.modules:  # never imported here: this is the container's namespace
+                log.exception("apply: internal error")
+            else:
+                log.error(f"apply: internal error: {type(e).__name__}: {e}")
             out = {"error": f"internal error while applying the plan: {type(e).__name__}: {e}",
                    "class": "ApplyError"}
         try:
@@ -364,11 +415,9 @@ def _child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner) -> dict:
             for p in problems:
                 log.error(f"rollback: {p}")
             raise
-        # success: the mounts stay; their fds are no longer needed
+        # success: the mounts stay; their fds are no longer needed (the parent logs the messages)
         for fd, _path in undo.mount_fds:
             os.close(fd)
-        for m in messages:
-            log.info(m)
         return {"mounted": mounted, "symlinks": links, "messages": messages}
     finally:
         rfs.close()
@@ -404,18 +453,39 @@ def _bind(b: _Bind, entry: Entry, undo: _Undo) -> int:
             raise ApplyError(f"{b.host_path}: is another file in the container mount namespace")
         flags = 0
         for o in b.options:
-            flags |= _MS.get(o, 0)
+            flags |= _FLAGS.get(o, (0, 0))[1]
         kernel.mount(kernel.proc_fd_path(src), kernel.proc_fd_path(entry.fd), None, kernel.MS_BIND, what=entry.path)
     finally:
         os.close(src)
-    top = entry.reopen()
-    undo.add(top, entry.path)
+    top = _reopen_mounted(entry, undo)
     got = os.fstat(top)
     if (want.st_dev, want.st_ino) != (got.st_dev, got.st_ino):
         raise ApplyError(f"{entry.path}: the mount point changed while mounting {b.host_path}")
     target = kernel.proc_fd_path(top)
     kernel.mount(None, target, None, kernel.MS_REMOUNT | kernel.MS_BIND | flags, what=entry.path)
     kernel.mount(None, target, None, kernel.MS_PRIVATE, what=entry.path)
+    return top
+
+
+def _reopen_mounted(entry: Entry, undo: _Undo) -> int:
+    """Reopen `entry` to get the mount just made on it; if that fails, the mount is undone here.
+
+    Until the reopened fd is in `undo` the new mount has no handle: undo it
+    by the parent dir fd and name (no symlink followed), so a failed reopen
+    leaves nothing mounted.
+    """
+    try:
+        top = entry.reopen()
+    except (OSError, PyxisHookError) as e:
+        try:
+            kernel.umount2(f"{kernel.proc_fd_path(entry.parent_fd)}/{entry.name}",
+                           kernel.MNT_DETACH | kernel.UMOUNT_NOFOLLOW, what=entry.path)
+        except ApplyError as u:
+            log.error(f"rollback: {u}")
+        if isinstance(e, PyxisHookError):
+            raise
+        raise ApplyError(f"{entry.path}: cannot reopen after mounting: {e.strerror}") from None
+    undo.add(top, entry.path)
     return top
 
 
@@ -476,8 +546,7 @@ def _proc_view(plan: Plan, rfs: RootFS, gpu_dirs, undo: _Undo, new_api: bool, me
         else:
             kernel.mount("tmpfs", kernel.proc_fd_path(entry.fd), "tmpfs",
                          kernel.MS_NOSUID | kernel.MS_NODEV | kernel.MS_NOEXEC, "mode=0555,size=1m", what=target)
-            mnt = entry.reopen()
-            undo.add(mnt, target)
+            mnt = _reopen_mounted(entry, undo)
         for name, content in view.files:
             fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444, dir_fd=mnt)
             try:
@@ -523,9 +592,10 @@ def _ldcache(plan: Plan, rfs: RootFS, exe_fd, messages: list[str]) -> None:
     if rfs.readonly:
         messages.append(f"ld.so.cache: {plan.rootfs} is read-only; cache not updated")
         return
-    if mode == "merge":
-        from pyxis_hook import ldmerge
+    # preloaded by apply_plan: sys.modules lookups, no file is read in this namespace
+    from pyxis_hook import confined, ldmerge
 
+    if mode == "merge":
         try:
             messages.append(ldmerge.update_container_cache(rfs, ldmerge.libs_from_plan(plan.ldcache)))
             return
@@ -533,9 +603,25 @@ def _ldcache(plan: Plan, rfs: RootFS, exe_fd, messages: list[str]) -> None:
             messages.append(f"ld.so.cache: merge cannot model this image ({e}); running ldconfig instead")
             if exe_fd is None:
                 raise ApplyError(f"ld.so.cache: cannot merge ({e}) and no host ldconfig to fall back to") from None
-    from pyxis_hook import confined
+            # exe_fd is the host binary opened O_RDONLY on the host: copy it now, through the fd
+            # (a magic link, never resolved by name in this namespace)
+            via = kernel.proc_fd_path(exe_fd)
+            try:
+                exe_fd = confined.sealed_copy(via)
+            except ApplyError as err:  # name the configured binary, not the fd
+                raise ApplyError(str(err).replace(via, plan.ldcache.ldconfig)) from None
+            try:
+                _run_ldconfig(plan, rfs, exe_fd, messages)
+            finally:
+                os.close(exe_fd)
+            return
+    _run_ldconfig(plan, rfs, exe_fd, messages)
 
-    dirs = tuple(dict.fromkeys(plan.ldcache.conf_dirs + plan.ldcache.lib_dirs))
+
+def _run_ldconfig(plan: Plan, rfs: RootFS, exe_fd: int, messages: list[str]) -> None:
+    from pyxis_hook import confined  # preloaded: a sys.modules lookup
+
+    dirs = tuple(dict.fromkeys(plan.ldcache.lib_dirs))
     warnings = confined.run_ldconfig(plan.rootfs, exe_fd, dirs, root_fd=rfs.fd, owner=rfs.owner)
     messages.append(f"ld.so.cache: ldconfig ran for {', '.join(dirs) or '(configured dirs)'}")
     for line in warnings.strip().splitlines()[-5:]:

@@ -75,6 +75,8 @@ PR_SET_NO_NEW_PRIVS = 38
 _ARCH_NR = {
     "x86_64": {"unshare": 272, "setns": 308, "mount": 165, "umount2": 166},
     "aarch64": {"unshare": 97, "setns": 268, "mount": 40, "umount2": 39},
+    # arch/powerpc/kernel/syscalls/syscall.tbl (the i386-derived numbers for mount/umount2)
+    "ppc64le": {"unshare": 282, "setns": 350, "mount": 21, "umount2": 52},
 }
 _GENERIC_NR = {
     "open_tree": 428,

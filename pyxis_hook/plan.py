@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # only for type hints: plan.py imports nothing heavy
+    from typing import Iterable
+
     from pyxis_hook.config import Config
     from pyxis_hook.inventory import DriverFile, Inventory
     from pyxis_hook.request import Request
@@ -83,9 +85,10 @@ class LdcacheUpdate:
     """How the container's ld.so.cache is refreshed after the libraries are in place."""
 
     mode: str  # "merge" | "ldconfig" | "none"
-    ldconfig: str = ""  # host path of the ldconfig binary (mode ldconfig)
+    #: host path of the ldconfig binary (mode ldconfig; mode merge: the fallback).  Only ever a
+    #: host binary: an `ldconfig` key naming one in the image leaves this empty and the plan a problem
+    ldconfig: str = ""
     lib_dirs: tuple[str, ...] = ()  # container dirs passed on ldconfig's command line
-    conf_dirs: tuple[str, ...] = ()  # dirs added through an ld.so.conf.d file (e.g. CUDA compat)
     why: str = ""
     #: mode merge: the injected libraries as (container dir, file name, SONAME, cache flags);
     #: `ldmerge` adds them to the image's cache, or falls back to `ldconfig` (then needed) and logs why
@@ -116,7 +119,9 @@ class Plan:
     mounts: tuple[MountEdit, ...] = ()
     symlinks: tuple[SymlinkEdit, ...] = ()
     cgroup_rules: tuple[CgroupRule, ...] = ()
-    cgroup_mode: str = "none"  # "v1" | "runtime" (v2: the runtime must allow) | "none"
+    #: "auto": apply writes the rules into a v1 devices cgroup (never inside a Slurm job; on v2 it
+    #: says the runtime must allow them); "none": `no-cgroups = true`, the rules are only reported
+    cgroup_mode: str = "none"
     proc_driver: ProcDriverView | None = None
     ldcache: LdcacheUpdate = field(default_factory=lambda: LdcacheUpdate("none"))
     env: tuple[tuple[str, str], ...] = ()  # variables the container should see (reported)
@@ -180,6 +185,57 @@ def _mount_for(f: "DriverFile", facts: ContainerFacts) -> MountEdit | None:
     return MountEdit(f.host_path, f.path, "file", LIB_OPTIONS, f.capability, f.source)
 
 
+def ldcache_update(config: "Config", facts: ContainerFacts, lib_dirs: "Iterable[str]",
+                   libs: "Iterable[tuple]" = ()) -> tuple[LdcacheUpdate, tuple[str, ...]]:
+    """How the cache is refreshed for libraries injected into `lib_dirs`, and the problems.
+
+    The one place that reads the `ldcache` and `ldconfig` keys: build_plan
+    and the CDI update-ldcache hook both call it, so they cannot disagree.
+    `libs` are (container dir, DriverFile, SONAME) or ready (dir, file name,
+    SONAME, cache flags) rows.  Merge needs the image's /etc/ld.so.conf and
+    at least one row, else ldconfig runs.  An `ldconfig` key without '@'
+    names a binary in the image, which is never run (security.md): that is
+    a problem of the plan, never a silent switch to the host's binary.
+    """
+    mode = config.ldcache
+    why = f"ldcache = {mode!r} in {config.source}"
+    rows: tuple[tuple[str, str, str, int], ...] = ()
+    if mode == "merge":
+        rows = _cache_rows(libs)
+        if not facts.has_ld_so_conf:
+            mode, why = "ldconfig", "the image has no /etc/ld.so.conf: merge cannot model its loader, ldconfig instead"
+        elif not rows:
+            mode, why = "ldconfig", "no library with a SONAME to merge: ldconfig instead"
+        else:
+            why += ("; the injected libraries are added to the image's cache as ldconfig would, "
+                    "or ldconfig runs when the image's cache cannot be modelled (logged)")
+    problems: tuple[str, ...] = ()
+    ldconfig = ""
+    if mode in ("merge", "ldconfig"):
+        is_host, path = config.host_ldconfig()
+        if is_host:
+            ldconfig = path
+        else:
+            problems = (f"ldconfig = {config.ldconfig!r} in {config.source} names a binary in the image; "
+                        f"only host binaries ('@{path}') are run",)
+    return LdcacheUpdate(mode, ldconfig=ldconfig, lib_dirs=tuple(lib_dirs), why=why,
+                         libs=rows if mode == "merge" else ()), problems
+
+
+def _cache_rows(libs: "Iterable[tuple]") -> tuple[tuple[str, str, str, int], ...]:
+    """(dir, name, SONAME, flags) rows; flags computed here, so only when merging."""
+    rows = []
+    for lib in libs:
+        if len(lib) == 4:
+            rows.append(tuple(lib))
+            continue
+        from pyxis_hook.ldmerge import cache_flags  # a cached import after the first
+
+        d, f, soname = lib
+        rows.append((d, f.name, soname, cache_flags(f.elfclass, f.needed)))
+    return tuple(rows)
+
+
 def build_plan(request: "Request", inventory: "Inventory", facts: ContainerFacts, config: "Config", *,
                proc_files: tuple[tuple[str, str], ...] | None = None) -> Plan:
     """Request + Inventory + container facts -> Plan; pure (no I/O).
@@ -220,7 +276,7 @@ def build_plan(request: "Request", inventory: "Inventory", facts: ContainerFacts
     mounts: list[MountEdit] = []
     symlinks: list[SymlinkEdit] = []
     seen_targets: set[str] = set()
-    cache_libs: list[tuple[str, str, str, int]] = []
+    cache_libs: list[tuple[str, DriverFile, str]] = []  # (container dir, file, SONAME)
     for f in files:
         m = _mount_for(f, facts)
         if m is None:
@@ -235,9 +291,7 @@ def build_plan(request: "Request", inventory: "Inventory", facts: ContainerFacts
             for link, target in f.links:
                 symlinks.append(SymlinkEdit(f"{d}/{link}", target))
             if f.soname:
-                from pyxis_hook.ldmerge import cache_flags
-
-                cache_libs.append((d, f.name, f.soname, cache_flags(f.elfclass, f.needed)))
+                cache_libs.append((d, f, f.soname))
     if request.mode == "none":
         notes.append("NVIDIA_VISIBLE_DEVICES=none: driver files and control nodes only, no GPU")
     proc_driver = None
@@ -262,17 +316,12 @@ def build_plan(request: "Request", inventory: "Inventory", facts: ContainerFacts
     if not lib_dirs:
         ldcache = LdcacheUpdate("none", why="no libraries injected")
     else:
-        mode = config.ldcache
-        why = f"ldcache = {mode!r} in {config.source}"
-        if mode == "merge" and not facts.has_ld_so_conf:
-            mode, why = "ldconfig", "the image has no /etc/ld.so.conf: merge cannot model its loader, ldconfig instead"
-        elif mode == "merge":
-            why += ("; the injected libraries are added to the image's cache as ldconfig would, "
-                    "or ldconfig runs when the image's cache cannot be modelled (logged)")
-        _, ldconfig = config.host_ldconfig()
-        ldcache = LdcacheUpdate(mode, ldconfig=ldconfig, lib_dirs=lib_dirs, why=why,
-                                libs=tuple(r for r in cache_libs if r[0] in lib_dirs) if mode == "merge" else ())
-    rules = () if config.no_cgroups else tuple(CgroupRule(d.major, d.minor) for d in devices)
+        # every row's dir is one of lib_dirs: rows come from lib/lib32 mounts, all under lib_prefixes
+        ldcache, ldcache_problems = ldcache_update(config, facts, lib_dirs, cache_libs)
+        problems.extend(ldcache_problems)
+    # the rules are always planned (what `plan` shows); whether apply writes them is
+    # cgroup_mode, the one place no-cgroups is decided
+    rules = tuple(CgroupRule(d.major, d.minor) for d in devices)
     cgroup_mode = "none" if config.no_cgroups else "auto"
     env: tuple[tuple[str, str], ...] = ()
     if request.cuda_visible_devices is not None and (request.gpus or request.mig_devices):

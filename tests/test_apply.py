@@ -12,6 +12,7 @@ import errno
 import os
 import stat
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import pytest
 
 from fixtures.synth import build_lib
 from pyxis_hook import apply as apply_mod
-from pyxis_hook import kernel
+from pyxis_hook import kernel, log
 from pyxis_hook.apply import apply_plan
 from pyxis_hook.config import Config
 from pyxis_hook.errors import ApplyError, PathError
@@ -393,59 +394,86 @@ def test_bad_pid_is_one_line(world):
 # ----------------------------------------------------------------- cgroups
 
 
-def test_cgroup_v1_allows_devices(world):
+def test_cgroup_v1_allows_devices(world, v1_devices_cgroup):
     host, root, pid = world
+    plan = _basic_plan(host, root, cgroup_rules=(CgroupRule(195, 0), CgroupRule(195, 255)), cgroup_mode="auto")
+    res = apply_plan(plan, pid, Config())
+    assert any("device cgroup v1" in m for m in res.messages)
+    assert (v1_devices_cgroup / "devices.list").read_text().split("\n")[:2] == ["c 195:0 rw", "c 195:255 rw"]
+    # and the node opens as far as the (absent) driver, no longer EPERM
+    r = _inside(pid, "python3", "-c", f"import os\ntry: os.open('{root}/dev/nvidia0', os.O_RDWR)\n"
+                "except OSError as e: print(e.errno)")
+    assert r.stdout.strip() == str(errno.ENXIO)
+
+
+@pytest.fixture
+def v1_devices_cgroup(world):
+    """The container stand-in in its own v1 devices cgroup that denies everything."""
     cg = Path("/sys/fs/cgroup/devices") / f"pyxis-test-{os.getpid()}"
     if not cg.parent.is_dir():
         pytest.skip("no cgroup v1 devices hierarchy")
     cg.mkdir()
+    pid = world[2]
     try:
         (cg / "cgroup.procs").write_text(str(pid))
         (cg / "devices.deny").write_text("a")
-        plan = _basic_plan(host, root, cgroup_rules=(CgroupRule(195, 0), CgroupRule(195, 255)))
-        res = apply_plan(plan, pid, Config())
-        assert any("device cgroup v1" in m for m in res.messages)
-        assert (cg / "devices.list").read_text().split("\n")[:2] == ["c 195:0 rw", "c 195:255 rw"]
-        # and the node opens as far as the (absent) driver, no longer EPERM
-        r = _inside(pid, "python3", "-c", f"import os\ntry: os.open('{root}/dev/nvidia0', os.O_RDWR)\n"
-                    "except OSError as e: print(e.errno)")
-        assert r.stdout.strip() == str(errno.ENXIO)
+        yield cg
     finally:
         Path("/sys/fs/cgroup/devices/cgroup.procs").write_text(str(pid))
         cg.rmdir()
 
 
-def test_cgroup_skipped_with_no_cgroups_and_explained_on_v2(world, tmp_path):
+def test_no_cgroups_plan_writes_no_rule(world, v1_devices_cgroup):
+    """cgroup_mode "none" (no-cgroups = true) is the plan's decision: apply reads nothing else."""
     host, root, pid = world
-    plan = Plan(rootfs=str(root), cgroup_rules=(CgroupRule(195, 0),))
-    res = apply_plan(plan, pid, Config(no_cgroups=True))
-    assert res.messages[0] == "device cgroup: not modified (no-cgroups = true): c 195:0 rw"
-    fake = tmp_path / "proc" / "42"
-    fake.mkdir(parents=True)
-    (fake / "cgroup").write_text("0::/system.slice/x.scope\n")
-    msg = apply_mod._cgroup(plan, 42, False, str(tmp_path / "proc"))
-    assert "cgroup v2" in msg and "c 195:0 rw" in msg and "linux.resources.devices" in msg
+    plan = _basic_plan(host, root, cgroup_rules=(CgroupRule(195, 0),), cgroup_mode="none")
+    res = apply_plan(plan, pid, Config())  # a config saying no-cgroups = false changes nothing
+    assert "device cgroup: not modified (no-cgroups = true): c 195:0 rw" in res.messages
+    assert (v1_devices_cgroup / "devices.list").read_text() == ""
+
+
+def test_failed_start_writes_no_cgroup_rule(world, v1_devices_cgroup, mount_api):
+    """The rules are written only after every mount succeeded: a refused target leaves the cgroup as it was."""
+    host, root, pid = world
+    (root / "usr/bin/nvidia-smi").symlink_to("/etc/shadow")  # the last bind is refused
+    plan = _basic_plan(host, root, cgroup_rules=(CgroupRule(195, 0), CgroupRule(195, 255)), cgroup_mode="auto")
+    with pytest.raises(PathError):
+        apply_plan(plan, pid)
+    assert (v1_devices_cgroup / "devices.list").read_text() == ""
+    assert _mounts_under(pid, root) == {}
+
+
+def _fake_proc(tmp_path: Path, cgroup_text: str, mountinfo: str = "") -> Path:
+    proc = tmp_path / "proc"
+    (proc / "42").mkdir(parents=True)
+    (proc / "42/cgroup").write_text(cgroup_text)
+    (proc / "self").mkdir()
+    (proc / "self/mountinfo").write_text(mountinfo)
+    return proc
+
+
+def test_cgroup_explained_on_v2(tmp_path):
+    plan = Plan(rootfs="/nonexistent", cgroup_rules=(CgroupRule(195, 0),), cgroup_mode="auto")
+    proc = _fake_proc(tmp_path, "0::/system.slice/x.scope\n")
+    messages: list[str] = []
+    assert apply_mod._cgroup_target(plan, 42, str(proc), [], messages) is None
+    assert "cgroup v2" in messages[0] and "c 195:0 rw" in messages[0] and "linux.resources.devices" in messages[0]
 
 
 def test_no_rules_inside_a_slurm_step(tmp_path):
     """Under Slurm the step's device cgroup is authoritative: the hook writes no rule below it."""
-    plan = Plan(rootfs="/nonexistent", cgroup_rules=(CgroupRule(195, 0),))
-    fake = tmp_path / "proc" / "42"
-    fake.mkdir(parents=True)
-    (fake / "cgroup").write_text("12:devices:/slurm/uid_0/job_7/step_0/task_0\n0::/\n")
-    msg = apply_mod._cgroup(plan, 42, False, str(tmp_path / "proc"))
-    assert "not modified" in msg and "Slurm job 7 step 0" in msg
+    plan = Plan(rootfs="/nonexistent", cgroup_rules=(CgroupRule(195, 0),), cgroup_mode="auto")
+    proc = _fake_proc(tmp_path, "12:devices:/slurm/uid_0/job_7/step_0/task_0\n0::/\n")
+    messages: list[str] = []
+    assert apply_mod._cgroup_target(plan, 42, str(proc), [], messages) is None
+    assert "not modified" in messages[0] and "Slurm job 7 step 0" in messages[0]
 
 
 def test_v1_cgroup_without_devices_mount_is_one_line(tmp_path):
-    plan = Plan(rootfs="/nonexistent", cgroup_rules=(CgroupRule(195, 0),))
-    proc = tmp_path / "proc"
-    (proc / "42").mkdir(parents=True)
-    (proc / "42/cgroup").write_text("5:devices:/a/b\n")
-    (proc / "self").mkdir()
-    (proc / "self/mountinfo").write_text("31 25 0:27 /.. /bad rw - cgroup cgroup rw,devices\n")
+    plan = Plan(rootfs="/nonexistent", cgroup_rules=(CgroupRule(195, 0),), cgroup_mode="auto")
+    proc = _fake_proc(tmp_path, "5:devices:/a/b\n", "31 25 0:27 /.. /bad rw - cgroup cgroup rw,devices\n")
     with pytest.raises(ApplyError, match=r"device cgroup /a/b: no cgroup v1 devices mount"):
-        apply_mod._cgroup(plan, 42, False, str(proc))
+        apply_mod._cgroup_target(plan, 42, str(proc), [], [])
 
 
 def test_empty_plan_does_nothing(world):
@@ -453,11 +481,12 @@ def test_empty_plan_does_nothing(world):
     assert apply_plan(Plan(rootfs=str(root)), pid) == apply_mod.ApplyResult()
 
 
-def test_ldconfig_from_image_is_refused(world):
+def test_plan_without_host_ldconfig_is_refused(world):
+    """apply runs only the plan's host ldconfig; the config is never a second source of it."""
     host, root, pid = world
     plan = _basic_plan(host, root, ldcache=LdcacheUpdate("ldconfig", "", (LIBDIR,)))
-    with pytest.raises(ApplyError, match="names a binary in the image"):
-        apply_plan(plan, pid, Config(ldconfig="/sbin/ldconfig"))
+    with pytest.raises(ApplyError, match="names no host ldconfig binary"):
+        apply_plan(plan, pid, Config(ldconfig="@/sbin/ldconfig"))
     assert _mounts_under(pid, root) == {}
 
 
@@ -522,3 +551,130 @@ def test_proc_view_without_host_gpu_dir(world):
     assert set(_mounts_under(pid, root)) == {str(root / "proc/driver/nvidia")}
     with pytest.raises(ApplyError, match="bad GPU bus id"):
         apply_plan(Plan(rootfs=str(root), proc_driver=ProcDriverView(str(hd), (), ("../../x",))), pid)
+
+
+# ------------------------------------------------------------ ld.so.cache
+
+
+def _merge_plan(host: Path, root: Path, ldconfig: str = "/sbin/ldconfig") -> Plan:
+    from pyxis_hook.ldmerge import cache_flags
+
+    rows = ((LIBDIR, "libcuda.so.535.104.05", "libcuda.so.1", cache_flags(64)),
+            (LIBDIR, "libnvidia-ml.so.535.104.05", "libnvidia-ml.so.1", cache_flags(64)))
+    return _basic_plan(host, root, ldcache=LdcacheUpdate("merge", ldconfig, (LIBDIR,), libs=rows))
+
+
+def _image_cache(root: Path) -> None:
+    """An image whose ld.so.conf lists the lib dir and whose cache glibc's ldconfig wrote: merge can model it."""
+    (root / "etc/ld.so.conf").write_text(f"{LIBDIR}\n")
+    subprocess.run(["ldconfig", "-r", str(root)], check=True)
+
+
+def test_merge_makes_no_ldconfig_copy_unless_it_falls_back(world, monkeypatch):
+    """Merge normally succeeds: the host only opens ldconfig; the sealed copy is made by the fallback alone."""
+    from pyxis_hook import confined
+
+    host, root, pid = world
+    _image_cache(root)
+    copies = []
+    real = confined.sealed_copy
+    monkeypatch.setattr(confined, "sealed_copy", lambda path: copies.append(path) or real(path))
+    res = apply_plan(_merge_plan(host, root), pid)
+    assert any("merged 2 entries" in m for m in res.messages), res.messages
+    assert copies == []  # the parent made none (a child's copy would not show here either: none was needed)
+    out = _inside(pid, "ldconfig", "-p", "-C", str(root / "etc/ld.so.cache")).stdout
+    assert f"libcuda.so.1 (libc6,x86-64) => {LIBDIR}/libcuda.so.1" in out
+
+
+def test_merge_falls_back_to_the_host_ldconfig_by_fd(world, mount_api):
+    """No cache in the image: merge cannot model it, the child copies the host ldconfig from the fd and runs it."""
+    host, root, pid = world
+    res = apply_plan(_merge_plan(host, root), pid)
+    assert any("merge cannot model this image" in m for m in res.messages), res.messages
+    assert any("ldconfig ran" in m for m in res.messages), res.messages
+    out = _inside(pid, "ldconfig", "-p", "-C", str(root / "etc/ld.so.cache")).stdout
+    assert f"libnvidia-ml.so.1 (libc6,x86-64) => {LIBDIR}/libnvidia-ml.so.1" in out
+
+
+def test_nothing_is_imported_inside_the_container_namespace(tmp_path):
+    """The container's namespace hides the Python library and the package: the ld.so.cache step still works.
+
+    After setns a module imported by name would be the container's file;
+    apply_plan imports what the child needs on the host.  A fresh
+    interpreter, so nothing is preloaded by the test run.
+    """
+    import sysconfig
+
+    import pyxis_hook
+
+    host = tmp_path / "host"
+    root = tmp_path / "rootfs"
+    (host / "lib").mkdir(parents=True)
+    build_lib(host / "lib", "libcuda.so.1", filename="libcuda.so.535.104.05")
+    for d in ("etc", "usr/lib/x86_64-linux-gnu"):
+        (root / d).mkdir(parents=True)
+    (root / "etc/ld.so.conf").write_text("")
+    hidden = [sysconfig.get_paths()["stdlib"], os.path.dirname(pyxis_hook.__file__)]
+    p = _container(root, " && ".join(f"mount -t tmpfs none {d}" for d in hidden) + " && exec sleep 600")
+    try:
+        script = f"""
+from pyxis_hook.apply import apply_plan
+from pyxis_hook.plan import LdcacheUpdate, MountEdit, Plan
+plan = Plan(rootfs={str(root)!r},
+            mounts=(MountEdit({str(host / "lib/libcuda.so.535.104.05")!r}, "{LIBDIR}/libcuda.so.535.104.05"),),
+            ldcache=LdcacheUpdate("merge", "/sbin/ldconfig", ("{LIBDIR}",),
+                                  libs=(("{LIBDIR}", "libcuda.so.535.104.05", "libcuda.so.1", 0x303),)))
+for m in apply_plan(plan, {p.pid}).messages:
+    print(m)
+"""
+        r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert "ldconfig ran" in r.stdout, r.stdout
+    finally:
+        p.kill()
+        p.wait()
+
+
+# ------------------------------------------------------- legacy mount path
+
+
+def test_legacy_reopen_failure_leaves_no_mount(world, monkeypatch):
+    """Kernels < 5.12: the bind is made, then reopening the target fails; the bind is undone all the same."""
+    from pyxis_hook import rootfs
+
+    host, root, pid = world
+    monkeypatch.setattr(kernel, "HAVE_NEW_MOUNT_API", False)
+    monkeypatch.setattr(kernel, "HAVE_OPENAT2", False)
+
+    def reopen(self):
+        raise OSError(errno.ESTALE, os.strerror(errno.ESTALE))
+
+    monkeypatch.setattr(rootfs.Entry, "reopen", reopen)
+    plan = Plan(rootfs=str(root), mounts=(MountEdit(str(host / "lib/libcuda.so.535.104.05"),
+                                                    f"{LIBDIR}/libcuda.so.535.104.05"),))
+    with pytest.raises(ApplyError, match=r"libcuda.so.535.104.05: cannot reopen after mounting: Stale file handle"):
+        apply_plan(plan, pid)
+    assert _mounts_under(pid, root) == {}
+
+
+# ----------------------------------------------------------------- logging
+
+
+def test_every_message_is_logged_once(world, tmp_path):
+    """The host side's warnings (a GPU dir that cannot be opened) and the child's notes, each once in the log."""
+    host, root, pid = world
+    hd = _proc_tree(host, ["0000:06:00.0"])
+    (root / "proc/driver/nvidia").mkdir(parents=True)
+    view = ProcDriverView(str(hd), (("params", "ModifyDeviceFiles: 0\n"),), ("0000:06:00.0", "0000:09:00.0"))
+    logfile = tmp_path / "hook.log"
+    log.configure(str(logfile), "info", "error")
+    try:
+        res = apply_plan(Plan(rootfs=str(root), proc_driver=view, cgroup_rules=(CgroupRule(195, 0),)), pid)
+        res2 = apply_plan(Plan(rootfs=str(root), proc_driver=view), pid)
+    finally:
+        log.configure()
+    text = logfile.read_text()
+    assert any("0000:09:00.0" in m and "not bound" in m for m in res.messages)
+    assert any("already this hook's view" in m for m in res2.messages)
+    for m in res.messages + res2.messages:
+        assert text.count(f"info: {m}\n") == (2 if m in res.messages and m in res2.messages else 1), m

@@ -208,3 +208,37 @@ def test_no_new_privs():
         assert "NoNewPrivs:\t1" in status
 
     in_child(child)
+
+
+def _header_nrs(path: str) -> dict[str, int]:
+    import re
+
+    with open(path) as f:
+        return {m.group(1): int(m.group(2)) for m in re.finditer(r"#define __NR_(\w+)\s+(\d+)\b", f.read())}
+
+
+@pytest.mark.parametrize("arch,header", [("x86_64", "/usr/include/x86_64-linux-gnu/asm/unistd_64.h"),
+                                         ("aarch64", "/usr/include/asm-generic/unistd.h")])
+def test_arch_syscall_numbers_match_kernel_headers(arch, header):
+    """The per-arch numbers are the kernel headers' (aarch64 uses the generic table)."""
+    if not os.path.exists(header):
+        pytest.skip(f"no {header}")
+    nrs = _header_nrs(header)
+    for name, nr in kernel._ARCH_NR[arch].items():
+        assert nrs[name] == nr, (arch, name)
+    for name, nr in kernel._GENERIC_NR.items():
+        assert nrs[name] == nr, name
+
+
+def test_every_arch_table_is_complete(monkeypatch):
+    """ppc64le (arch/powerpc syscall.tbl) and the others name every per-arch syscall the wrappers use."""
+    names = {"unshare", "setns", "mount", "umount2"}
+    assert {"x86_64", "aarch64", "ppc64le"} <= set(kernel._ARCH_NR)
+    for arch, table in kernel._ARCH_NR.items():
+        assert set(table) == names, arch
+    real = os.uname()
+    monkeypatch.setattr(os, "uname", lambda: os.uname_result(real[:4] + ("ppc64le",)))
+    assert kernel._nr("setns") == 350 and kernel._nr("mount") == 21 and kernel._nr("open_tree") == 428
+    monkeypatch.setattr(os, "uname", lambda: os.uname_result(real[:4] + ("s390x",)))
+    with pytest.raises(ApplyError, match="unsupported architecture s390x"):
+        kernel._nr("setns")

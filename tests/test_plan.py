@@ -93,7 +93,11 @@ def test_non_debian_image_gets_lib64(world):
 def test_no_cgroups_and_no_proc_view(world):
     cfg = replace(world[2], no_cgroups=True)
     _, plan = _plan(world, {"NVIDIA_VISIBLE_DEVICES": "0"}, config=cfg, proc=False)
-    assert plan.cgroup_rules == () and plan.cgroup_mode == "none"
+    # one decision: the rules stay in the plan (what `plan` shows), cgroup_mode says apply writes none
+    assert [(r.major, r.minor) for r in plan.cgroup_rules] == [(d.major, d.minor) for d in plan.devices]
+    assert plan.cgroup_mode == "none"
+    _, plan = _plan(world, {"NVIDIA_VISIBLE_DEVICES": "0"}, proc=False)
+    assert plan.cgroup_mode == "auto" and plan.cgroup_rules
     assert plan.proc_driver is None
     assert any("kernel module not loaded" in n for n in plan.notes)
 
@@ -112,6 +116,46 @@ def test_image_without_ld_so_conf_falls_back_to_ldconfig(world):
     facts = ContainerFacts(rootfs="/r", has_ld_so_conf=False)
     _, plan = _plan(world, {"NVIDIA_VISIBLE_DEVICES": "0"}, facts=facts, config=replace(world[2], ldcache="merge"))
     assert plan.ldcache.mode == "ldconfig"
+
+
+@pytest.mark.parametrize("mode", ["merge", "ldconfig"])
+def test_ldconfig_in_the_image_is_a_problem_never_the_hosts(world, mode):
+    """`ldconfig = "/sbin/ldconfig"` (no '@') names the image's binary: refused by name, never swapped for the host's."""
+    cfg = replace(world[2], ldconfig="/sbin/ldconfig", ldcache=mode)
+    _, plan = _plan(world, {"NVIDIA_VISIBLE_DEVICES": "0"}, config=cfg)
+    assert plan.ldcache.ldconfig == ""
+    assert any("ldconfig = '/sbin/ldconfig'" in p and "names a binary in the image" in p
+               and "'@/sbin/ldconfig'" in p for p in plan.problems), plan.problems
+    _, plan = _plan(world, {"NVIDIA_VISIBLE_DEVICES": "0"}, config=replace(cfg, ldconfig="@/sbin/ldconfig"))
+    assert plan.ldcache.ldconfig.startswith("/sbin/ldconfig") and not plan.problems
+    # nothing to refresh, nothing refused
+    _, plan = _plan(world, {"NVIDIA_VISIBLE_DEVICES": "0"}, config=replace(cfg, ldcache="none"))
+    assert plan.ldcache.mode == "none" and not plan.problems
+
+
+def test_merge_rows_only_in_merge_mode(world):
+    _, tree, cfg, inv = world
+    _, plan = _plan(world, {"NVIDIA_VISIBLE_DEVICES": "0"}, config=replace(cfg, ldcache="merge"))
+    rows = {r[2]: r for r in plan.ldcache.libs}
+    d, name, soname, flags = rows["libcuda.so.1"]
+    assert (d, name) == ("/usr/lib/x86_64-linux-gnu", f"libcuda.so.{VERSION}") and flags == 0x303
+    assert all(r[0] in plan.ldcache.lib_dirs for r in plan.ldcache.libs)
+    _, plan = _plan(world, {"NVIDIA_VISIBLE_DEVICES": "0"}, config=replace(cfg, ldcache="ldconfig"))
+    assert plan.ldcache.mode == "ldconfig" and plan.ldcache.libs == ()
+
+
+def test_ldcache_update_for_ready_rows(world):
+    """The CDI update-ldcache hook's entry: rows already carry their flags; no rows or no ld.so.conf -> ldconfig."""
+    from pyxis_hook.plan import ldcache_update
+
+    cfg = replace(world[2], ldcache="merge", ldconfig="@/sbin/ldconfig")
+    row = ("/usr/lib64", "libcuda.so.1.2", "libcuda.so.1", 0x303)
+    up, problems = ldcache_update(cfg, ContainerFacts(rootfs="/r"), ("/usr/lib64",), (row,))
+    assert (up.mode, up.libs, up.lib_dirs, problems) == ("merge", (row,), ("/usr/lib64",), ())
+    up, _ = ldcache_update(cfg, ContainerFacts(rootfs="/r"), ("/usr/lib64",), ())
+    assert up.mode == "ldconfig" and up.libs == ()
+    up, _ = ldcache_update(cfg, ContainerFacts(rootfs="/r", has_ld_so_conf=False), ("/usr/lib64",), (row,))
+    assert up.mode == "ldconfig" and "no /etc/ld.so.conf" in up.why
 
 
 def test_patch_params():

@@ -51,7 +51,10 @@ def render(prepared) -> str:
     if p.proc_driver is not None:
         out.append(f"/proc/driver/nvidia: tmpfs with {', '.join(n for n, _ in p.proc_driver.files)} "
                    f"(ModifyDeviceFiles: 0); gpus/{{{', '.join(p.proc_driver.gpu_dirs)}}}")
-    out.append(f"device cgroup: {p.cgroup_mode}" + (f", {len(p.cgroup_rules)} rules" if p.cgroup_rules else ""))
+    if p.cgroup_mode == "none" and p.cgroup_rules:  # no-cgroups: listed for the runtime, never written
+        out.append(f"device cgroup: none (no-cgroups), {len(p.cgroup_rules)} rules not written")
+    else:
+        out.append(f"device cgroup: {p.cgroup_mode}" + (f", {len(p.cgroup_rules)} rules" if p.cgroup_rules else ""))
     ld = p.ldcache
     out.append(f"ld.so.cache: {ld.mode}" + (f" ({ld.ldconfig} {' '.join(ld.lib_dirs)})" if ld.mode == "ldconfig"
                                             else "") + (f" — {ld.why}" if ld.why else ""))

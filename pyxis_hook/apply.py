@@ -603,13 +603,8 @@ def _ldcache(plan: Plan, rfs: RootFS, exe_fd, messages: list[str]) -> None:
             messages.append(f"ld.so.cache: merge cannot model this image ({e}); running ldconfig instead")
             if exe_fd is None:
                 raise ApplyError(f"ld.so.cache: cannot merge ({e}) and no host ldconfig to fall back to") from None
-            # exe_fd is the host binary opened O_RDONLY on the host: copy it now, through the fd
-            # (a magic link, never resolved by name in this namespace)
-            via = kernel.proc_fd_path(exe_fd)
-            try:
-                exe_fd = confined.sealed_copy(via)
-            except ApplyError as err:  # name the configured binary, not the fd
-                raise ApplyError(str(err).replace(via, plan.ldcache.ldconfig)) from None
+            # exe_fd is the host binary opened O_RDONLY on the host: copy it now, from the fd
+            exe_fd = confined.sealed_copy_from_fd(exe_fd, plan.ldcache.ldconfig)
             try:
                 _run_ldconfig(plan, rfs, exe_fd, messages)
             finally:

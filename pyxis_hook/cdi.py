@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 import platform
 import re
 
@@ -317,7 +318,7 @@ def hook_plan(step: str, bundle, config, *, links: tuple[str, ...] = (), folders
               libs: tuple[str, ...] = ()) -> Plan:
     """The one-step Plan a CDI hook applies to `bundle` (an oci.Bundle)."""
     from pyxis_hook.errors import UsageError
-    from pyxis_hook.plan import LdcacheUpdate, ProcDriverView, patch_params
+    from pyxis_hook.plan import ProcDriverView, patch_params
 
     rootfs = bundle.rootfs
     if step == "create-symlinks":
@@ -328,14 +329,13 @@ def hook_plan(step: str, bundle, config, *, links: tuple[str, ...] = (), folders
             raise UsageError(f"--folder {bad[0]!r}: not an absolute path")
         from pyxis_hook.container import container_facts
 
-        rows = tuple(parse_lib(x) for x in libs)
-        mode = config.ldcache
-        if mode == "merge" and (not rows or not container_facts(rootfs).has_ld_so_conf):
-            mode = "ldconfig"  # the same choice build_plan makes, plus: a spec without rows cannot merge
-        _, ldconfig = config.host_ldconfig()
-        return Plan(rootfs=rootfs, ldcache=LdcacheUpdate(mode, ldconfig=ldconfig, lib_dirs=tuple(folders),
-                                                         why="CDI update-ldcache hook",
-                                                         libs=rows if mode == "merge" else ()))
+        from pyxis_hook.plan import ldcache_update
+
+        update, problems = ldcache_update(config, container_facts(rootfs), tuple(folders),
+                                          tuple(parse_lib(x) for x in libs))
+        if problems:
+            raise UsageError(problems[0])
+        return Plan(rootfs=rootfs, ldcache=replace(update, why="CDI update-ldcache hook"))
     if step == "proc-driver":
         from pyxis_hook import gpus as gpus_mod
         from pyxis_hook.hook import read_proc_driver_files
@@ -358,7 +358,6 @@ def hook_plan(step: str, bundle, config, *, links: tuple[str, ...] = (), folders
 
 def run_hook(step: str, stdin_bytes: bytes, config, *, links=(), folders=(), libs=()) -> None:
     """Read the state JSON, plan the step, apply it in the current mount namespace (the container's)."""
-    from dataclasses import replace
 
     from pyxis_hook import oci
     from pyxis_hook.apply import apply_plan
@@ -370,4 +369,4 @@ def run_hook(step: str, stdin_bytes: bytes, config, *, links=(), folders=(), lib
         return
     # "self": createContainer hooks already run in the container's mount namespace, and the
     # state's pid is the container-namespace pid (runc: 1), meaningless in the host /proc.
-    apply_plan(plan, "self", replace(config, no_cgroups=True))  # type: ignore[arg-type]
+    apply_plan(plan, "self", config)  # type: ignore[arg-type]  (hook plans carry no cgroup rules)

@@ -63,11 +63,23 @@ def sealed_copy(host_path: str) -> int:
     except OSError as e:
         raise ApplyError(f"ldconfig {host_path}: {e.strerror}") from None
     try:
+        return sealed_copy_from_fd(src, host_path)
+    finally:
+        os.close(src)
+
+
+def sealed_copy_from_fd(src: int, what: str) -> int:
+    """The sealed memfd copy of the executable open as `src` (named `what` in errors).
+
+    Needs no filesystem: apply's child, already in the container's mount
+    namespace, copies the host binary it opened before entering.
+    """
+    try:
         st = os.fstat(src)
         if not stat.S_ISREG(st.st_mode):
-            raise ApplyError(f"ldconfig {host_path}: not a regular file")
+            raise ApplyError(f"ldconfig {what}: not a regular file")
         if os.pread(src, 4, 0) != b"\x7fELF":
-            raise ApplyError(f"ldconfig {host_path}: not an ELF executable (a wrapper script? use ldconfig.real)")
+            raise ApplyError(f"ldconfig {what}: not an ELF executable (a wrapper script? use ldconfig.real)")
         mfd = os.memfd_create("ldconfig", os.MFD_CLOEXEC | getattr(os, "MFD_ALLOW_SEALING", 2))
         try:
             offset = 0
@@ -83,9 +95,7 @@ def sealed_copy(host_path: str) -> int:
             raise
         return mfd
     except OSError as e:
-        raise ApplyError(f"ldconfig {host_path}: cannot copy: {e.strerror}") from None
-    finally:
-        os.close(src)
+        raise ApplyError(f"ldconfig {what}: cannot copy: {e.strerror}") from None
 
 
 def ldconfig_argv(lib_dirs: tuple[str, ...] | list[str], conf: str = "/etc/ld.so.conf",

@@ -304,3 +304,23 @@ def test_cdi_hooks_get_the_hooks_d_environment(tmp_path, monkeypatch):
     _, _, env = cdi.hook_command(cfg, "/usr/bin/python3")
     assert env == hook_env(cfg) == [HOOK_ENV_PATH, f"PYXIS_HOOK_CONFIG={tmp_path}/pyxis.conf"]
     assert not hasattr(cdi, "HOOK_ENV_PATH")
+
+
+def test_update_ldcache_hook_refuses_an_image_ldconfig(host, tmp_path):
+    """`ldconfig` without '@' names a binary in the image: the CDI hook refuses, as the planner does."""
+    from dataclasses import replace as _replace
+
+    from pyxis_hook.cdi import hook_plan
+    from pyxis_hook.config import load_config
+    from pyxis_hook.errors import UsageError
+    from pyxis_hook.oci import load_bundle
+
+    from fixtures.container import make_bundle as _mk
+
+    bundle = load_bundle(str(_mk(tmp_path / "b")))
+    cfg = _replace(load_config(str(host.conf)), ldconfig="/sbin/ldconfig")
+    with pytest.raises(UsageError, match="names a binary in the image"):
+        hook_plan("update-ldcache", bundle, cfg, folders=("/usr/lib/x86_64-linux-gnu",))
+    ok = hook_plan("update-ldcache", bundle, _replace(cfg, ldconfig="@/sbin/ldconfig"),
+                   folders=("/usr/lib/x86_64-linux-gnu",))
+    assert ok.ldcache.mode == "ldconfig" and ok.ldcache.ldconfig.startswith("/sbin/ldconfig")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 from pyxis_hook.plan import ContainerFacts
-from pyxis_hook.rootfs import resolve_in_root
+from pyxis_hook.rootfs import try_resolve_in_root
 
 #: machine -> (Debian multiarch triplet, 32-bit companion triplet or None)
 TRIPLETS = {
@@ -23,15 +23,16 @@ TRIPLETS = {
 
 
 def _exists(rootfs: str, path: str) -> bool:
-    return os.path.lexists(resolve_in_root(rootfs, path))
+    host = try_resolve_in_root(rootfs, path)  # a looping link in the image: as if absent
+    return host is not None and os.path.lexists(host)
 
 
 def _isdir(rootfs: str, path: str) -> bool:
-    return os.path.isdir(resolve_in_root(rootfs, path))
+    host = try_resolve_in_root(rootfs, path)
+    return host is not None and os.path.isdir(host)
 
 
-def container_facts(rootfs: str, *, readonly: bool = False, uid: int = 0, gid: int = 0,
-                    machine: str | None = None) -> ContainerFacts:
+def container_facts(rootfs: str, *, machine: str | None = None) -> ContainerFacts:
     """Inspect `rootfs` (a host path) and return where libraries, 32-bit libraries and binaries go."""
     machine = machine or os.uname().machine  # not `platform` (hook path imports)
     triplet, triplet32 = TRIPLETS.get(machine, (f"{machine}-linux-gnu", None))
@@ -43,7 +44,7 @@ def container_facts(rootfs: str, *, readonly: bool = False, uid: int = 0, gid: i
         lib_dir = "/usr/lib64"
         if _isdir(rootfs, "/usr/lib32"):
             lib32_dir = "/usr/lib32"
-        elif resolve_in_root(rootfs, "/usr/lib") != resolve_in_root(rootfs, lib_dir):
+        elif try_resolve_in_root(rootfs, "/usr/lib") != try_resolve_in_root(rootfs, lib_dir):
             lib32_dir = "/usr/lib"
         else:
             lib32_dir = ""
@@ -52,9 +53,5 @@ def container_facts(rootfs: str, *, readonly: bool = False, uid: int = 0, gid: i
         lib_dir=lib_dir,
         lib32_dir=lib32_dir,
         bin_dir="/usr/bin",
-        debian_like=debian_like,
         has_ld_so_conf=_exists(rootfs, "/etc/ld.so.conf"),
-        readonly=readonly,
-        uid=uid,
-        gid=gid,
     )

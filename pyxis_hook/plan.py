@@ -103,11 +103,7 @@ class ContainerFacts:
     lib_dir: str = "/usr/lib/x86_64-linux-gnu"
     lib32_dir: str = "/usr/lib/i386-linux-gnu"
     bin_dir: str = "/usr/bin"
-    debian_like: bool = True
     has_ld_so_conf: bool = True
-    readonly: bool = False
-    uid: int = 0
-    gid: int = 0
 
 
 @dataclass(frozen=True)

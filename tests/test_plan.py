@@ -83,7 +83,7 @@ def test_none_has_control_nodes_only(world):
 
 def test_non_debian_image_gets_lib64(world):
     base = world[0]
-    facts = ContainerFacts(rootfs=str(base / "r"), lib_dir="/usr/lib64", lib32_dir="", debian_like=False)
+    facts = ContainerFacts(rootfs=str(base / "r"), lib_dir="/usr/lib64", lib32_dir="")
     _, plan = _plan(world, {"NVIDIA_VISIBLE_DEVICES": "0"}, facts=facts)
     libs = [m.container_path for m in plan.mounts if ".so." in m.container_path]
     assert libs and all(p.startswith("/usr/lib64/") for p in libs)
@@ -220,3 +220,13 @@ def test_mig_uuid_request_asks_the_drivers_nvml(tmp_path):
     bundle2 = make_bundle(tmp_path / "b2", env=("NVIDIA_VISIBLE_DEVICES=0:0",))
     p2 = prepare(cfg, oci.load_bundle(str(bundle2)))
     assert all(m.uuid is None for m in p2.inventory.host.mig_devices)
+
+
+def test_container_facts_survive_a_looping_link(tmp_path):
+    """A hostile image whose /etc/debian_version loops is read as a non-Debian image, not an error."""
+    from pyxis_hook.container import container_facts
+
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc/debian_version").symlink_to("debian_version")
+    facts = container_facts(str(tmp_path))
+    assert facts.lib_dir == "/usr/lib64" and not facts.has_ld_so_conf

@@ -173,8 +173,16 @@ def test_merge_then_ldconfig_reads_it(tmp_path):
 lib_names = st.from_regex(r"lib[a-zA-Z0-9_+-]{0,6}(\.[0-9]{1,3}|[0-9]{0,2})?\.so(\.[0-9]{1,4}){0,3}", fullmatch=True)
 
 
+def _libcmp_identity(name: str) -> str:
+    """Names libcmp cannot tell apart (lib0.so, lib00.so: digit runs compare as numbers) map together.
+
+    glibc treats such keys as one name in lookups too, so the property below is
+    about names libcmp distinguishes."""
+    return re.sub(r"[0-9]+", lambda m: str(int(m.group())), name)
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(names=st.lists(lib_names, min_size=1, max_size=25, unique=True))
+@given(names=st.lists(lib_names, min_size=1, max_size=25, unique_by=_libcmp_identity))
 def test_ldconfig_order_is_libcmp_order(tmp_path_factory, names):
     """ldconfig sorts keys descending by _dl_cache_libcmp; our sort reproduces its order exactly."""
     root = tmp_path_factory.mktemp("order")
@@ -190,8 +198,7 @@ def test_ldconfig_order_is_libcmp_order(tmp_path_factory, names):
     assert sorted(keys) == sorted(names)
     for a, b in zip(keys, keys[1:]):
         assert L.libcmp(a, b) >= 0 and L.libcmp(b, a) <= 0
-    assert [e.key for e in L.sort_entries(reversed(c.entries))] == keys or \
-        all(L.libcmp(a, b) == 0 for a, b in zip(keys, keys[1:]))
+    assert [e.key for e in L.sort_entries(reversed(c.entries))] == keys
     assert L.serialize_cache(c.entries, c.generator) == Path(cache_file).read_bytes()
     for n in names:
         assert L.search_cache(c, n).value == f"{MULTIARCH}/{n}"

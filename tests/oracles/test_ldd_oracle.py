@@ -60,8 +60,8 @@ def ours(file: str, *, library_path: str | None = None, inhibit: bool = False,
          root: str = "/") -> tuple[int, list[str], str]:
     args = argparse.Namespace(root=root, library_path=library_path or "", inhibit_cache=inhibit, json=False,
                               files=[file])
-    result = ldd._one(args, file)
-    out, err = ldd.format_text(result)
+    result, out = ldd._one(args, file)
+    err = ldd.error_text(result)
     return (ldd.LOAD_FAILED_EXIT if result["error"] else 0), out.splitlines(), err
 
 

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fixtures.synth import build_exe, build_lib
+from fixtures.synth import build_exe, build_lib, m32_toolchain
 from pyxis_hook import ldcache as L
 from pyxis_hook.ldconf import existing_dirs, read_ld_so_conf
 
@@ -43,14 +43,6 @@ def ldconfig_p(cache_file: str) -> bytes:
 
 def ours_p(cache_file: str, shown: str | None = None) -> bytes:
     return os.fsencode(L.format_ldconfig_p(L.read_cache(cache_file), shown or cache_file))
-
-
-def have_m32() -> bool:
-    try:
-        build_lib(Path("/tmp") / f"pyxis-m32-probe-{os.getpid()}", "libprobe.so.1", m32=True)
-        return True
-    except subprocess.CalledProcessError:
-        return False
 
 
 def build_root(root: Path, *, many: int = 0, m32: bool = True, hwcaps: bool = True) -> Path:
@@ -112,7 +104,7 @@ def test_host_cache_prints_like_ldconfig(tmp_path):
 
 def test_command_matches_ldconfig_r_p(tmp_path):
     """`pyxis-hook ldcache --root DIR` == `ldconfig -r DIR -p` (shown as /etc/ld.so.cache)."""
-    root = build_root(tmp_path / "root", m32=have_m32())
+    root = build_root(tmp_path / "root", m32=m32_toolchain())
     make_cache(root)
     out = subprocess.run(["pyxis-hook", "ldcache", "--root", str(root)], capture_output=True, check=True).stdout
     assert out == ldconfig("-r", str(root), "-p").stdout
@@ -124,7 +116,7 @@ def test_command_matches_ldconfig_r_p(tmp_path):
 
 @pytest.mark.parametrize("fmt", ["new", "compat", "old"])
 def test_fixture_caches_print_and_serialize_like_ldconfig(tmp_path, fmt):
-    root = build_root(tmp_path / "root", many=40, m32=have_m32())
+    root = build_root(tmp_path / "root", many=40, m32=m32_toolchain())
     cache_file = make_cache(root, fmt)
     assert ours_p(cache_file) == ldconfig_p(cache_file)
     c = L.read_cache(cache_file)
@@ -142,7 +134,7 @@ def test_fixture_caches_print_and_serialize_like_ldconfig(tmp_path, fmt):
 
 @pytest.mark.parametrize("fmt", ["new", "compat"])
 def test_hundreds_of_libs(tmp_path, fmt):
-    root = build_root(tmp_path / "root", many=600, m32=have_m32())
+    root = build_root(tmp_path / "root", many=600, m32=m32_toolchain())
     cache_file = make_cache(root, fmt)
     assert ours_p(cache_file) == ldconfig_p(cache_file)
     c = L.read_cache(cache_file)
@@ -312,7 +304,7 @@ def test_lookup_agrees_with_ld_so(tmp_path, fmt):
 
 @pytest.mark.root
 def test_lookup_agrees_with_ld_so_i386(tmp_path):
-    if not have_m32() or not os.path.exists(LD32):
+    if not m32_toolchain() or not os.path.exists(LD32):
         pytest.skip("no 32-bit toolchain/loader")
     root = build_root(tmp_path / "root", m32=True)
     copy_runtime(root, LD32, "/lib32")

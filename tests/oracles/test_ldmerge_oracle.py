@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from fixtures.container import make_rootfs
-from fixtures.synth import build_exe, build_lib
+from fixtures.synth import build_exe, build_lib, m32_toolchain
 from pyxis_hook import ldcache as L
 from pyxis_hook import ldmerge
 from pyxis_hook.rootfs import RootFS
@@ -48,14 +48,6 @@ def _mkimage():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
-
-
-def have_m32() -> bool:
-    try:
-        build_lib(Path("/tmp") / f"pyxis-m32-probe-{os.getpid()}", "libprobe.so.1", m32=True)
-        return True
-    except subprocess.CalledProcessError:
-        return False
 
 
 def p(cache_file: Path) -> list[str]:
@@ -155,7 +147,7 @@ SONAMES = ("libcuda.so.1", "libnvidia-ml.so.1", "libshadow.so.1", "libunder.so.1
 
 @pytest.mark.parametrize("fmt", ["new", "compat"])
 def test_small_image(tmp_path, fmt):
-    m32 = have_m32()
+    m32 = m32_toolchain()
     root = build_image(tmp_path / "root", m32=m32, hwcaps=fmt == "new", fmt=fmt)
     libs = inject(root, m32=m32)
     msg = check_against_glibc(root, libs, fmt, SONAMES)

@@ -118,8 +118,8 @@ def test_setns_mount_ns_needs_a_single_thread():
     in_child(child)
 
 
-@pytest.mark.root
-def test_open_tree_setattr_move_mount_and_umount_by_fd(tmp_path):
+def _bind_case(tmp_path, body) -> None:
+    """A host file `src` and a mount point `tgt`; `body(src, tgt, sfd, tfd)` runs in a child's private mount ns."""
     src = tmp_path / "src"
     src.write_text("host")
     tgt = tmp_path / "tgt"
@@ -128,8 +128,19 @@ def test_open_tree_setattr_move_mount_and_umount_by_fd(tmp_path):
     def child():
         kernel.unshare(kernel.CLONE_NEWNS)
         kernel.mount(None, "/", None, kernel.MS_REC | kernel.MS_PRIVATE)
-        sfd = os.open(src, os.O_PATH)
-        tfd = os.open(tgt, os.O_PATH | os.O_NOFOLLOW)
+        body(src, tgt, os.open(src, os.O_PATH), os.open(tgt, os.O_PATH | os.O_NOFOLLOW))
+
+    in_child(child)
+
+
+def _options(tgt) -> set[str]:
+    line = next(x for x in open("/proc/self/mountinfo") if x.split()[4] == str(tgt))
+    return set(line.split()[5].split(","))
+
+
+@pytest.mark.root
+def test_open_tree_setattr_move_mount_and_umount_by_fd(tmp_path):
+    def body(src, tgt, sfd, tfd):
         tree = kernel.open_tree(sfd, "", kernel.OPEN_TREE_CLONE | kernel.OPEN_TREE_CLOEXEC | kernel.AT_EMPTY_PATH)
         kernel.mount_setattr(tree, "", kernel.AT_EMPTY_PATH,
                              kernel.MOUNT_ATTR_RDONLY | kernel.MOUNT_ATTR_NOSUID | kernel.MOUNT_ATTR_NODEV, 0,
@@ -142,36 +153,25 @@ def test_open_tree_setattr_move_mount_and_umount_by_fd(tmp_path):
             assert e.errno == errno.EROFS
         else:
             raise AssertionError("writable")
-        line = next(x for x in open("/proc/self/mountinfo") if x.split()[4] == str(tgt))
-        assert set(line.split()[5].split(",")) >= {"ro", "nosuid", "nodev"}
+        assert _options(tgt) >= {"ro", "nosuid", "nodev"}
         kernel.umount2(kernel.proc_fd_path(tree), kernel.MNT_DETACH)
         assert open(tgt).read() == ""
 
-    in_child(child)
+    _bind_case(tmp_path, body)
 
 
 @pytest.mark.root
 def test_legacy_bind_remount_via_proc_fd(tmp_path):
-    src = tmp_path / "src"
-    src.write_text("host")
-    tgt = tmp_path / "tgt"
-    tgt.write_text("")
-
-    def child():
-        kernel.unshare(kernel.CLONE_NEWNS)
-        kernel.mount(None, "/", None, kernel.MS_REC | kernel.MS_PRIVATE)
-        sfd = os.open(src, os.O_PATH)
-        tfd = os.open(tgt, os.O_PATH | os.O_NOFOLLOW)
+    def body(src, tgt, sfd, tfd):
         kernel.mount(kernel.proc_fd_path(sfd), kernel.proc_fd_path(tfd), None, kernel.MS_BIND)
         top = os.open(tgt, os.O_PATH | os.O_NOFOLLOW)
         kernel.mount(None, kernel.proc_fd_path(top), None,
                      kernel.MS_REMOUNT | kernel.MS_BIND | kernel.MS_RDONLY | kernel.MS_NOSUID)
-        line = next(x for x in open("/proc/self/mountinfo") if x.split()[4] == str(tgt))
-        assert set(line.split()[5].split(",")) >= {"ro", "nosuid"}
+        assert _options(tgt) >= {"ro", "nosuid"}
         kernel.umount2(kernel.proc_fd_path(top))
         assert not any(x.split()[4] == str(tgt) for x in open("/proc/self/mountinfo"))
 
-    in_child(child)
+    _bind_case(tmp_path, body)
 
 
 @pytest.mark.root

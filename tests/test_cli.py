@@ -55,3 +55,19 @@ def test_every_listed_command_has_a_module():
     for name, (module, _help, _aliases) in cli.COMMANDS.items():
         mod = importlib.import_module(f"pyxis_hook.commands.{module}")
         assert callable(mod.add_arguments) and callable(mod.run), name
+
+
+def test_debug_flag_shows_debug_lines_on_stderr(tmp_path):
+    from fixtures.container import make_bundle
+
+    conf = tmp_path / "pyxis.conf"
+    (tmp_path / "empty").mkdir()
+    conf.write_text(f'driver-root = "{tmp_path}/empty"\nproc-root = "{tmp_path}/empty"\n'
+                    f'dev-root = "{tmp_path}/empty"\nsnapshot-dir = "{tmp_path}/snap"\n')
+    bundle = make_bundle(tmp_path / "b", env=("NVIDIA_VISIBLE_DEVICES=all",))  # no driver: plan says why
+    base = [sys.executable, "-m", "pyxis_hook", "--config", str(conf)]
+    quiet = subprocess.run(base + ["plan", "--bundle", str(bundle)], capture_output=True, text=True)
+    loud = subprocess.run(base + ["--debug", "plan", "--bundle", str(bundle)], capture_output=True, text=True)
+    assert quiet.returncode == loud.returncode == 1
+    assert "pyxis-hook: debug:" not in quiet.stderr
+    assert "pyxis-hook: debug:" in loud.stderr

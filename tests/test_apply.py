@@ -301,6 +301,31 @@ def _proc_tree(host: Path, buses: list[str]) -> Path:
     return d
 
 
+def test_proc_view_mounted_when_the_kernels_params_already_match(world):
+    """A node whose module runs with ModifyDeviceFiles: 0: the kernel's params equals the plan's text, but
+    /proc/driver/nvidia is still the procfs (same filesystem as /proc), so the view must be mounted."""
+    host, root, pid = world
+    hd = _proc_tree(host, ["0000:06:00.0", "0000:07:00.0"])
+    d = root / "proc/driver/nvidia"
+    (d / "gpus/0000:06:00.0").mkdir(parents=True)  # what the "kernel" shows the container
+    (d / "params").write_text("ModifyDeviceFiles: 0\n")
+    view = ProcDriverView(str(hd), (("params", "ModifyDeviceFiles: 0\n"),), ("0000:07:00.0",))
+    res = apply_plan(Plan(rootfs=str(root), proc_driver=view), pid)
+    assert "/proc/driver/nvidia" in res.mounted
+    assert _inside(pid, "ls", str(d / "gpus")).stdout.split() == ["0000:07:00.0"]
+
+
+def test_symlink_over_an_image_file_is_left_alone(world):
+    """An image that ships its own file where a link goes (a toolkit stub libcuda.so): kept, said, rest applied."""
+    host, root, pid = world
+    stub = root / LIBDIR.lstrip("/") / "libcuda.so"
+    stub.write_text("stub from the image\n")
+    res = apply_plan(_basic_plan(host, root), pid)
+    assert any(f"symlink {LIBDIR}/libcuda.so not created: a file of the image is there" in m for m in res.messages)
+    assert not stub.is_symlink() and stub.read_text() == "stub from the image\n"
+    assert f"{LIBDIR}/libcuda.so.535.104.05" in res.mounted
+
+
 def test_proc_driver_view(world, mount_api):
     host, root, pid = world
     hd = _proc_tree(host, ["0000:06:00.0", "0000:07:00.0"])
@@ -411,6 +436,10 @@ def v1_devices_cgroup(world):
     """The container stand-in in its own v1 devices cgroup that denies everything."""
     cg = Path("/sys/fs/cgroup/devices") / f"pyxis-test-{os.getpid()}"
     if not cg.parent.is_dir():
+        from fixtures.realdriver import in_ci
+
+        if in_ci():  # CI's machines have the hybrid v1 layout (test-machines.md): its absence is a failure
+            pytest.fail("no cgroup v1 devices hierarchy")
         pytest.skip("no cgroup v1 devices hierarchy")
     cg.mkdir()
     pid = world[2]
@@ -537,8 +566,7 @@ def test_racing_symlink_flip_never_mounts_outside(world, mount_api):
     for f in _mountinfo(pid):
         if "libcuda" in f[4]:
             assert f[4].startswith(str(root) + "/"), f[4]
-    assert _snapshot(host) == host_before
-    assert outcomes["ok"] + outcomes["refused"] == 40
+    assert _snapshot(host) == host_before  # whichever way each of the 40 runs went (mounted or refused)
 
 
 def test_proc_view_without_host_gpu_dir(world):

@@ -14,7 +14,7 @@ from pyxis_hook.config import load_schema
 from schema_check import validate
 from test_inventory import LIB, V, make_driver
 
-jsonschema = pytest.importorskip("jsonschema")
+import jsonschema  # noqa: E402  (install_requires)
 
 
 def run_cli(tmp_path: Path, *args: str, driver_root: Path, host=None, extra: str = ""):

@@ -230,3 +230,23 @@ def test_container_facts_survive_a_looping_link(tmp_path):
     (tmp_path / "etc/debian_version").symlink_to("debian_version")
     facts = container_facts(str(tmp_path))
     assert facts.lib_dir == "/usr/lib64" and not facts.has_ld_so_conf
+
+
+def test_prepare_is_bounded_by_the_hooks_device_cgroup(world, tmp_path, monkeypatch):
+    """Inside a Slurm step the hook's own device cgroup lists the allocated GPUs: `all` means those."""
+    from pyxis_hook import cgroup
+
+    base, tree, cfg, inv = world
+    seen = []
+
+    def allowed(proc_root, pid, candidates, major):
+        seen.append((sorted(candidates), major))
+        return frozenset({1, 3})
+
+    monkeypatch.setattr(cgroup, "gpu_minors_allowed", allowed)
+    bundle = oci.load_bundle(str(make_bundle(tmp_path / "b", env=("NVIDIA_VISIBLE_DEVICES=all",))))
+    assert prepare(cfg, bundle).request.gpu_minors == (1, 3)
+    assert seen == [([0, 1, 2, 3], 195)]
+    assert prepare(cfg, bundle, confine=False).request.gpu_minors == (0, 1, 2, 3)
+    monkeypatch.setattr(cgroup, "gpu_minors_allowed", lambda *a: frozenset({0, 1, 2, 3}))  # not confined
+    assert prepare(cfg, bundle).request.gpu_minors == (0, 1, 2, 3)

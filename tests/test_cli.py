@@ -71,3 +71,19 @@ def test_debug_flag_shows_debug_lines_on_stderr(tmp_path):
     assert quiet.returncode == loud.returncode == 1
     assert "pyxis-hook: debug:" not in quiet.stderr
     assert "pyxis-hook: debug:" in loud.stderr
+
+
+def test_interrupt_and_broken_pipe_exit_codes(tmp_path, monkeypatch, capsys):
+    conf = tmp_path / "pyxis.conf"
+    conf.write_text("")
+
+    def raising(exc):
+        def run(args, config):
+            raise exc
+        return run
+
+    monkeypatch.setattr(info, "run", raising(KeyboardInterrupt()))
+    assert cli.main(["--config", str(conf), "info"]) == 130
+    monkeypatch.setattr(info, "run", raising(BrokenPipeError()))
+    assert cli.main(["--config", str(conf), "info"]) == 1
+    assert "Traceback" not in capsys.readouterr().err

@@ -235,3 +235,32 @@ def test_scan_survives_a_looping_soname_link(tmp_path):
     (lib / "libcuda.so.1").symlink_to("libcuda.so.1")  # loops
     inv = discover(config_for(root, "installer", tmp_path))
     assert any(f.soname == "libcuda.so.1" and f.host_path.endswith("libcuda.so.535.216.03") for f in inv.files)
+
+
+def test_libscan_index_equals_glibc_ldconfig_over_the_same_dirs(tmp_path):
+    """Oracle: our scan of an uncached driver tree gives the entries glibc's ldconfig writes for the same dirs."""
+    from pyxis_hook import ldcache
+    from pyxis_hook.libscan import candidate_dirs, driver_name, scan_root
+
+    tree = tmp_path / "root"
+    shutil.copytree(realdriver.extract("535"), tree, symlinks=True)
+    # a non-PIE executable named like a library: ldconfig skips it (ET_EXEC, not ET_DYN), so must we
+    import subprocess
+
+    src = tmp_path / "main.c"
+    src.write_text("int main(void) { return 0; }\n")
+    subprocess.run(["gcc", "-no-pie", str(src), "-o", str(tree / "usr/lib/x86_64-linux-gnu/libnvidia-notalib.so.1")],
+                   check=True)
+    ours, _ = scan_root(str(tree))
+    dirs = candidate_dirs(str(tree))
+    (tree / "etc").mkdir(exist_ok=True)
+    (tree / "etc/ld.so.conf").write_text("".join(f"{d}\n" for d in dirs))
+    realdriver.run_ldconfig(tree)
+    theirs = ldcache.read_cache(str(tree / "etc/ld.so.cache"))
+
+    def rows(entries):
+        return sorted((e.key, e.value, e.flags) for e in entries if driver_name(e.key) and not e.key.endswith(".so"))
+
+    assert rows(ours.entries) == rows(theirs.entries)
+    assert rows(ours.entries)  # not vacuous
+    assert not any(e.key.startswith("libnvidia-notalib") for e in ours.entries)

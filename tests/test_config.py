@@ -106,3 +106,17 @@ def test_our_validator_agrees_with_jsonschema(doc):
     ours = validate(doc, schema) is None
     theirs = jsonschema.Draft7Validator(schema).is_valid(doc)
     assert ours == theirs, (doc, validate(doc, schema))
+
+
+def test_installed_schemas_found_by_walking_up_from_the_package(tmp_path):
+    """A --prefix (or /usr/local, or venv) install: schemas in <prefix>/share, found from the package, under -I -S."""
+    import shutil
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    site = tmp_path / "p/lib/python3.11/site-packages"
+    shutil.copytree(repo / "pyxis_hook", site / "pyxis_hook", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(repo / "schemas", tmp_path / "p/share/pyxis-hook/schemas")
+    code = f"import sys; sys.path.insert(0, {str(site)!r}); from pyxis_hook.config import schema_dir; print(schema_dir())"
+    r = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == str(tmp_path / "p/share/pyxis-hook/schemas")

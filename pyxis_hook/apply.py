@@ -43,7 +43,7 @@ import os
 import re
 import stat
 import sys
-from dataclasses import dataclass
+from pyxis_hook.record import record
 
 from pyxis_hook import kernel, log
 from pyxis_hook.errors import ApplyError, PathError, PyxisHookError
@@ -59,7 +59,7 @@ _BUS_RE = re.compile(r"^[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.+-]+$")
 
 
-@dataclass(frozen=True)
+@record
 class ApplyResult:
     """What was done, for the log and for tests."""
 
@@ -68,7 +68,7 @@ class ApplyResult:
     messages: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
+@record
 class _Bind:
     """One host source, opened and checked on the host, and where it goes.
 
@@ -204,7 +204,7 @@ def _open_sources(plan: Plan, fds: list[int]) -> list[_Bind]:
 
 def _clone(b: _Bind, fds: list[int]) -> _Bind:
     """open_tree(OPEN_TREE_CLONE) + mount_setattr(flags, MS_PRIVATE): a detached, final mount."""
-    from dataclasses import replace
+    from pyxis_hook.record import replace
 
     attrs = 0
     for o in b.options:

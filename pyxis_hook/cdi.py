@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import replace
+from pyxis_hook.record import replace
 import platform
 import re
 

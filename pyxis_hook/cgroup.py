@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from pyxis_hook.record import record
 
 
-@dataclass(frozen=True)
+@record
 class CgroupLine:
     """One line of /proc/<pid>/cgroup: `hierarchy-id:controller,list:path` (v2: `0::path`)."""
 
@@ -29,7 +29,7 @@ class CgroupLine:
     path: str
 
 
-@dataclass(frozen=True)
+@record
 class MountInfo:
     """The fields of a /proc/<pid>/mountinfo line we need (octal escapes decoded)."""
 
@@ -42,7 +42,7 @@ class MountInfo:
     super_options: tuple[str, ...]
 
 
-@dataclass(frozen=True)
+@record
 class DeviceRule:
     """A v1 `devices.list` entry: type a/b/c, major/minor (None = `*`), access subset of 'rwm'."""
 
@@ -57,7 +57,7 @@ class DeviceRule:
                 and (self.minor is None or self.minor == minor))
 
 
-@dataclass(frozen=True)
+@record
 class DeviceCgroup:
     """Where a process's device access is decided.
 
@@ -74,7 +74,7 @@ class DeviceCgroup:
     fs_path: str | None
 
 
-@dataclass(frozen=True)
+@record
 class SlurmCgroup:
     """A Slurm job/step cgroup: job id, step ("0", "batch", "extern", "interactive"...), task if any."""
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 import sys
-from dataclasses import dataclass, field, fields, replace
+from pyxis_hook.record import field, fields, record, replace
 
 from pyxis_hook.errors import ConfigError
 
@@ -21,7 +21,7 @@ ENV_CONFIG = "PYXIS_HOOK_CONFIG"
 ALL_CAPABILITIES = ("compute", "compat32", "graphics", "utility", "video", "display", "ngx")
 
 
-@dataclass(frozen=True)
+@record
 class Config:
     """The effective configuration; attribute names are the TOML keys with '_' for '-'."""
 

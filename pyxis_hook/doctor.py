@@ -18,7 +18,7 @@ import os
 import shutil
 import stat
 import subprocess
-from dataclasses import dataclass
+from pyxis_hook.record import record
 
 from pyxis_hook.cgroup import read_text
 from pyxis_hook.errors import ConfigError, ElfError, LdCacheError
@@ -33,7 +33,7 @@ RUNTIMES = ("runc", "crun")
 OPTIONAL_NODES = ("/dev/nvidia-modeset", "/dev/nvidia-uvm-tools")
 
 
-@dataclass(frozen=True)
+@record
 class DoctorEnv:
     """What the checks read besides the configured roots.
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import struct
-from dataclasses import dataclass
+from pyxis_hook.record import record
 
 from pyxis_hook.errors import ElfError
 
@@ -55,7 +55,7 @@ MACHINE_NAMES = {3: "EM_386", 62: "EM_X86_64", 183: "EM_AARCH64", 40: "EM_ARM", 
 _MAX_DYN_ENTRIES = 1 << 16
 
 
-@dataclass(frozen=True)
+@record
 class ElfHeader:
     """The fields of the ELF header glibc's `open_verify` looks at (raw values, not judged)."""
 
@@ -74,7 +74,7 @@ class ElfHeader:
     phnum: int
 
 
-@dataclass(frozen=True)
+@record
 class ElfInfo:
     """What the loader needs to know about one ELF object.
 

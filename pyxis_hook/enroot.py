@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import replace
+from pyxis_hook.record import replace
 
 from pyxis_hook.errors import UsageError
 

@@ -10,7 +10,7 @@ exits non-zero when any finding is an error.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from pyxis_hook.record import asdict, record
 
 SEVERITIES = ("ok", "info", "warning", "error")
 
@@ -18,7 +18,7 @@ SEVERITIES = ("ok", "info", "warning", "error")
 SYMBOLS = {"ok": "✓", "info": "i", "warning": "!", "error": "✗"}
 
 
-@dataclass(frozen=True)
+@record
 class Finding:
     """One result line.  `what` names the file/node/setting concerned; `why` and `fix` may be ""
     for an ok finding.  All three are single lines (newlines are folded on construction)."""

@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import re
 import stat
-from dataclasses import dataclass, replace
+from pyxis_hook.record import record, replace
 
 #: The NVIDIA control/GPU major is fixed by the driver; uvm, caps, imex are dynamic.
 NVIDIA_MAJOR = 195
@@ -34,7 +34,7 @@ NVIDIACTL_MINOR = 255
 MODESET_MINOR = 254
 
 
-@dataclass(frozen=True)
+@record
 class Gpu:
     """One GPU as the kernel module lists it under /proc/driver/nvidia/gpus/<bus>/.
 
@@ -51,7 +51,7 @@ class Gpu:
     proc_name: str = ""
 
 
-@dataclass(frozen=True)
+@record
 class MigDevice:
     """One MIG compute instance (a GPU instance `gi` plus compute instance `ci`).
 
@@ -75,7 +75,7 @@ class MigDevice:
     mig_index: int = 0
 
 
-@dataclass(frozen=True)
+@record
 class DeviceMajors:
     """Character-device majors from /proc/devices (None = that module is not loaded).
 
@@ -90,7 +90,7 @@ class DeviceMajors:
     names: tuple[tuple[str, int], ...] = ()
 
 
-@dataclass(frozen=True)
+@record
 class DeviceNode:
     """A device node the driver should have made, and what `<dev-root>` really has.
 
@@ -108,7 +108,7 @@ class DeviceNode:
     problem: str | None = None
 
 
-@dataclass(frozen=True)
+@record
 class HostGpus:
     """Everything procfs and /dev say about the host's NVIDIA devices.
 

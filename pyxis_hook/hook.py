@@ -8,7 +8,7 @@ run and the real run take every decision in the same code.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from pyxis_hook.record import record
 
 from pyxis_hook import log
 from pyxis_hook.config import Config
@@ -18,7 +18,7 @@ PROC_DRIVER_FILES = ("params", "version", "registry")
 PROC_FILE_LIMIT = 1 << 20
 
 
-@dataclass(frozen=True)
+@record
 class Prepared:
     """Everything decided for one container; `inventory` is None for a void request."""
 

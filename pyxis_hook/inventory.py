@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import re
 import stat
-from dataclasses import dataclass, field, replace
+from pyxis_hook.record import field, record, replace
 
 from pyxis_hook import capabilities as caps
 from pyxis_hook import log
@@ -48,7 +48,7 @@ _INFER_RE = re.compile(rf"^lib(?:cuda|nvidia-ml)\.so\.({_VERSION_RE})$")
 VERSIONED_RE = re.compile(rf"^(lib[^/]*\.so)\.({_VERSION_RE})$")
 
 
-@dataclass(frozen=True)
+@record
 class DriverFile:
     """One host file (or socket/dir) the driver provides.
 
@@ -93,7 +93,7 @@ class DriverFile:
                    needed=tuple(d["needed"]), inject=bool(d["inject"]))
 
 
-@dataclass(frozen=True)
+@record
 class NonDriverDep:
     """A DT_NEEDED of a driver library that the driver does not ship (libX11.so.6).
 
@@ -118,7 +118,7 @@ class NonDriverDep:
                    elfclass=d["elfclass"], host_path=d["host_path"])
 
 
-@dataclass(frozen=True)
+@record
 class Inventory:
     """Everything the driver root offers, per capability, plus the host's GPUs.
 
@@ -222,7 +222,7 @@ def stat_signature(path: str) -> tuple[str, int, int, int, int] | None:
 # --- discovery -------------------------------------------------------------------------
 
 
-@dataclass
+@record(frozen=False)
 class _State:
     """Mutable scratch space of one discovery run (never leaves this module)."""
 

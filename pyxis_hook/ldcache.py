@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import os
 import struct
-from dataclasses import dataclass
+from pyxis_hook.record import record
 from typing import Iterable
 
 from pyxis_hook.errors import LdCacheError
@@ -128,7 +128,7 @@ ENDIAN_UNSET, ENDIAN_INVALID, ENDIAN_LITTLE, ENDIAN_BIG = 0, 1, 2, 3
 FORMATS = ("new", "compat", "old")
 
 
-@dataclass(frozen=True)
+@record
 class CacheEntry:
     """One cache record.
 
@@ -156,7 +156,7 @@ class CacheEntry:
         return (self.hwcap >> 32) & HWCAP_ISA_LEVEL_MASK
 
 
-@dataclass(frozen=True)
+@record
 class LdCache:
     """A parsed cache: entries in file order, the generator string, the format.
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import glob
 import os
-from dataclasses import dataclass
+from pyxis_hook.record import record
 from typing import Mapping
 
 from pyxis_hook.errors import LdCacheError, PathError, RequestError, RequirementError
@@ -53,7 +53,7 @@ COMPAT_DIR = "/usr/local/cuda/compat"
 CUDART_PREFIX = "libcudart.so."
 
 
-@dataclass(frozen=True)
+@record
 class InjectedLib:
     """A driver library as the container gets it: `container_path` (the versioned file) and
     `names`, every name it answers to in that directory (file, SONAME link, extra links)."""
@@ -67,7 +67,7 @@ class InjectedLib:
     needed: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
+@record
 class Candidate:
     """One file the loader looked at: `outcome` is host (the injected driver file), image (an image
     file that is accepted), skipped (wrong class/machine/unreadable) or fatal (the load stops)."""
@@ -78,7 +78,7 @@ class Candidate:
     reason: str = ""
 
 
-@dataclass(frozen=True)
+@record
 class Resolution:
     """Where one SONAME resolves: `path` None when nothing matched; `tried` in search order."""
 
@@ -102,7 +102,7 @@ class Resolution:
                           for c in self.tried]}
 
 
-@dataclass(frozen=True)
+@record
 class SearchSetup:
     """What the container's loader of one class searches: LD_LIBRARY_PATH dirs, the cache, the
     default dirs, and the subdirectories tried in each (glibc-hwcaps first)."""
@@ -116,7 +116,7 @@ class SearchSetup:
     hwcaps: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
+@record
 class LdcheckReport:
     rootfs: str
     source: str
@@ -447,7 +447,7 @@ def missing_dep_findings(rootfs: str, deps, setups: Mapping[int, SearchSetup],
 # ------------------------------------------------------------------ CUDA compatibility
 
 
-@dataclass(frozen=True)
+@record
 class CudaFacts:
     """What the image says about the CUDA it needs and what it brings to bridge a gap."""
 

@@ -30,7 +30,7 @@ import errno
 import fnmatch
 import os
 import stat
-from dataclasses import dataclass
+from pyxis_hook.record import record
 from typing import TYPE_CHECKING, Iterable, Union
 
 from pyxis_hook.errors import PathError
@@ -53,7 +53,7 @@ CONF_LIMIT = 1 << 20
 Where = Union[str, "RootFS"]
 
 
-@dataclass(frozen=True)
+@record
 class LdSoConf:
     """What an ld.so.conf tree says.
 

@@ -39,7 +39,7 @@ from __future__ import annotations
 import errno
 import os
 import struct
-from dataclasses import dataclass
+from pyxis_hook.record import record
 from typing import Iterable, Sequence
 
 from pyxis_hook import ldcache as L
@@ -66,7 +66,7 @@ class CannotMerge(LdCacheError):
     """The image's loader setup is one the merge cannot reproduce exactly: use ldconfig."""
 
 
-@dataclass(frozen=True)
+@record
 class InjectedLib:
     """One library the hook puts in the container, as ldconfig would index it.
 
@@ -107,7 +107,7 @@ def indexed_by_ldconfig(name: str) -> bool:
 # ------------------------------------------------------------------ the merge
 
 
-@dataclass(frozen=True)
+@record
 class MergeResult:
     data: bytes
     added: tuple[L.CacheEntry, ...]  # entries inserted

@@ -18,7 +18,7 @@ import errno
 import json
 import os
 import stat
-from dataclasses import dataclass
+from pyxis_hook.record import record
 from typing import Iterable, Mapping
 
 from pyxis_hook.errors import OciError
@@ -40,7 +40,7 @@ class StateError(OciError):
     exit_code = 2
 
 
-@dataclass(frozen=True)
+@record
 class State:
     """The runtime's state document (the hook's stdin)."""
 
@@ -126,7 +126,7 @@ def parse_state(data: bytes, *, require_pid: bool = True) -> State:
     )
 
 
-@dataclass(frozen=True)
+@record
 class Mount:
     """One entry of config.json `mounts` (runtime-spec config.md "Mounts")."""
 
@@ -136,7 +136,7 @@ class Mount:
     options: tuple[str, ...]
 
 
-@dataclass(frozen=True)
+@record
 class LinuxDevice:
     """One entry of config.json `linux.devices`."""
 
@@ -149,7 +149,7 @@ class LinuxDevice:
     gid: int | None
 
 
-@dataclass(frozen=True)
+@record
 class Hook:
     """One hook of config.json `hooks.<stage>`."""
 
@@ -158,7 +158,7 @@ class Hook:
     args: tuple[str, ...]
 
 
-@dataclass(frozen=True)
+@record
 class Bundle:
     """The parts of a bundle's config.json that GPU injection depends on."""
 

@@ -9,7 +9,7 @@ the real run can never disagree.
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field
+from pyxis_hook.record import asdict, field, record
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # only for type hints: plan.py imports nothing heavy
@@ -26,7 +26,7 @@ IPC_OPTIONS = ("nosuid", "nodev", "noexec", "bind", "rprivate")
 PROC_OPTIONS = ("ro", "nosuid", "nodev", "noexec", "bind", "rprivate")
 
 
-@dataclass(frozen=True)
+@record
 class DeviceEdit:
     """A character device the container gets: bind-mounted from the host node, allowed in the cgroup."""
 
@@ -37,7 +37,7 @@ class DeviceEdit:
     file_mode: int = 0o666
 
 
-@dataclass(frozen=True)
+@record
 class MountEdit:
     """A read-only bind of one host file (or socket/dir) to a path inside the container."""
 
@@ -49,7 +49,7 @@ class MountEdit:
     why: str = ""
 
 
-@dataclass(frozen=True)
+@record
 class SymlinkEdit:
     """A symlink created inside the container (SONAME and .so links, libGLX_indirect)."""
 
@@ -57,7 +57,7 @@ class SymlinkEdit:
     target: str
 
 
-@dataclass(frozen=True)
+@record
 class CgroupRule:
     """A device cgroup rule in OCI terms (type c, major, minor, access)."""
 
@@ -67,7 +67,7 @@ class CgroupRule:
     type: str = "c"
 
 
-@dataclass(frozen=True)
+@record
 class ProcDriverView:
     """The container's /proc/driver/nvidia: a tmpfs with copies of a few host files.
 
@@ -80,7 +80,7 @@ class ProcDriverView:
     gpu_dirs: tuple[str, ...]  # bus ids, e.g. 0000:06:00.0
 
 
-@dataclass(frozen=True)
+@record
 class LdcacheUpdate:
     """How the container's ld.so.cache is refreshed after the libraries are in place."""
 
@@ -95,7 +95,7 @@ class LdcacheUpdate:
     libs: tuple[tuple[str, str, str, int], ...] = ()
 
 
-@dataclass(frozen=True)
+@record
 class ContainerFacts:
     """What the planner needs to know about the container, read safely from its rootfs."""
 
@@ -106,7 +106,7 @@ class ContainerFacts:
     has_ld_so_conf: bool = True
 
 
-@dataclass(frozen=True)
+@record
 class Plan:
     """Everything the hook will do, in the order apply does it."""
 

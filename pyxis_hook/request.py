@@ -24,7 +24,7 @@ Every decision appends a sentence to `reasons`, which `plan` prints.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from pyxis_hook.record import record
 from typing import Mapping
 
 from pyxis_hook import require
@@ -47,7 +47,7 @@ _GPU_MIG = re.compile(r"^([0-9]{1,9}):([0-9]{1,9})$")
 _LEGACY_MIG = re.compile(r"^MIG-(GPU-[0-9a-fA-F-]+)/([0-9]{1,9})/([0-9]{1,9})$", re.IGNORECASE)
 
 
-@dataclass(frozen=True)
+@record
 class Request:
     """The resolved request; `void` means: leave the container exactly as the runtime made it."""
 

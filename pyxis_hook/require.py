@@ -15,7 +15,7 @@ with name in cuda/driver/arch/brand (any case) and op one of
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from pyxis_hook.record import record
 from typing import Mapping
 
 from pyxis_hook.errors import RequirementError
@@ -34,7 +34,7 @@ _SEMVER = re.compile(
 )
 
 
-@dataclass(frozen=True)
+@record
 class Term:
     """One `name op value` condition; `key` is lower case, `op` normalised (`==` -> `=`)."""
 
@@ -46,7 +46,7 @@ class Term:
         return f"{self.key}{self.op}{self.value}"
 
 
-@dataclass(frozen=True)
+@record
 class Requirement:
     """One NVIDIA_REQUIRE_* variable (or the legacy CUDA_VERSION rule)."""
 
@@ -57,7 +57,7 @@ class Requirement:
     groups: tuple[tuple[Term, ...], ...]
 
 
-@dataclass(frozen=True)
+@record
 class DeviceFacts:
     """Per-device values; None = unknown (procfs has neither), which passes like LNC's NULL."""
 
@@ -65,7 +65,7 @@ class DeviceFacts:
     brand: str | None = None
 
 
-@dataclass(frozen=True)
+@record
 class HostFacts:
     """What the requirements are checked against."""
 

@@ -27,7 +27,7 @@ import os
 import re
 import stat
 import struct
-from dataclasses import dataclass
+from pyxis_hook.record import record
 from typing import Callable
 
 from pyxis_hook.elf import EHDR_SIZE, ET_DYN, ET_EXEC, PHDR_SIZE, ElfInfo, parse_header, read_elf
@@ -61,7 +61,7 @@ _ISA_FLAGS = {
 _LIBC_ABI_MAX = 4
 
 
-@dataclass(frozen=True)
+@record
 class LoaderEnv:
     """Everything about the loader and its environment that changes a search result.
 
@@ -84,7 +84,7 @@ class LoaderEnv:
     glibc_version: tuple[int, int] | None = None
 
 
-@dataclass(frozen=True)
+@record
 class Dependency:
     """One object the loader maps, in load order (what one `ldd` line shows).
 
@@ -298,7 +298,7 @@ def loader_env_for_root(
 
 # --------------------------------------------------------------------- the search
 
-@dataclass
+@record(frozen=False)
 class _Obj:
     names: list[str]
     path: str
@@ -327,7 +327,7 @@ class _Obj:
         return False
 
 
-@dataclass
+@record(frozen=False)
 class _Want:
     elfclass: int
     machine: int

@@ -270,7 +270,7 @@ def test_mig_devices_get_their_own_entries(host, tmp_path):
 
 def test_proc_driver_hook_plans_the_gpus_the_runtime_was_given(host, tmp_path):
     """The hook reads the GPUs from config.json linux.devices (where CDI put them)."""
-    import dataclasses
+    from pyxis_hook.record import replace as record_replace
 
     from pyxis_hook import oci
 
@@ -288,13 +288,13 @@ def test_proc_driver_hook_plans_the_gpus_the_runtime_was_given(host, tmp_path):
     params = dict(plan.proc_driver.files)["params"]
     assert "ModifyDeviceFiles: 0" in params
     # without the kernel module there is nothing to show, and nothing is planned
-    config = dataclasses.replace(config, proc_root=str(tmp_path / "no-proc"))
+    config = record_replace(config, proc_root=str(tmp_path / "no-proc"))
     assert cdi.hook_plan("proc-driver", oci.load_bundle(str(bundle)), config).proc_driver is None
 
 
 def test_cdi_hooks_get_the_hooks_d_environment(tmp_path, monkeypatch):
     """CDI hooks, hooks.d and the enroot shim share `hookd.hook_env`: PATH and the absolute config."""
-    from dataclasses import replace
+    from pyxis_hook.record import replace
 
     from pyxis_hook.config import Config
     from pyxis_hook.hookd import HOOK_ENV_PATH, hook_env
@@ -308,7 +308,7 @@ def test_cdi_hooks_get_the_hooks_d_environment(tmp_path, monkeypatch):
 
 def test_update_ldcache_hook_refuses_an_image_ldconfig(host, tmp_path):
     """`ldconfig` without '@' names a binary in the image: the CDI hook refuses, as the planner does."""
-    from dataclasses import replace as _replace
+    from pyxis_hook.record import replace as _replace
 
     from pyxis_hook.cdi import hook_plan
     from pyxis_hook.config import load_config

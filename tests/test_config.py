@@ -80,7 +80,7 @@ def test_cli_missing_config_file(tmp_path):
     assert "nope: cannot read configuration" in r.stderr
 
 
-def test_every_dataclass_field_is_in_schema():
+def test_every_config_field_is_in_schema():
     schema = load_schema("pyxis-conf.schema.json")
     assert set(config_keys()) == set(schema["properties"])
 

@@ -12,7 +12,7 @@ import json
 import os
 import shutil
 import socket
-from dataclasses import replace
+from pyxis_hook.record import replace
 from pathlib import Path
 
 import jsonschema

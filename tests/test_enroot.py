@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from dataclasses import replace
+from pyxis_hook.record import replace
 from pathlib import Path
 
 import pytest

@@ -6,7 +6,7 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import replace
+from pyxis_hook.record import replace
 from pathlib import Path
 
 import jsonschema

@@ -12,7 +12,7 @@ import os
 import socket
 import subprocess
 import sys
-from dataclasses import replace
+from pyxis_hook.record import replace
 from pathlib import Path
 
 import pytest
@@ -380,7 +380,7 @@ def test_snapshot_load_imports_neither_pyelftools_nor_jsonschema(tmp_path):
     load_or_build(c)
     code = f"""
 import sys
-from dataclasses import replace
+from pyxis_hook.record import replace
 from pyxis_hook.config import Config
 from pyxis_hook import snapshot
 c = replace(Config(), driver_root={str(root)!r}, proc_root={c.proc_root!r}, dev_root={c.dev_root!r},

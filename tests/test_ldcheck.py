@@ -61,7 +61,7 @@ def image(tmp_path):
 def check(host, root, env=None, caps=None, source="bundle", **cfg_changes):
     cfg, inv, _ = host
     if cfg_changes:
-        from dataclasses import replace
+        from pyxis_hook.record import replace
         cfg = replace(cfg, **cfg_changes)
     env = {"NVIDIA_VISIBLE_DEVICES": "all", **(env or {})}
     return ldcheck.check_image(str(root), env, inv, cfg, capabilities=caps, source=source)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import replace
+from pyxis_hook.record import replace
 from pathlib import Path
 
 import pytest

@@ -87,7 +87,7 @@ def to_json(prepared) -> dict:
 
 
 def run(args, config) -> int:
-    from dataclasses import replace
+    from pyxis_hook.record import replace
 
     from pyxis_hook import oci
     from pyxis_hook.errors import UsageError

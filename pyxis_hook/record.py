@@ -1,0 +1,236 @@
+"""Records: the part of `dataclasses` this package uses, without its start-up cost.
+
+Why not `dataclasses`: the hook runs once per container start (issue 7).
+Importing `dataclasses` pulls in `inspect` (with `ast`, `dis`, `tokenize`),
+about 12 ms, and each frozen dataclass then compiles six generated methods
+with `exec`, about 0.3 ms a class; with the ~40 records on the hook's path
+that was 25 of its 70 ms.  A record builds the same methods from closures:
+no source text, no compile, a few microseconds a class.
+
+What a record is, exactly as `@dataclass(frozen=True)` would make it
+(tests/test_record.py checks each point against `dataclasses` itself):
+`__init__` taking the annotated fields in order, positionally or by
+keyword, with defaults and default factories; `__repr__`
+`Name(field=value, ...)`; `__eq__` over the compared fields of the same
+class; `__hash__` over them; assignment and deletion raising
+FrozenInstanceError.  `record(frozen=False)` gives a mutable, unhashable
+one.  `replace`, `asdict` and `fields` work as their dataclasses namesakes.
+`__post_init__`, when the class defines one, runs after the fields are set.
+Not supported (never needed here): InitVar, ClassVar, KW_ONLY, slots,
+ordering.  `asdict` does not deep-copy the leaves (records hold immutable
+values).
+"""
+
+from __future__ import annotations
+
+_MISSING = object()
+_MUTABLE_DEFAULTS = (list, dict, set)
+
+
+class FrozenInstanceError(AttributeError):
+    """Assigning to or deleting a field of a frozen record."""
+
+
+class Field:
+    """One field: its name, default or default factory, and whether == and hash() look at it."""
+
+    __slots__ = ("name", "default", "default_factory", "compare")
+
+    def __init__(self, default=_MISSING, default_factory=_MISSING, compare: bool = True) -> None:
+        if default is not _MISSING and default_factory is not _MISSING:
+            raise ValueError("cannot specify both default and default_factory")
+        self.name = ""
+        self.default = default
+        self.default_factory = default_factory
+        self.compare = compare
+
+    def __repr__(self) -> str:
+        return f"Field(name={self.name!r})"
+
+
+def field(*, default=_MISSING, default_factory=_MISSING, compare: bool = True):
+    """A field with a default factory or excluded from comparison (dataclasses.field's subset)."""
+    return Field(default, default_factory, compare)
+
+
+def record(cls=None, /, *, frozen: bool = True):
+    """Class decorator: make `cls` a record of its annotated fields (see the module docstring)."""
+
+    def wrap(c: type) -> type:
+        return _build(c, frozen)
+
+    return wrap if cls is None else wrap(cls)
+
+
+def _build(cls: type, frozen: bool) -> type:
+    inherited: dict[str, Field] = {}
+    for base in reversed(cls.__mro__[1:]):
+        for f in getattr(base, "__record_fields__", ()):
+            inherited[f.name] = f
+    for name in cls.__dict__.get("__annotations__", {}):
+        value = cls.__dict__.get(name, _MISSING)
+        f = value if isinstance(value, Field) else Field(value)
+        f.name = name
+        if isinstance(f.default, _MUTABLE_DEFAULTS):
+            raise ValueError(f"mutable default {type(f.default)} for field {name} is not allowed: "
+                             "use default_factory")
+        if isinstance(value, Field):  # the class attribute is the plain default, as in dataclasses
+            if f.default is _MISSING:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, f.default)
+        inherited[name] = f
+    all_fields = tuple(inherited.values())
+    seen_default = False
+    for f in all_fields:
+        has_default = f.default is not _MISSING or f.default_factory is not _MISSING
+        if seen_default and not has_default:
+            raise TypeError(f"non-default argument {f.name!r} follows default argument")
+        seen_default = seen_default or has_default
+
+    cls.__record_fields__ = all_fields
+    cls.__init__ = _make_init(cls, all_fields)
+    cls.__repr__ = _make_repr(tuple(f.name for f in all_fields))
+    compared = tuple(f.name for f in all_fields if f.compare)
+    cls.__eq__ = _make_eq(compared)
+    if frozen:
+        cls.__hash__ = _make_hash(compared)
+        cls.__setattr__ = _frozen_setattr
+        cls.__delattr__ = _frozen_delattr
+    else:
+        cls.__hash__ = None
+    return cls
+
+
+def _make_init(cls: type, all_fields: tuple[Field, ...]):
+    count = len(all_fields)
+    setter = object.__setattr__
+    post_init = getattr(cls, "__post_init__", None)
+
+    def __init__(self, *args, **kwargs) -> None:
+        given = len(args)
+        if given > count:
+            raise TypeError(_call_error(cls, all_fields, args, kwargs))
+        used = 0
+        for i, f in enumerate(all_fields):
+            name = f.name
+            if i < given:
+                if name in kwargs:
+                    raise TypeError(_call_error(cls, all_fields, args, kwargs))
+                value = args[i]
+            elif name in kwargs:
+                value = kwargs[name]
+                used += 1
+            elif f.default is not _MISSING:
+                value = f.default
+            elif f.default_factory is not _MISSING:
+                value = f.default_factory()
+            else:
+                raise TypeError(_call_error(cls, all_fields, args, kwargs))
+            setter(self, name, value)
+        if used != len(kwargs):
+            raise TypeError(_call_error(cls, all_fields, args, kwargs))
+        if post_init is not None:
+            post_init(self)
+
+    __init__.__qualname__ = f"{cls.__qualname__}.__init__"
+    return __init__
+
+
+def _call_error(cls: type, all_fields: tuple[Field, ...], args: tuple, kwargs: dict) -> str:
+    """CPython's message for a bad call of the __init__ dataclasses would write (checked in that order)."""
+    where = f"{cls.__qualname__}.__init__()"
+    names = [f.name for f in all_fields]
+    for k in kwargs:
+        if k not in names:
+            return f"{where} got an unexpected keyword argument {k!r}"
+        if names.index(k) < len(args):
+            return f"{where} got multiple values for argument {k!r}"
+    if len(args) > len(names):
+        required = sum(1 for f in all_fields if f.default is _MISSING and f.default_factory is _MISSING)
+        if required < len(names):
+            takes = f"from {required + 1} to {len(names) + 1} positional arguments"
+        else:
+            takes = f"{len(names) + 1} positional argument{'s' if names else ''}"
+        return f"{where} takes {takes} but {len(args) + 1} were given"
+    missing = [repr(f.name) for f in all_fields[len(args):]
+               if f.name not in kwargs and f.default is _MISSING and f.default_factory is _MISSING]
+    if len(missing) <= 2:
+        listed = " and ".join(missing)
+    else:
+        listed = ", ".join(missing[:-1]) + f", and {missing[-1]}"
+    return f"{where} missing {len(missing)} required positional argument{'s' if len(missing) > 1 else ''}: {listed}"
+
+
+def _make_repr(names: tuple[str, ...]):
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{n}={getattr(self, n)!r}" for n in names)
+        return f"{type(self).__qualname__}({inner})"
+
+    return __repr__
+
+
+def _make_eq(compared: tuple[str, ...]):
+    def __eq__(self, other):
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return tuple(getattr(self, n) for n in compared) == tuple(getattr(other, n) for n in compared)
+
+    return __eq__
+
+
+def _make_hash(compared: tuple[str, ...]):
+    def __hash__(self) -> int:
+        return hash(tuple(getattr(self, n) for n in compared))
+
+    return __hash__
+
+
+def _frozen_setattr(self, name: str, value) -> None:
+    raise FrozenInstanceError(f"cannot assign to field {name!r}")
+
+
+def _frozen_delattr(self, name: str) -> None:
+    raise FrozenInstanceError(f"cannot delete field {name!r}")
+
+
+def fields(obj) -> tuple[Field, ...]:
+    """The record's fields, in order (for a record class or instance)."""
+    try:
+        return obj.__record_fields__
+    except AttributeError:
+        raise TypeError("must be called with a record type or instance") from None
+
+
+def is_record(obj) -> bool:
+    """True for a record class or instance."""
+    return hasattr(obj, "__record_fields__")
+
+
+def replace(obj, /, **changes):
+    """A copy of the record `obj` with `changes` applied (through __init__, so defaults re-apply nowhere)."""
+    values = {f.name: getattr(obj, f.name) for f in fields(obj)}
+    for name in changes:
+        if name not in values:
+            raise TypeError(f"{type(obj).__qualname__}.__init__() got an unexpected keyword argument {name!r}")
+    values.update(changes)
+    return type(obj)(**values)
+
+
+def asdict(obj) -> dict:
+    """The record as a dict, recursing into records, lists, tuples and dicts (as dataclasses.asdict)."""
+    if not is_record(obj) or isinstance(obj, type):
+        raise TypeError("asdict() should be called on record instances")
+    return _asdict(obj)
+
+
+def _asdict(value):
+    if is_record(value) and not isinstance(value, type):
+        return {f.name: _asdict(getattr(value, f.name)) for f in value.__record_fields__}
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # namedtuple
+        return type(value)(*[_asdict(v) for v in value])
+    if isinstance(value, (list, tuple)):
+        return type(value)(_asdict(v) for v in value)
+    if isinstance(value, dict):
+        return type(value)((_asdict(k), _asdict(v)) for k, v in value.items())
+    return value

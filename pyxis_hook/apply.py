@@ -43,11 +43,11 @@ import os
 import re
 import stat
 import sys
-from pyxis_hook.record import record
 
 from pyxis_hook import kernel, log
 from pyxis_hook.errors import ApplyError, PathError, PyxisHookError
 from pyxis_hook.plan import DEV_OPTIONS, PROC_OPTIONS, Plan
+from pyxis_hook.record import record
 from pyxis_hook.rootfs import Entry, RootFS, RootPathError
 
 #: mount option -> (MOUNT_ATTR_* for mount_setattr, MS_* for the legacy remount); the values
@@ -226,18 +226,41 @@ def _open_host(path: str, fds: list[int]) -> int:
     return fd
 
 
+#: the name of a proc-view bind that is the host's whole gpus/ dir (bus ids never look like this)
+ALL_GPUS = "gpus"
+
+
 def _open_proc_sources(plan: Plan, fds: list[int], messages: list[str]) -> list[_Bind]:
+    """The GPU dirs the /proc view binds: one per selected GPU, or one of the whole gpus/ dir.
+
+    When the selection is every GPU the host lists (`all`, or a node's whole
+    allocation), binding the host's gpus/ directory once shows the container
+    the same entries as binding each one, for one mount instead of N (issue
+    7 G3: 64 GPUs).  The view is information only: what a container may open
+    is decided by the device nodes and the cgroup, never by these dirs.
+    """
     view = plan.proc_driver
     if view is None:
         return []
     for name, _content in view.files:
         if not _NAME_RE.match(name) or name in (".", ".."):
             raise ApplyError(f"/proc/driver/nvidia: bad file name {name!r} in plan")
-    out = []
     for bus in view.gpu_dirs:
         if not _BUS_RE.match(bus):
             raise ApplyError(f"/proc/driver/nvidia: bad GPU bus id {bus!r} in plan")
-        path = f"{view.host_dir}/gpus/{bus}"
+    gpus_dir = f"{view.host_dir}/gpus"
+    if view.gpu_dirs:
+        try:
+            fd = os.open(gpus_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            fd = -1
+        if fd >= 0:
+            fds.append(fd)
+            if sorted(os.listdir(fd)) == sorted(view.gpu_dirs):
+                return [_Bind(ALL_GPUS, fd, "dir", PROC_OPTIONS, gpus_dir)]
+    out = []
+    for bus in view.gpu_dirs:
+        path = f"{gpus_dir}/{bus}"
         try:
             fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as e:
@@ -558,6 +581,14 @@ def _proc_view(plan: Plan, rfs: RootFS, gpu_dirs, undo: _Undo, new_api: bool, me
             os.mkdir("gpus", 0o555, dir_fd=mnt)
             gfd = os.open("gpus", os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=mnt)
             try:
+                if gpu_dirs[0].container_path == ALL_GPUS:  # every GPU: the host's gpus/ dir itself
+                    sub = Entry(os.dup(mnt), "gpus", os.dup(gfd), True, f"{target}/gpus")
+                    try:
+                        _bind(gpu_dirs[0], sub, undo)
+                    finally:
+                        sub.close()
+                    done.append(sub.path)
+                    gpu_dirs = ()
                 for b in gpu_dirs:
                     bus = b.container_path
                     os.mkdir(bus, 0o555, dir_fd=gfd)

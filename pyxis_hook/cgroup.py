@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+
 from pyxis_hook.record import record
 
 

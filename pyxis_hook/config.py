@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 import re
 import sys
-from pyxis_hook.record import field, fields, record, replace
 
 from pyxis_hook.errors import ConfigError
+from pyxis_hook.record import field, fields, record, replace
 
 DEFAULT_CONFIG_PATH = "/etc/pyxis-hook/pyxis.conf"
 ENV_CONFIG = "PYXIS_HOOK_CONFIG"
@@ -125,15 +125,25 @@ def load_config(explicit: str | None = None, environ: dict[str, str] | None = No
 
 
 def parse_config(raw: bytes, path: str = "<string>") -> Config:
-    """Parse TOML bytes into a Config, with one-line errors naming file and key."""
-    import tomllib
+    """Parse TOML bytes into a Config, with one-line errors naming file and key.
+
+    A plain `key = value` file is read by flattoml (no tomllib import on the
+    hook's path); anything else goes to tomllib, which also words the errors.
+    """
+    from pyxis_hook import flattoml
 
     try:
-        data = tomllib.loads(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not UTF-8 text") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    data = flattoml.loads(text)
+    if data is None:
+        import tomllib
+
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{path}: not valid TOML: {e}") from None
     problem = validate(data, load_schema("pyxis-conf.schema.json"))
     if problem:
         raise ConfigError(f"{path}: {problem}")

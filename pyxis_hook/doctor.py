@@ -18,11 +18,11 @@ import os
 import shutil
 import stat
 import subprocess
-from pyxis_hook.record import record
 
 from pyxis_hook.cgroup import read_text
 from pyxis_hook.errors import ConfigError, ElfError, LdCacheError
 from pyxis_hook.findings import Finding
+from pyxis_hook.record import record
 from pyxis_hook.rootfs import try_resolve_in_root
 
 DEFAULT_HOOKS_DIRS = ("/usr/share/containers/oci/hooks.d", "/etc/containers/oci/hooks.d")

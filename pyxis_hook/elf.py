@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import os
 import struct
-from pyxis_hook.record import record
 
 from pyxis_hook.errors import ElfError
+from pyxis_hook.record import record
 
 ELFMAG = b"\x7fELF"
 EHDR_SIZE = {32: 52, 64: 64}

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from pyxis_hook.record import replace
 
 from pyxis_hook.errors import UsageError
+from pyxis_hook.record import replace
 
 #: variables a GPU decision depends on that come from the hook's own environment (Pyxis/Slurm)
 OWN_VARS = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES")

@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+
 from pyxis_hook.record import record, replace
 
 #: The NVIDIA control/GPU major is fixed by the driver; uvm, caps, imex are dynamic.

@@ -8,11 +8,11 @@ run and the real run take every decision in the same code.
 from __future__ import annotations
 
 import os
-from pyxis_hook.record import record
 
 from pyxis_hook import log
 from pyxis_hook.config import Config
 from pyxis_hook.plan import Plan
+from pyxis_hook.record import record
 
 PROC_DRIVER_FILES = ("params", "version", "registry")
 PROC_FILE_LIMIT = 1 << 20

@@ -18,12 +18,12 @@ from __future__ import annotations
 import os
 import re
 import stat
-from pyxis_hook.record import field, record, replace
 
 from pyxis_hook import capabilities as caps
 from pyxis_hook import log
 from pyxis_hook.errors import DriverError, ElfError, LdCacheError, PathError
 from pyxis_hook.gpus import HostGpus, discover_gpus
+from pyxis_hook.record import field, record, replace
 from pyxis_hook.require import version_key
 from pyxis_hook.rootfs import resolve_in_root, to_root_relative
 

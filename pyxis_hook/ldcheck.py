@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import glob
 import os
-from pyxis_hook.record import record
 from typing import Mapping
 
 from pyxis_hook.errors import LdCacheError, PathError, RequestError, RequirementError
 from pyxis_hook.findings import Finding
+from pyxis_hook.record import record
 from pyxis_hook.rootfs import resolve_in_root, try_resolve_in_root
 
 #: the 32-bit loader that runs next to a 64-bit machine's own (ldcache.LOADER_FLAGS keys)

@@ -30,14 +30,18 @@ import errno
 import fnmatch
 import os
 import stat
-from pyxis_hook.record import record
-from typing import TYPE_CHECKING, Iterable, Union
+from typing import TYPE_CHECKING
 
 from pyxis_hook.errors import PathError
+from pyxis_hook.record import record
 from pyxis_hook.rootfs import resolve_in_root
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # typing's names cost ~3 ms of imports on the hook's path: hints only
+    from typing import Iterable, Union
+
     from pyxis_hook.rootfs import RootFS
+
+    Where = Union[str, RootFS]
 
 _SPACE = " \t\n\v\f\r"
 _BLANK = " \t"
@@ -49,8 +53,7 @@ MAX_FILES = 1024
 #: a configuration file larger than this is not read (Debian's whole tree is < 1 KiB)
 CONF_LIMIT = 1 << 20
 
-#: where to look: a root directory by name (reads: ldcheck, libscan, tests) or an open RootFS (the apply side)
-Where = Union[str, "RootFS"]
+#: `Where` (a hint): a root directory by name (reads: ldcheck, libscan, tests) or an open RootFS (the apply side)
 
 
 @record

@@ -22,10 +22,10 @@ pyelftools, never jsonschema (tests check sys.modules).
 
 from __future__ import annotations
 
-import zlib
 import json
 import os
 import stat
+import zlib
 
 from pyxis_hook import log
 from pyxis_hook.errors import SnapshotError

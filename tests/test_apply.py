@@ -347,6 +347,34 @@ def test_proc_driver_view(world, mount_api):
     assert not (base / "params").exists()  # host view: the tmpfs is not there
 
 
+def test_proc_driver_view_binds_the_whole_gpus_dir_when_every_gpu_is_selected(world, mount_api):
+    """All the host's GPUs selected: one bind of the host's gpus/ (same entries as one bind each)."""
+    host, root, pid = world
+    buses = ["0000:06:00.0", "0000:07:00.0", "0000:08:00.0"]
+    hd = _proc_tree(host, buses)
+    (root / "proc/driver/nvidia").mkdir(parents=True)
+    view = ProcDriverView(str(hd), (("params", "ModifyDeviceFiles: 0\n"),), tuple(reversed(buses)))
+    res = apply_plan(Plan(rootfs=str(root), proc_driver=view), pid)
+    base = root / "proc/driver/nvidia"
+    opts = _mounts_under(pid, root)
+    assert f"{base}/gpus" in opts and not any(k.startswith(f"{base}/gpus/") for k in opts)
+    assert {"ro", "nosuid", "nodev", "noexec"} <= set(opts[f"{base}/gpus"].split(","))
+    r = _inside(pid, "sh", "-c", f"ls {base}/gpus; cat {base}/gpus/*/information")
+    assert r.stdout.splitlines() == buses + [f"Bus Location: {b}" for b in buses]
+    assert "/proc/driver/nvidia/gpus" in res.mounted
+
+
+def test_proc_driver_view_subset_never_shows_the_other_gpus(world):
+    host, root, pid = world
+    hd = _proc_tree(host, ["0000:06:00.0", "0000:07:00.0", "0000:08:00.0"])
+    (root / "proc/driver/nvidia").mkdir(parents=True)
+    view = ProcDriverView(str(hd), (("params", "ModifyDeviceFiles: 0\n"),), ("0000:06:00.0", "0000:08:00.0"))
+    apply_plan(Plan(rootfs=str(root), proc_driver=view), pid)
+    base = root / "proc/driver/nvidia"
+    assert _inside(pid, "ls", str(base / "gpus")).stdout.split() == ["0000:06:00.0", "0000:08:00.0"]
+    assert f"{base}/gpus" not in _mounts_under(pid, root)
+
+
 def test_proc_driver_view_not_stacked_on_a_second_run(world):
     host, root, pid = world
     hd = _proc_tree(host, ["0000:06:00.0"])

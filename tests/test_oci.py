@@ -13,6 +13,8 @@ from fixtures.container import make_bundle
 from pyxis_hook.errors import OciError, PyxisHookError
 from pyxis_hook.oci import (
     MAX_CONFIG_BYTES,
+    Bundle,
+    LinuxDevice,
     StateError,
     env_map,
     load_bundle,
@@ -138,14 +140,10 @@ def test_bundle_from_fixture_writer(tmp_path):
     assert bundle.path == str(b)
     assert bundle.config_path == str(b / "config.json")
     assert bundle.rootfs == str(b / "rootfs")  # relative root.path joined to the bundle
-    assert bundle.readonly is True
     assert bundle.env[-2:] == (("NVIDIA_VISIBLE_DEVICES", "all"), ("NVIDIA_VISIBLE_DEVICES", "1"))
     assert bundle.env_map()["NVIDIA_VISIBLE_DEVICES"] == "1"
     assert bundle.annotation_map() == {"x": "y"}
-    assert bundle.process_args == ("/bin/true",)
-    assert [m.destination for m in bundle.mounts][:2] == ["/proc", "/dev"]
-    assert bundle.mounts[1].options[0] == "nosuid"
-    assert (bundle.uid, bundle.gid) == (0, 0)
+    assert bundle.linux_devices == ()
     assert bundle.privileged is False
 
 
@@ -163,40 +161,76 @@ def minimal(**extra) -> dict:
     return doc
 
 
-def test_bundle_fields_devices_hooks_caps(tmp_path):
+def test_bundle_devices_and_caps(tmp_path):
     doc = minimal(
-        process={"env": ["A=1"], "user": {"uid": 1000, "gid": 100},
-                 "capabilities": {"bounding": ["CAP_SYS_ADMIN"]}},
-        linux={"devices": [{"path": "/dev/fuse", "type": "c", "major": 10, "minor": 229}],
-               "cgroupsPath": "/slurm/job_1"},
-        hooks={"prestart": [{"path": "/usr/bin/pyxis-hook", "args": ["pyxis-hook", "prestart"]}]},
+        process={"env": ["A=1"], "capabilities": {"bounding": ["CAP_CHOWN", "CAP_SYS_ADMIN"]}},
+        linux={"devices": [{"path": "/dev/fuse", "type": "c", "major": 10, "minor": 229, "fileMode": 438},
+                           {"path": "/dev/nvidia0"}]},
     )
     b = parse_config(json.dumps(doc).encode(), str(tmp_path))
-    assert (b.uid, b.gid) == (1000, 100)
     assert b.privileged
-    assert b.linux_devices[0].path == "/dev/fuse" and b.linux_devices[0].minor == 229
-    assert b.hooks[0].stage == "prestart" and b.hooks[0].args == ("pyxis-hook", "prestart")
-    assert b.cgroups_path == "/slurm/job_1"
-    assert b.process_args == ()
+    assert b.bounding_capabilities == ("CAP_CHOWN", "CAP_SYS_ADMIN")
+    assert b.linux_devices == (LinuxDevice(path="/dev/fuse", type="c", major=10, minor=229),
+                               LinuxDevice(path="/dev/nvidia0", type="", major=None, minor=None))
+    assert b.env_map() == {"A": "1"}
+
+
+def test_bundle_not_privileged_without_cap_sys_admin(tmp_path):
+    doc = minimal(process={"env": [], "capabilities": {"bounding": ["CAP_CHOWN"], "effective": ["CAP_SYS_ADMIN"]}})
+    assert parse_config(json.dumps(doc).encode(), str(tmp_path)).privileged is False
+
+
+def test_bundle_ignores_what_the_runtime_owns(tmp_path):
+    """mounts, hooks, process.args/user, root.readonly, linux.cgroupsPath: never read, so never refused.
+
+    The runtime validates them before it runs a hook; refusing them here
+    would only make the hook fail a container the runtime accepted.
+    """
+    doc = minimal(
+        root={"path": "rootfs", "readonly": "yes"},
+        process={"env": ["A=1"], "args": 7, "user": {"uid": "0"}},
+        mounts={"not": "a list"},
+        hooks={"prestart": [{"args": []}]},
+        linux={"cgroupsPath": 7, "namespaces": "odd"},
+    )
+    b = parse_config(json.dumps(doc).encode(), str(tmp_path))
+    assert b == Bundle(path=str(tmp_path), config_path=str(tmp_path / "config.json"),
+                       rootfs=str(tmp_path / "rootfs"), env=(("A", "1"),))
+
+
+def test_bundle_defaults_for_a_synthetic_bundle():
+    """A bundle that has no config.json (enroot's) needs only its paths; the rest defaults to empty."""
+    b = Bundle(path="/r", config_path="", rootfs="/r", env=(("NVIDIA_VISIBLE_DEVICES", "all"),))
+    assert b.annotation_map() == {} and b.linux_devices == () and not b.privileged
+    assert b.env_map() == {"NVIDIA_VISIBLE_DEVICES": "all"}
 
 
 @pytest.mark.parametrize(
     "doc, words",
     [
         ({"root": {"path": "r"}, "process": {}}, "'ociVersion' is missing"),
+        (minimal(ociVersion=1), "'ociVersion' must be a string"),
         (minimal(root=...), "'root' is missing"),
+        (minimal(root="rootfs"), "'root' must be an object"),
         (minimal(process=...), "'process' is missing"),
         (minimal(root={"path": ""}), "'root.path' is empty"),
         (minimal(root={}), "'root.path' is missing"),
-        (minimal(root={"path": "r", "readonly": "yes"}), "'root.readonly' must be true or false"),
+        (minimal(root={"path": 1}), "'root.path' must be a string"),
         (minimal(process={"env": "A=1"}), "'process.env' must be a list of strings"),
+        (minimal(process={"env": ["A=1", 2]}), "'process.env' must be a list of strings"),
         (minimal(process={"env": ["A=1", "BROKEN"]}), "process.env[1]: invalid environment variable 'BROKEN'"),
-        (minimal(process={"user": {"uid": "0"}}), "'process.user.uid' must be an integer"),
-        (minimal(mounts=[{"type": "bind"}]), "'mounts[0].destination' is missing"),
-        (minimal(mounts={}), "'mounts' must be a list"),
-        (minimal(linux={"devices": [{"path": "/dev/x", "major": "1"}]}), "'linux.devices[0].major'"),
-        (minimal(annotations={"a": 1}), "annotations"),
-        (minimal(hooks={"prestart": [{"args": []}]}), "'hooks.prestart[0].path' is missing"),
+        (minimal(process={"capabilities": {"bounding": "CAP_SYS_ADMIN"}}),
+         "'process.capabilities.bounding' must be a list of strings"),
+        (minimal(process={"capabilities": []}), "'process.capabilities' must be an object"),
+        (minimal(linux=[]), "'linux' must be an object"),
+        (minimal(linux={"devices": {}}), "'linux.devices' must be a list"),
+        (minimal(linux={"devices": ["/dev/x"]}), "'linux.devices[0]' must be an object"),
+        (minimal(linux={"devices": [{"type": "c"}]}), "'linux.devices[0].path' is missing"),
+        (minimal(linux={"devices": [{"path": "/dev/x", "type": 99}]}), "'linux.devices[0].type' must be a string"),
+        (minimal(linux={"devices": [{"path": "/dev/x", "major": "1"}]}), "'linux.devices[0].major' must be an integer"),
+        (minimal(linux={"devices": [{"path": "/dev/x", "minor": True}]}), "'linux.devices[0].minor' must be an integer"),
+        (minimal(annotations={"a": 1}), "'annotations'['a']: expected a string"),
+        (minimal(annotations=["a"]), "'annotations': expected an object of strings"),
         ([], "'' must be an object"),
     ],
 )
@@ -208,7 +242,21 @@ def test_bundle_rejects(tmp_path, doc, words):
         load_bundle(str(tmp_path))
     msg = str(e.value)
     assert words in msg, msg
-    assert str(tmp_path / "config.json") in msg and "\n" not in msg
+    assert msg.startswith(str(tmp_path / "config.json") + ":") and "\n" not in msg
+
+
+_device = st.fixed_dictionaries(
+    {"path": st.text(min_size=1, max_size=12)},
+    optional={"type": st.sampled_from("cbup"), "major": st.integers(0, 4095), "minor": st.integers(0, 1 << 20)},
+)
+
+
+@settings(max_examples=50)
+@given(st.lists(_device, max_size=5))
+def test_bundle_devices_round_trip(devices):
+    b = parse_config(json.dumps(minimal(linux={"devices": devices})).encode(), "/b")
+    assert b.linux_devices == tuple(
+        LinuxDevice(d["path"], d.get("type", ""), d.get("major"), d.get("minor")) for d in devices)
 
 
 def test_bundle_bad_json_names_file(tmp_path):
@@ -253,6 +301,22 @@ def test_import_is_cheap():
                           "import sys, pyxis_hook.oci; print(' '.join(sorted(sys.modules)))"],
                          capture_output=True, text=True, check=True).stdout.split()
     assert "elftools" not in out and "jsonschema" not in out
+
+
+def test_import_pulls_no_typing():
+    """Under the hook's own `-I -S` (no site, which imports typing itself), oci does not pay for `typing`."""
+    import subprocess
+    import sys
+
+    import pyxis_hook
+
+    top = os.path.dirname(os.path.dirname(os.path.abspath(pyxis_hook.__file__)))
+    code = (f"import sys; sys.path.insert(0, {top!r}); import pyxis_hook.oci; "
+            "print(' '.join(sorted(sys.modules)))")
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", code],
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert "pyxis_hook.oci" in out
+    assert "typing" not in out and "dataclasses" not in out and "inspect" not in out
 
 
 def test_empty_state_says_so():

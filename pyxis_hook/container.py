@@ -5,13 +5,21 @@ Only existence checks and small reads, always resolved inside the rootfs
 rules are libnvidia-container's: an image with /etc/debian_version gets the
 multiarch dirs, any other gets /usr/lib64 (and /usr/lib32 or /usr/lib for
 32-bit libraries).
+
+It also finds the image's CUDA forward-compat driver (`compat_facts`): the
+libraries of /usr/local/cuda/compat as glibc's ldconfig would index them,
+read through `rootfs.RootFS` fds (a link in the image never leads out of
+it) with a small ELF reader of its own: pyelftools is not on the hook's path.
 """
 
 from __future__ import annotations
 
 import os
+import stat
+import struct
 
-from pyxis_hook.plan import ContainerFacts
+from pyxis_hook.errors import PathError
+from pyxis_hook.plan import COMPAT_DIR, ContainerFacts
 from pyxis_hook.rootfs import try_resolve_in_root
 
 #: machine -> (Debian multiarch triplet, 32-bit companion triplet or None)
@@ -48,10 +56,232 @@ def container_facts(rootfs: str, *, machine: str | None = None) -> ContainerFact
             lib32_dir = "/usr/lib"
         else:
             lib32_dir = ""
+    libcuda, drivers, libs, problem = compat_facts(rootfs, machine) if _isdir(rootfs, COMPAT_DIR) else ("", None, (), "")
     return ContainerFacts(
         rootfs=rootfs,
         lib_dir=lib_dir,
         lib32_dir=lib32_dir,
         bin_dir="/usr/bin",
         has_ld_so_conf=_exists(rootfs, "/etc/ld.so.conf"),
+        compat_libcuda=libcuda,
+        compat_drivers=drivers,
+        compat_libs=libs,
+        compat_problem=problem,
     )
+
+
+# ------------------------------------------------------------------ CUDA forward compat
+
+#: bounds on what is read from an image's file (a compat dir holds ~10 libraries)
+MAX_ENTRIES = 256
+MAX_HEADERS = 4096
+NOTE_SECTION = b".note.cuda.fwd_compatibility"
+NOTE_OWNER = b"NVIDIA Corporation"
+NOTE_LIMIT = 1 << 16
+
+
+class _Odd(Exception):
+    """Something in the compat dir the cache model does not cover (ldconfig then indexes it)."""
+
+
+def compat_facts(rootfs: str, machine: str | None = None):
+    """(compat libcuda file name, note driver majors or None, indexed libs, problem) for `rootfs`.
+
+    The libcuda is NVIDIA's: exactly one regular `libcuda.so.<x>.<y>...`
+    in COMPAT_DIR (none, or several: "" and nothing is used).  The indexed
+    libs are what ldconfig's search_dir keeps: `lib*`/`ld-*` names with
+    `.so` that open (inside the root) as regular ELF shared objects, one
+    row per SONAME (no DT_SONAME: the file name), named by the greatest
+    file name in ldconfig's order.  `problem` is set for anything the merge
+    cannot model (a subdirectory, a non-ELF, a big-endian or foreign-machine
+    file): the plan then runs ldconfig instead.  Never raises on what the
+    image holds: an unreadable dir is a problem string.
+    """
+    from pyxis_hook.rootfs import RootFS
+
+    try:
+        with RootFS(rootfs) as rfs:
+            return _compat_facts(rfs, machine or os.uname().machine)
+    except (PathError, OSError) as e:
+        return "", None, (), f"cannot be read ({getattr(e, 'strerror', None) or e})"
+
+
+def _compat_facts(rfs, machine: str):
+    from pyxis_hook.ldcache import libcmp
+    from pyxis_hook.ldmerge import cache_flags, indexed_by_ldconfig
+
+    dfd = rfs.open(COMPAT_DIR, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        names = sorted(os.listdir(dfd))
+    finally:
+        os.close(dfd)
+    if len(names) > MAX_ENTRIES:
+        return "", None, (), f"more than {MAX_ENTRIES} entries"
+    libcuda = [n for n in names if n.startswith("libcuda.so.") and n.count(".") >= 3]
+    problem = ""
+    found: dict[str, tuple[str, int]] = {}  # soname -> (file name, flags)
+    chosen = ""
+    drivers = None
+    for name in names:
+        want_note = name in libcuda
+        if not (want_note or indexed_by_ldconfig(name)):
+            continue
+        try:
+            fd = rfs.open(f"{COMPAT_DIR}/{name}", os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+        except PathError:
+            continue  # dangling (or a loop): ldconfig skips it too
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISDIR(st.st_mode):
+                problem = problem or f"has a subdirectory {name}"
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            try:
+                cls, soname, needed, note = read_elf_facts(fd, st.st_size, machine, want_note)
+            except _Odd as e:
+                problem = problem or f"{name}: {e}"
+                continue
+        finally:
+            os.close(fd)
+        if want_note and len(libcuda) == 1 and _is_versioned(name):
+            chosen, drivers = name, note
+        if cls == 0 or not indexed_by_ldconfig(name):
+            continue  # an executable: ldconfig does not index it
+        soname = soname or name
+        flags = cache_flags(cls, needed, machine)
+        old = found.get(soname)
+        if old is not None and old[1] != flags:
+            problem = problem or f"{soname} with two ELF classes"
+        if old is None or libcmp(old[0], name) < 0:
+            found[soname] = (name, flags)
+    libs = tuple((n, so, fl) for so, (n, fl) in sorted(found.items()))
+    return chosen, drivers, libs, problem
+
+
+def _is_versioned(name: str) -> bool:
+    return all(p.isdigit() for p in name[len("libcuda.so."):].split("."))
+
+
+#: e_machine of the machines ldconfig's flags are modelled for
+_MACHINES = {"x86_64": (62, 3), "aarch64": (183, None), "ppc64le": (21, None)}
+_ET_DYN = 3
+
+
+def read_elf_facts(fd: int, size: int, machine: str, want_note: bool = False):
+    """(class or 0 for a non-library, DT_SONAME or "", DT_NEEDED, note drivers or None) of an open ELF.
+
+    Little-endian only, bounded reads; raises _Odd for what ldconfig would
+    treat in ways the merge does not model (not ELF, another machine).
+    """
+    ident = os.pread(fd, 64, 0)
+    if ident[:4] != b"\x7fELF":
+        raise _Odd("not an ELF file")
+    cls = {1: 32, 2: 64}.get(ident[4])
+    if cls is None or ident[5] != 1:
+        raise _Odd("not a little-endian ELF file")
+    if cls == 64:
+        (etype, emach, _v, _e, phoff, shoff, _f, _eh, phentsize, phnum, shentsize, shnum,
+         shstrndx) = struct.unpack_from("<HHIQQQIHHHHHH", ident, 16)
+    else:
+        (etype, emach, _v, _e, phoff, shoff, _f, _eh, phentsize, phnum, shentsize, shnum,
+         shstrndx) = struct.unpack_from("<HHIIIIIHHHHHH", ident, 16)
+    m64, m32 = _MACHINES.get(machine, (None, None))
+    if emach != (m64 if cls == 64 else m32):
+        raise _Odd(f"ELF machine {emach} ({cls}-bit)")
+    if etype != _ET_DYN:
+        return 0, "", (), None
+    ph = struct.Struct("<IIQQQQQQ" if cls == 64 else "<IIIIIIII")
+    dyn = struct.Struct("<qQ" if cls == 64 else "<iI")
+    loads, dynamic = [], None
+    if phnum > MAX_HEADERS or phentsize < ph.size:
+        raise _Odd("bad program headers")
+    raw = os.pread(fd, phnum * phentsize, phoff)
+    for i in range(phnum):
+        if (i + 1) * phentsize > len(raw):
+            raise _Odd("truncated program headers")
+        f = ph.unpack_from(raw, i * phentsize)
+        # (type, offset, vaddr, filesz) in both layouts
+        p_type, off, vaddr, filesz = (f[0], f[2], f[3], f[5]) if cls == 64 else (f[0], f[1], f[2], f[4])
+        if p_type == 1:
+            loads.append((vaddr, off, filesz))
+        elif p_type == 2:
+            dynamic = (off, min(filesz, MAX_HEADERS * dyn.size))
+    soname_off, needed_offs, strtab = None, [], None
+    if dynamic is not None:
+        data = os.pread(fd, dynamic[1], dynamic[0])
+        for i in range(len(data) // dyn.size):
+            tag, val = dyn.unpack_from(data, i * dyn.size)
+            if tag == 0:
+                break
+            if tag == 1:
+                needed_offs.append(val)
+            elif tag == 5:
+                strtab = next((off + val - va for va, off, sz in loads if va <= val < va + sz), None)
+            elif tag == 14:
+                soname_off = val
+    if (soname_off is not None or needed_offs) and strtab is None:
+        raise _Odd("dynamic string table not in a loaded segment")
+
+    def string(rel: int) -> str:
+        s = os.pread(fd, 4096, strtab + rel)
+        end = s.find(b"\0")
+        if end < 0:
+            raise _Odd("unterminated dynamic string")
+        return os.fsdecode(s[:end])
+
+    soname = string(soname_off) if soname_off is not None else ""
+    needed = tuple(string(o) for o in needed_offs[:64])
+    note = _note_drivers(fd, size, cls, shoff, shentsize, shnum, shstrndx) if want_note else None
+    return cls, soname, needed, note
+
+
+def _note_drivers(fd, size, cls, shoff, shentsize, shnum, shstrndx) -> tuple[int, ...] | None:
+    """The "Driver" majors of the `.note.cuda.fwd_compatibility` section; None without one (or unreadable)."""
+    sh = struct.Struct("<IIQQQQIIQQ" if cls == 64 else "<IIIIIIIIII")
+    if not shoff or shnum > MAX_HEADERS or shentsize < sh.size or shstrndx >= shnum:
+        return None
+    raw = os.pread(fd, shnum * shentsize, shoff)
+    if len(raw) < shnum * shentsize:
+        return None
+    secs = [sh.unpack_from(raw, i * shentsize) for i in range(shnum)]
+    # (name, offset, size) in both layouts
+    secs = [(s[0], s[4], s[5]) for s in secs]
+    _n, str_off, str_size = secs[shstrndx]
+    names = os.pread(fd, min(str_size, NOTE_LIMIT), str_off)
+    for name_off, off, sz in secs:
+        if names[name_off:name_off + len(NOTE_SECTION) + 1] != NOTE_SECTION + b"\0":
+            continue
+        if sz > NOTE_LIMIT or off + sz > size:
+            return None
+        return _parse_note(os.pread(fd, sz, off))
+    return None
+
+
+def _parse_note(data: bytes) -> tuple[int, ...] | None:
+    """NVIDIA's note: owner "NVIDIA Corporation", a JSON description with "Driver" majors."""
+    pos = 0
+    while pos + 12 <= len(data):
+        namesz, descsz, _type = struct.unpack_from("<III", data, pos)
+        pos += 12
+        name = data[pos:pos + namesz].rstrip(b"\0")
+        pos += (namesz + 3) & ~3
+        desc = data[pos:pos + descsz]
+        pos += (descsz + 3) & ~3
+        if name != NOTE_OWNER:
+            continue
+        import json  # only for an image that has the note
+
+        try:
+            value = json.loads(desc.rstrip(b"\0").decode("utf-8")).get("Driver")
+        except (ValueError, AttributeError):
+            return None
+        if not isinstance(value, list):
+            value = [value]
+        majors = []
+        for v in value:
+            text = str(v).split(".")[0]
+            if text.isdigit():
+                majors.append(int(text))
+        return tuple(majors)
+    return None

@@ -39,11 +39,11 @@ from __future__ import annotations
 import errno
 import os
 import struct
-from pyxis_hook.record import record
 from typing import Iterable, Sequence
 
 from pyxis_hook import ldcache as L
 from pyxis_hook.errors import LdCacheError, PathError, PyxisHookError
+from pyxis_hook.record import record
 
 #: ldconfig's built-in directories, after the configured ones (Debian 12's glibc 2.36, measured with
 #: `ldconfig -v`: "(from <builtin>:0)"); the fallback runs the host's ldconfig, so these are the host's.
@@ -72,12 +72,17 @@ class InjectedLib:
 
     `dir` is the container directory it is mounted in, `name` its file name,
     `soname` its DT_SONAME, `flags` the cache flags (`cache_flags`).
+    `first`: `dir` is scanned before the image's configured directories, as
+    a directory on ldconfig's command line is (CUDA forward compat: the
+    image's own /usr/local/cuda/compat, whose SONAME links must already be
+    what ldconfig would make — checked by `model_image`).
     """
 
     dir: str
     name: str
     soname: str
     flags: int
+    first: bool = False
 
 
 def cache_flags(elfclass: int | None, needed: Iterable[str] = (), machine: str | None = None) -> int:
@@ -412,14 +417,36 @@ def _model_image(rfs, libs: Sequence[InjectedLib], machine: str | None):
     if conf.truncated:
         why = conf.problems[0] if conf.problems else "incomplete"
         raise CannotMerge(f"/etc/ld.so.conf cannot be read as ldconfig reads it: {why}")
-    dirs, ids = scan_dirs_in(rfs, conf.dirs, BUILTIN_DIRS.get(machine, ()))
+    first = tuple(dict.fromkeys(lib.dir for lib in libs if lib.first))
+    dirs, ids = scan_dirs_in(rfs, first + tuple(conf.dirs), BUILTIN_DIRS.get(machine, ()))
     mapped = []
     for lib in libs:
         ident = dir_identity(rfs, lib.dir)
         if ident is None or ident not in ids:
             raise CannotMerge(f"{lib.dir} is not in the image's ld.so.conf nor a built-in directory")
-        mapped.append(InjectedLib(ids[ident], lib.name, lib.soname, lib.flags))
+        if lib.first:
+            _check_soname_link(rfs, lib)
+        mapped.append(InjectedLib(ids[ident], lib.name, lib.soname, lib.flags, lib.first))
     return _read_cache(rfs), dirs, tuple(mapped)
+
+
+def _check_soname_link(rfs, lib: InjectedLib) -> None:
+    """The image's `dir/SONAME` must already reach `dir/name` (ldconfig would make that link; we do not)."""
+    if lib.soname == lib.name or not indexed_by_ldconfig(lib.name):
+        return
+    ids = []
+    for name in (lib.soname, lib.name):
+        try:
+            fd = rfs.open(f"{lib.dir}/{name}", os.O_PATH)
+        except PathError:
+            raise CannotMerge(f"{lib.dir}/{lib.soname}: no such link to {lib.name} (ldconfig would make it)") from None
+        try:
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        ids.append((st.st_dev, st.st_ino))
+    if ids[0] != ids[1]:
+        raise CannotMerge(f"{lib.dir}/{lib.soname} does not lead to {lib.name} (ldconfig would re-point it)")
 
 
 def write_cache(rfs, data: bytes) -> None:
@@ -472,8 +499,14 @@ def update_container_cache(rfs, libs: Sequence[InjectedLib]) -> str:
 
 
 def libs_from_plan(update) -> tuple[InjectedLib, ...]:
-    """The plan's LdcacheUpdate.libs rows (dir, name, soname, flags) as InjectedLib."""
-    return tuple(InjectedLib(*row) for row in update.libs)
+    """The plan's LdcacheUpdate.libs rows (dir, name, soname, flags) as InjectedLib.
+
+    A row whose dir is one of the update's `first_dirs` (CUDA forward
+    compat) is marked `first`: that is how the scan order reaches
+    `update_container_cache` through apply's unchanged call.
+    """
+    first = set(getattr(update, "first_dirs", ()))
+    return tuple(InjectedLib(*row, first=row[0] in first) for row in update.libs)
 
 
 def preview(rootfs: str, update) -> str | None:

@@ -9,15 +9,20 @@ the real run can never disagree.
 from __future__ import annotations
 
 import os
-from pyxis_hook.record import asdict, field, record
-from typing import TYPE_CHECKING
 
+from pyxis_hook.record import asdict, field, record
+
+#: typing.TYPE_CHECKING without importing typing (~3 ms on the hook's path)
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # only for type hints: plan.py imports nothing heavy
     from typing import Iterable
 
     from pyxis_hook.config import Config
     from pyxis_hook.inventory import DriverFile, Inventory
     from pyxis_hook.request import Request
+
+#: where CUDA images keep the forward-compat driver (driver-files.md §9)
+COMPAT_DIR = "/usr/local/cuda/compat"
 
 #: mount options, as CDI/OCI spell them
 LIB_OPTIONS = ("ro", "nosuid", "nodev", "bind", "rprivate")
@@ -93,6 +98,11 @@ class LdcacheUpdate:
     #: mode merge: the injected libraries as (container dir, file name, SONAME, cache flags);
     #: `ldmerge` adds them to the image's cache, or falls back to `ldconfig` (then needed) and logs why
     libs: tuple[tuple[str, str, str, int], ...] = ()
+    #: dirs scanned before the image's configured ones (CUDA forward compat: the image's
+    #: /usr/local/cuda/compat).  They also lead `lib_dirs`: glibc's ldconfig scans its command-line
+    #: dirs first, in order, so its cache lists their `libcuda.so.1` before the injected driver's,
+    #: as a `/etc/ld.so.conf.d/00-compat-*.conf` would; `ldmerge` ranks their rows the same way
+    first_dirs: tuple[str, ...] = ()
 
 
 @record
@@ -104,6 +114,15 @@ class ContainerFacts:
     lib32_dir: str = "/usr/lib/i386-linux-gnu"
     bin_dir: str = "/usr/bin"
     has_ld_so_conf: bool = True
+    #: the image's forward-compat driver: the one regular `libcuda.so.<version>` in COMPAT_DIR
+    #: (file name), "" when there is none or more than one
+    compat_libcuda: str = ""
+    #: the driver majors its `.note.cuda.fwd_compatibility` lists; None when it has no such note
+    compat_drivers: tuple[int, ...] | None = None
+    #: what glibc's ldconfig would index in COMPAT_DIR: (file name, SONAME, cache flags)
+    compat_libs: tuple[tuple[str, str, int], ...] = ()
+    #: why COMPAT_DIR cannot be indexed without ldconfig ("" when it can): merge then runs ldconfig
+    compat_problem: str = ""
 
 
 @record
@@ -181,8 +200,54 @@ def _mount_for(f: "DriverFile", facts: ContainerFacts) -> MountEdit | None:
     return MountEdit(f.host_path, f.path, "file", LIB_OPTIONS, f.capability, f.source)
 
 
+def _version(text: str) -> tuple[int, ...]:
+    """'550.54.15' -> (550, 54, 15); () when it is not dotted numbers."""
+    parts = text.split(".")
+    if not text or not all(p.isdigit() for p in parts):
+        return ()
+    return tuple(int(p) for p in parts)
+
+
+def cuda_compat(config: "Config", capabilities: "Iterable[str]", facts: ContainerFacts,
+                driver_version: str | None) -> tuple[bool, str]:
+    """Whether the image's forward-compat libcuda is put before the host driver's, and why.
+
+    NVIDIA's rule (nvidia-cdi-hook `enable-cuda-compat`, driver-files.md §9):
+    with a `.note.cuda.fwd_compatibility`, only when the host driver's major
+    is among the note's "Driver" branches and the compat version is newer;
+    without the note, when its major is newer than the host's.  Only for the
+    `compute` capability and `cuda-compat = "ldconfig"`.  The note is ""
+    when the image has no compat libcuda (nothing to explain).
+    """
+    if not facts.compat_libcuda:
+        return False, ""
+    where = f"{COMPAT_DIR}/{facts.compat_libcuda}"
+    if "compute" not in set(capabilities):
+        return False, f"cuda-compat: {where} not used: the container did not ask for the compute capability"
+    if config.cuda_compat != "ldconfig":
+        return False, f"cuda-compat: {where} not used: cuda-compat = {config.cuda_compat!r} in {config.source}"
+    compat = _version(facts.compat_libcuda[len("libcuda.so."):])
+    host = _version(driver_version or "")
+    if not compat or not host:
+        return False, f"cuda-compat: {where} not used: the host driver version is unknown"
+    if facts.compat_drivers is not None:
+        branches = ", ".join(str(d) for d in facts.compat_drivers) or "none"
+        if host[0] not in facts.compat_drivers:
+            return False, (f"cuda-compat: {where} not used: its forward-compatibility note supports driver "
+                           f"branches {branches}, not the host's {host[0]}")
+        newer = compat > host
+    else:
+        newer = compat[0] > host[0]
+    if not newer:
+        return False, (f"cuda-compat: {where} not used: not newer than the host driver {driver_version} "
+                       "(forward-compat libraries are used only when newer)")
+    return True, (f"cuda-compat: {COMPAT_DIR} comes first in the container's ld.so.cache: its libcuda "
+                  f"{'.'.join(map(str, compat))} is newer than the host driver {driver_version} "
+                  "(forward compatibility works on data-center GPUs only; cuda-compat = \"disabled\" turns it off)")
+
+
 def ldcache_update(config: "Config", facts: ContainerFacts, lib_dirs: "Iterable[str]",
-                   libs: "Iterable[tuple]" = ()) -> tuple[LdcacheUpdate, tuple[str, ...]]:
+                   libs: "Iterable[tuple]" = (), *, compat: bool = False) -> tuple[LdcacheUpdate, tuple[str, ...]]:
     """How the cache is refreshed for libraries injected into `lib_dirs`, and the problems.
 
     The one place that reads the `ldcache` and `ldconfig` keys: build_plan
@@ -196,9 +261,17 @@ def ldcache_update(config: "Config", facts: ContainerFacts, lib_dirs: "Iterable[
     mode = config.ldcache
     why = f"ldcache = {mode!r} in {config.source}"
     rows: tuple[tuple[str, str, str, int], ...] = ()
+    lib_dirs = tuple(lib_dirs)
+    first_dirs: tuple[str, ...] = ()
+    if compat:  # `cuda_compat` said yes: COMPAT_DIR leads the scan order in both modes
+        first_dirs = (COMPAT_DIR,)
+        lib_dirs = first_dirs + tuple(d for d in lib_dirs if d != COMPAT_DIR)
+        libs = tuple(libs) + tuple((COMPAT_DIR, name, soname, flags) for name, soname, flags in facts.compat_libs)
     if mode == "merge":
         rows = _cache_rows(libs)
-        if not facts.has_ld_so_conf:
+        if compat and facts.compat_problem:
+            mode, why = "ldconfig", f"{COMPAT_DIR}: {facts.compat_problem}: merge cannot index it, ldconfig instead"
+        elif not facts.has_ld_so_conf:
             mode, why = "ldconfig", "the image has no /etc/ld.so.conf: merge cannot model its loader, ldconfig instead"
         elif not rows:
             mode, why = "ldconfig", "no library with a SONAME to merge: ldconfig instead"
@@ -214,8 +287,8 @@ def ldcache_update(config: "Config", facts: ContainerFacts, lib_dirs: "Iterable[
         else:
             problems = (f"ldconfig = {config.ldconfig!r} in {config.source} names a binary in the image; "
                         f"only host binaries ('@{path}') are run",)
-    return LdcacheUpdate(mode, ldconfig=ldconfig, lib_dirs=tuple(lib_dirs), why=why,
-                         libs=rows if mode == "merge" else ()), problems
+    return LdcacheUpdate(mode, ldconfig=ldconfig, lib_dirs=lib_dirs, why=why,
+                         libs=rows if mode == "merge" else (), first_dirs=first_dirs), problems
 
 
 def _cache_rows(libs: "Iterable[tuple]") -> tuple[tuple[str, str, str, int], ...]:
@@ -309,12 +382,17 @@ def build_plan(request: "Request", inventory: "Inventory", facts: ContainerFacts
     lib_prefixes = tuple(d + "/" for d in (facts.lib_dir, facts.lib32_dir) if d)
     lib_dirs = tuple(dict.fromkeys(os.path.dirname(m.container_path) for m in mounts
                                    if lib_prefixes and m.container_path.startswith(lib_prefixes)))
+    use_compat, compat_note = cuda_compat(config, caps, facts, inventory.driver_version)
     if not lib_dirs:
         ldcache = LdcacheUpdate("none", why="no libraries injected")
+        if use_compat:
+            compat_note = f"cuda-compat: {COMPAT_DIR} not used: no driver library is injected"
     else:
         # every row's dir is one of lib_dirs: rows come from lib/lib32 mounts, all under lib_prefixes
-        ldcache, ldcache_problems = ldcache_update(config, facts, lib_dirs, cache_libs)
+        ldcache, ldcache_problems = ldcache_update(config, facts, lib_dirs, cache_libs, compat=use_compat)
         problems.extend(ldcache_problems)
+    if compat_note:
+        notes.append(compat_note)
     # the rules are always planned (what `plan` shows); whether apply writes them is
     # cgroup_mode, the one place no-cgroups is decided
     rules = tuple(CgroupRule(d.major, d.minor) for d in devices)

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 
+from fixtures.cli import run_cli
 from fixtures.fakedriver import make_fake_driver
 from fixtures.hosttree import fake_gpus, make_host_tree
 
@@ -50,9 +49,7 @@ def test_bad_input_is_one_line(conf, args, stdin, env, needle):
     argv = [a.format(**fmt) for a in args]
     e = {k: v for k, v in os.environ.items() if not k.startswith(("ENROOT_", "NVIDIA_"))}
     e.update(env)
-    r = subprocess.run([sys.executable, "-m", "pyxis_hook", "--config", str(c), *argv],
-                       input=stdin.format(**fmt) if stdin is not None else "", capture_output=True, text=True,
-                       env=e, timeout=60)
+    r = run_cli(*argv, conf=c, input=stdin.format(**fmt) if stdin is not None else "", env=e, timeout=60)
     assert r.returncode != 0, (argv, r.stdout, r.stderr)
     assert "Traceback" not in r.stderr
     lines = [x for x in r.stderr.splitlines() if x.strip()]

@@ -12,7 +12,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import jsonschema
@@ -21,7 +20,9 @@ from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT7
 
 from e2e.conftest import DRIVER_VERSION, fresh_rootfs, make_host
+from fixtures.cli import run_cli, write_conf
 from fixtures.container import make_bundle
+from fixtures.oci_state import state_json
 from pyxis_hook import cdi
 from pyxis_hook.config import load_config
 
@@ -36,11 +37,6 @@ def _validator():
     return jsonschema.Draft7Validator(schema, registry=registry)
 
 
-def _cli(*args, conf=None, stdin=None, cwd=None, prefix=()):
-    cmd = [*prefix, sys.executable, "-m", "pyxis_hook"] + (["--config", str(conf)] if conf else []) + list(args)
-    return subprocess.run(cmd, capture_output=True, text=True, input=stdin, cwd=cwd)
-
-
 @pytest.fixture(scope="module")
 def host(tmp_path_factory):
     return make_host(tmp_path_factory.mktemp("cdihost"))
@@ -48,7 +44,7 @@ def host(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def spec(host):
-    r = _cli("cdi", "generate", conf=host.conf)
+    r = run_cli("cdi", "generate", conf=host.conf)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
@@ -115,7 +111,7 @@ def test_common_edits_are_the_plan_for_default_capabilities(host, spec):
 
 def test_yaml_output_is_the_same_document(host, spec, tmp_path):
     out = tmp_path / "gpu.yaml"
-    r = _cli("cdi", "generate", "--output", str(out), conf=host.conf)
+    r = run_cli("cdi", "generate", "--output", str(out), conf=host.conf)
     assert r.returncode == 0, r.stderr
     text = out.read_text()
     assert text.startswith("---\n") and not text.lstrip("-\n").startswith("{")
@@ -133,11 +129,11 @@ def test_yaml_emitter_quotes_what_yaml_would_retype():
 def test_custom_kind_and_bad_kind(host, tmp_path):
     conf = tmp_path / "k.conf"
     conf.write_text(host.conf.read_text() + 'cdi-kind = "example.org/accel"\n')
-    r = _cli("cdi", "generate", conf=conf)
+    r = run_cli("cdi", "generate", conf=conf)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["kind"] == "example.org/accel"
     conf.write_text(host.conf.read_text() + 'cdi-kind = "gpu"\n')
-    r = _cli("cdi", "generate", conf=conf)
+    r = run_cli("cdi", "generate", conf=conf)
     assert r.returncode != 0
     assert r.stderr.count("\n") == 1 and "'cdi-kind'" in r.stderr and "Traceback" not in r.stderr
     with pytest.raises(Exception, match="cdi-kind 'x/'"):
@@ -146,20 +142,15 @@ def test_custom_kind_and_bad_kind(host, tmp_path):
 
 def test_no_gpu_is_one_line_error(tmp_path):
     host = make_host(tmp_path, kernel_module=False)
-    r = _cli("cdi", "generate", conf=host.conf)
+    r = run_cli("cdi", "generate", conf=host.conf)
     # no kernel module: the control node is missing, which is what the first plan says
     assert r.returncode != 0 and r.stderr.count("\n") == 1, r.stderr
     assert r.stderr.startswith("pyxis-hook: error: device node ") and "nvidiactl: missing" in r.stderr
 
 
 def test_hook_hidden_from_help():
-    r = _cli("cdi", "--help")
+    r = run_cli("cdi", "--help")
     assert "generate" in r.stdout and "hook" not in r.stdout.split("options")[0].replace("pyxis-hook", "")
-
-
-def _state(bundle: Path) -> str:
-    return json.dumps({"ociVersion": "1.0.2", "id": "cdi-test", "status": "creating", "pid": 1,
-                       "bundle": str(bundle)})
 
 
 @pytest.mark.root
@@ -168,7 +159,7 @@ def test_hooks_create_links_and_refresh_ldcache(host, tmp_path, mode):
     """Run the spec's hooks the way runc does (own mount namespace, state on stdin, cwd = rootfs)."""
     conf = tmp_path / "mode.conf"
     conf.write_text(host.conf.read_text() + f'ldcache = "{mode}"\n')
-    r = _cli("cdi", "generate", conf=conf)
+    r = run_cli("cdi", "generate", conf=conf)
     assert r.returncode == 0, r.stderr
     spec = json.loads(r.stdout)
     bundle = tmp_path / "bundle"
@@ -186,7 +177,7 @@ def test_hooks_create_links_and_refresh_ldcache(host, tmp_path, mode):
             continue
         env = dict(e.split("=", 1) for e in h["env"])
         r = subprocess.run(["unshare", "-m", "--propagation", "private", *h["args"]], executable=None,
-                           input=_state(bundle), capture_output=True, text=True, env=env, cwd=rootfs)
+                           input=state_json(bundle, id="cdi-test"), capture_output=True, text=True, env=env, cwd=rootfs)
         assert r.returncode == 0, (h["args"], r.stderr)
     link = rootfs / "usr/lib/x86_64-linux-gnu/libcuda.so.1"
     assert link.is_symlink() and os.readlink(link).startswith("libcuda.so.")
@@ -205,17 +196,17 @@ def test_hook_rejects_relative_link_and_bad_state(tmp_path):
     bundle = tmp_path / "b"
     fresh_rootfs(bundle / "rootfs")
     make_bundle(bundle)
-    r = _cli("cdi", "hook", "create-symlinks", "--link", "rel/x::y", stdin=_state(bundle))
+    r = run_cli("cdi", "hook", "create-symlinks", "--link", "rel/x::y", input=state_json(bundle, id="cdi-test"))
     assert r.returncode != 0 and "--link 'rel/x::y'" in r.stderr and "Traceback" not in r.stderr
-    r = _cli("cdi", "hook", "update-ldcache", "--lib", "/usr/lib/libx.so::libx.so.1", stdin=_state(bundle))
+    r = run_cli("cdi", "hook", "update-ldcache", "--lib", "/usr/lib/libx.so::libx.so.1", input=state_json(bundle, id="cdi-test"))
     assert r.returncode != 0 and "--lib '/usr/lib/libx.so::libx.so.1'" in r.stderr and "Traceback" not in r.stderr
     assert cdi.parse_lib("/usr/lib/libx.so.1.2::libx.so.1::0x0303") == ("/usr/lib", "libx.so.1.2", "libx.so.1", 0x303)
-    r = _cli("cdi", "hook", "update-ldcache", "--folder", "/usr/lib", stdin="{not json")
+    r = run_cli("cdi", "hook", "update-ldcache", "--folder", "/usr/lib", input="{not json")
     assert r.returncode != 0 and r.stderr.startswith("pyxis-hook: error:") and "Traceback" not in r.stderr
 
 
 def test_no_hooks_spec_binds_links_instead(host, spec):
-    r = _cli("cdi", "generate", "--no-hooks", conf=host.conf)
+    r = run_cli("cdi", "generate", "--no-hooks", conf=host.conf)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert not list(_validator().iter_errors(doc))
@@ -243,10 +234,8 @@ def test_docs_name_every_hook_step_and_the_version():
 
 
 def _conf_for(tree, driver, tmp_path) -> Path:
-    conf = tmp_path / "t.conf"
-    conf.write_text(f'driver-root = "{driver}"\ndev-root = "{tree.dev_root}"\nproc-root = "{tree.proc_root}"\n'
-                    f'snapshot-dir = "{tmp_path}/snap"\n')
-    return conf
+    return write_conf(tmp_path / "t.conf", driver_root=driver, proc_root=tree.proc_root, dev_root=tree.dev_root,
+                      snapshot_dir=tmp_path / "snap")
 
 
 @pytest.mark.root  # mknod of the fixture nodes
@@ -255,7 +244,7 @@ def test_mig_devices_get_their_own_entries(host, tmp_path):
 
     tree = make_host_tree(tmp_path / "mig", gpus=fake_gpus(2), mig={0: {1: [0, 1]}}, driver_version=DRIVER_VERSION)
     conf = _conf_for(tree, host.driver_root, tmp_path)
-    r = _cli("cdi", "generate", conf=conf)
+    r = run_cli("cdi", "generate", conf=conf)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert not list(_validator().iter_errors(doc))

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
+from fixtures.cli import run_cli, write_conf
 from pyxis_hook import cli, log
 from pyxis_hook.commands import info
 
@@ -40,12 +38,12 @@ def test_internal_error_without_log_file_says_how_to_get_one(tmp_path, monkeypat
 
 
 def test_no_command_prints_usage_exit_2():
-    r = subprocess.run([sys.executable, "-m", "pyxis_hook"], capture_output=True, text=True)
+    r = run_cli()
     assert r.returncode == 2 and "usage: pyxis-hook" in r.stderr
 
 
 def test_unknown_command_exit_2():
-    r = subprocess.run([sys.executable, "-m", "pyxis_hook", "frobnicate"], capture_output=True, text=True)
+    r = run_cli("frobnicate")
     assert r.returncode == 2 and "invalid choice" in r.stderr
 
 
@@ -60,14 +58,13 @@ def test_every_listed_command_has_a_module():
 def test_debug_flag_shows_debug_lines_on_stderr(tmp_path):
     from fixtures.container import make_bundle
 
-    conf = tmp_path / "pyxis.conf"
-    (tmp_path / "empty").mkdir()
-    conf.write_text(f'driver-root = "{tmp_path}/empty"\nproc-root = "{tmp_path}/empty"\n'
-                    f'dev-root = "{tmp_path}/empty"\nsnapshot-dir = "{tmp_path}/snap"\n')
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    conf = write_conf(tmp_path / "pyxis.conf", driver_root=empty, proc_root=empty, dev_root=empty,
+                      snapshot_dir=tmp_path / "snap")
     bundle = make_bundle(tmp_path / "b", env=("NVIDIA_VISIBLE_DEVICES=all",))  # no driver: plan says why
-    base = [sys.executable, "-m", "pyxis_hook", "--config", str(conf)]
-    quiet = subprocess.run(base + ["plan", "--bundle", str(bundle)], capture_output=True, text=True)
-    loud = subprocess.run(base + ["--debug", "plan", "--bundle", str(bundle)], capture_output=True, text=True)
+    quiet = run_cli("plan", "--bundle", str(bundle), conf=conf)
+    loud = run_cli("--debug", "plan", "--bundle", str(bundle), conf=conf)
     assert quiet.returncode == loud.returncode == 1
     assert "pyxis-hook: debug:" not in quiet.stderr
     assert "pyxis-hook: debug:" in loud.stderr

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fixtures.cli import run_cli
 from pyxis_hook.config import Config, config_keys, load_config, load_schema, parse_config, validate
 from pyxis_hook.errors import ConfigError
 
@@ -65,8 +66,7 @@ def test_bad_config_is_one_line(text, needle):
 def test_cli_bad_config_exit_2_no_traceback(tmp_path):
     conf = tmp_path / "pyxis.conf"
     conf.write_text('log-level = "loud"\n')
-    r = subprocess.run([sys.executable, "-m", "pyxis_hook", "--config", str(conf), "info"],
-                       capture_output=True, text=True)
+    r = run_cli("info", conf=conf)
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0, r.stderr
     assert "Traceback" not in r.stderr
@@ -74,8 +74,7 @@ def test_cli_bad_config_exit_2_no_traceback(tmp_path):
 
 
 def test_cli_missing_config_file(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "pyxis_hook", "--config", str(tmp_path / "nope"), "info"],
-                       capture_output=True, text=True)
+    r = run_cli("info", conf=tmp_path / "nope")
     assert r.returncode == 2
     assert "nope: cannot read configuration" in r.stderr
 
@@ -86,7 +85,7 @@ def test_every_config_field_is_in_schema():
 
 
 def test_version():
-    r = subprocess.run([sys.executable, "-m", "pyxis_hook", "--version"], capture_output=True, text=True)
+    r = run_cli("--version")
     from pyxis_hook import __version__
 
     assert r.stdout.strip() == f"pyxis-hook {__version__}"

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pyxis_hook.record import replace
 from pathlib import Path
 
 import pytest
 
 from e2e.conftest import fresh_rootfs, make_host, mount_table
+from fixtures.cli import run_cli
 from pyxis_hook import enroot
 from pyxis_hook.commands.enroot import SHIM_NAME, shim_text
 from pyxis_hook.config import Config
@@ -65,9 +65,8 @@ def test_bad_enroot_environment(environ, match):
 
 
 def test_missing_environ_file_is_one_line(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "pyxis_hook", "enroot"], capture_output=True, text=True,
-                       env={"ENROOT_PID": str(os.getpid()), "ENROOT_ROOTFS": str(tmp_path),
-                            "ENROOT_ENVIRON": str(tmp_path / "nope"), "PATH": os.environ["PATH"]})
+    r = run_cli("enroot", env={"ENROOT_PID": str(os.getpid()), "ENROOT_ROOTFS": str(tmp_path),
+                               "ENROOT_ENVIRON": str(tmp_path / "nope"), "PATH": os.environ["PATH"]})
     assert r.returncode != 0 and r.stderr.count("\n") == 1
     assert f"ENROOT_ENVIRON {tmp_path}/nope: No such file or directory" in r.stderr
 
@@ -118,8 +117,7 @@ def setup(tmp_path):
     host = make_host(tmp_path)
     hooks = tmp_path / "hooks.d"
     hooks.mkdir()
-    r = subprocess.run([sys.executable, "-m", "pyxis_hook", "--config", str(host.conf), "enroot",
-                        "--install", str(hooks)], capture_output=True, text=True)
+    r = run_cli("enroot", "--install", str(hooks), conf=host.conf)
     assert r.returncode == 0, r.stderr
     rootfs = fresh_rootfs(tmp_path / "rootfs")
     before = mount_table()
@@ -209,11 +207,9 @@ def test_shim_names_the_config_absolute(tmp_path):
     (tmp_path / "pyxis.conf").write_text("")
     hooks = tmp_path / "hooks.d"
     hooks.mkdir()
-    r = subprocess.run([sys.executable, "-m", "pyxis_hook", "--config", "pyxis.conf", "enroot", "--install",
-                        str(hooks)], capture_output=True, text=True, cwd=tmp_path)
+    r = run_cli("enroot", "--install", str(hooks), conf="pyxis.conf", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert (hooks / SHIM_NAME).read_text().split("\n")[2].startswith(f"PYXIS_HOOK_CONFIG='{tmp_path}/pyxis.conf' exec ")
     assert "PYXIS_HOOK_CONFIG" not in shim_text("/usr/bin/python3", Config())
-    r = subprocess.run([sys.executable, "-m", "pyxis_hook", "enroot", "--install", str(tmp_path / "no")],
-                       capture_output=True, text=True)
+    r = run_cli("enroot", "--install", str(tmp_path / "no"))
     assert r.returncode == 2 and r.stderr.strip().endswith(f"{tmp_path}/no: not a directory")

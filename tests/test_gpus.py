@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from fixtures.hosttree import FakeGpu, fake_gpus, fake_uuid, make_host_tree
+from fixtures.nvml import FAKE_NVML, build_fake_nvml  # noqa: F401  (FAKE_NVML: test_plan imports it from here)
 from pyxis_hook import gpus
 from schema_check import validate
 from pyxis_hook.gpus import (
@@ -299,27 +300,6 @@ def test_import_is_cheap():
 
 # ------------------------------------------------------------------ optional NVML
 
-FAKE_NVML = r"""
-#include <stdio.h>
-#include <string.h>
-typedef void *H;
-static H GPU = (H)1;
-int nvmlInit_v2(void) { return 0; }
-int nvmlShutdown(void) { return 0; }
-int nvmlDeviceGetCount_v2(unsigned *n) { *n = 1; return 0; }
-int nvmlDeviceGetHandleByIndex_v2(unsigned i, H *h) { *h = GPU; return 0; }
-int nvmlDeviceGetMaxMigDeviceCount(H h, unsigned *n) { *n = 7; return 0; }
-int nvmlDeviceGetMigDeviceHandleByIndex(H h, unsigned j, H *m) {
-    if (j >= 2) return 3; /* NVML_ERROR_NOT_FOUND style */
-    *m = (H)(long)(100 + j); return 0; }
-int nvmlDeviceGetGpuInstanceId(H m, unsigned *gi) { *gi = 2; return 0; }
-int nvmlDeviceGetComputeInstanceId(H m, unsigned *ci) { *ci = (unsigned)((long)m - 100); return 0; }
-int nvmlDeviceGetUUID(H h, char *buf, unsigned len) {
-    if (h == GPU) snprintf(buf, len, "%s", PARENT);
-    else snprintf(buf, len, "MIG-aaaaaaaa-bbbb-cccc-dddd-%012ld", (long)h - 100);
-    return 0; }
-"""
-
 
 def test_nvml_absent_leaves_mig_uuids_unknown(tmp_path):
     tree = make_host_tree(tmp_path, mig={0: {2: [0]}}, make_nodes=ROOT)
@@ -329,10 +309,7 @@ def test_nvml_absent_leaves_mig_uuids_unknown(tmp_path):
 
 
 def test_nvml_fills_mig_uuids(tmp_path):
-    src = tmp_path / "nvml.c"
-    src.write_text(FAKE_NVML)
-    lib = tmp_path / "libnvidia-ml.so.1"
-    subprocess.run(["gcc", "-shared", "-fPIC", f'-DPARENT="{fake_uuid(0)}"', str(src), "-o", str(lib)], check=True)
+    lib = build_fake_nvml(tmp_path / "libnvidia-ml.so.1", fake_uuid(0))
     tree = make_host_tree(tmp_path / "host", gpus=fake_gpus(1), mig={0: {2: [0, 1, 3]}}, make_nodes=ROOT)
     host = discover(tree, nvml=True, nvml_library=str(lib))
     uuids = [(d.gi, d.ci, d.uuid) for d in host.mig_devices]

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pyxis_hook.record import replace
 from pathlib import Path
 
 import jsonschema
 
+from fixtures.cli import run_cli
+from fixtures.oci_state import state_json
 from pyxis_hook.config import load_schema
 from pyxis_hook.config import Config
 from pyxis_hook.hookd import HOOK_ENV_PATH, hook_document, hook_env
@@ -57,14 +58,12 @@ def test_bad_schema_documents_rejected():
 
 
 def test_cli_install(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "pyxis_hook", "hookd", "--install", str(tmp_path)],
-                       capture_output=True, text=True)
+    r = run_cli("hookd", "--install", str(tmp_path))
     assert r.returncode == 0, r.stderr
     doc = json.loads((tmp_path / "pyxis-hook.json").read_text())
     _validate(doc)
     # the installed hook actually starts: a void request exits 0 at once
-    state = json.dumps({"ociVersion": "1.0.2", "id": "x", "status": "creating", "pid": os.getpid(),
-                        "bundle": str(tmp_path)})
+    state = state_json(tmp_path, id="x", pid=os.getpid())
     (tmp_path / "config.json").write_text(json.dumps({"ociVersion": "1.0.2", "root": {"path": "rootfs"},
                                                       "process": {"env": ["PATH=/bin"], "args": ["sh"], "cwd": "/"}}))
     r = subprocess.run([doc["hook"]["path"], *doc["hook"]["args"][1:]], input=state, text=True,
@@ -74,15 +73,13 @@ def test_cli_install(tmp_path):
 
 
 def test_cli_install_missing_dir(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "pyxis_hook", "hookd", "--install", str(tmp_path / "no")],
-                       capture_output=True, text=True)
+    r = run_cli("hookd", "--install", str(tmp_path / "no"))
     assert r.returncode == 2 and "not a directory" in r.stderr
 
 
 def test_cli_install_precreate_next_to_prestart(tmp_path):
     for stage in ("prestart", "precreate"):
-        r = subprocess.run([sys.executable, "-m", "pyxis_hook", "hookd", "--stage", stage, "--install", str(tmp_path)],
-                           capture_output=True, text=True)
+        r = run_cli("hookd", "--stage", stage, "--install", str(tmp_path))
         assert r.returncode == 0, r.stderr
     pre = json.loads((tmp_path / "pyxis-hook-precreate.json").read_text())
     _validate(pre)
@@ -100,8 +97,7 @@ def test_hook_env_defaults_have_no_config():
 def test_relative_config_is_registered_absolute(tmp_path):
     """`pyxis-hook --config pyxis.conf hookd` typed in /etc/pyxis-hook: the runtime runs hooks elsewhere."""
     (tmp_path / "pyxis.conf").write_text("")
-    r = subprocess.run([sys.executable, "-m", "pyxis_hook", "--config", "pyxis.conf", "hookd"],
-                       capture_output=True, text=True, cwd=tmp_path)
+    r = run_cli("hookd", conf="pyxis.conf", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     env = json.loads(r.stdout)["hook"]["env"]
     assert env == [HOOK_ENV_PATH, f"PYXIS_HOOK_CONFIG={tmp_path}/pyxis.conf"]

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from fixtures import hosttree, realdriver
+from fixtures.cli import run_cli as run_pyxis_hook, write_conf
+from fixtures.synthdriver import LIB, V, make_driver
 from pyxis_hook.config import load_schema
 from schema_check import validate
-from test_inventory import LIB, V, make_driver
 
 import jsonschema  # noqa: E402  (install_requires)
 
@@ -20,11 +19,9 @@ import jsonschema  # noqa: E402  (install_requires)
 def run_cli(tmp_path: Path, *args: str, driver_root: Path, host=None, extra: str = ""):
     proc = str(host.proc_root) if host else str(tmp_path / "no-proc")
     dev = str(host.dev_root) if host else str(tmp_path / "no-dev")
-    conf = tmp_path / "pyxis.conf"
-    conf.write_text(f'driver-root = "{driver_root}"\nproc-root = "{proc}"\ndev-root = "{dev}"\n'
-                    f'snapshot-dir = "{tmp_path / "snap"}"\n{extra}')
-    return subprocess.run([sys.executable, "-m", "pyxis_hook", "--config", str(conf), *args],
-                          capture_output=True, text=True)
+    conf = write_conf(tmp_path / "pyxis.conf", driver_root=driver_root, proc_root=proc, dev_root=dev,
+                      snapshot_dir=tmp_path / "snap", extra=extra)
+    return run_pyxis_hook(*args, conf=conf)
 
 
 @pytest.fixture

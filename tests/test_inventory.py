@@ -21,77 +21,13 @@ from hypothesis import strategies as st
 
 from fixtures import hosttree
 from fixtures.realdriver import run_ldconfig
-from fixtures.synth import _cc, build_lib
+from fixtures.synth import build_lib
+from fixtures.synthdriver import LIB, OLD, V, make_driver
 from pyxis_hook import snapshot
 from pyxis_hook.config import Config
 from pyxis_hook.errors import DriverError
 from pyxis_hook.inventory import DriverFile, Inventory, discover, load_or_build
 from schema_check import validate
-
-V = "550.54.14"
-OLD = "535.104.05"
-LIB = "usr/lib/x86_64-linux-gnu"
-
-TLS_NOTE_C = r"""
-__asm__(".section .note.ABI-tag,\"a\",@note\n.balign 4\n.long 4, 16, 1\n.asciz \"GNU\"\n"
-        ".long 0, 2, 3, 99\n.previous\n");
-int nv_tls(void) { return 0; }
-"""
-
-
-def tls_with_note(dest: Path, version: str) -> Path:
-    """libnvidia-tls.so.<ver> carrying the GNU ABI note (Linux 2.3.99) that LNC demands."""
-    src = dest.parent / "tls_note.c"
-    src.write_text(TLS_NOTE_C)
-    name = f"libnvidia-tls.so.{version}"
-    built = _cc(["-shared", "-fPIC", str(src), f"-Wl,-soname,{name}"], "tls-note", name)
-    dest.mkdir(parents=True, exist_ok=True)
-    out = dest / name
-    out.write_bytes(built.read_bytes())
-    return out
-
-
-def make_driver(root: Path, version: str = V, *, libdir: str = LIB, tls_note: bool = True,
-                extra: bool = True, ldconfig: bool = True) -> Path:
-    """A small driver: utility, compute (with an internal dep), video, graphics libs, bins, firmware."""
-    d = root / libdir
-    build_lib(d, "libnvidia-ml.so.1", filename=f"libnvidia-ml.so.{version}")
-    build_lib(d, "libcuda.so.1", filename=f"libcuda.so.{version}",
-              needed=(f"libnvidia-internal.so.{version}",))
-    build_lib(d, f"libnvidia-internal.so.{version}")
-    build_lib(d, "libnvidia-ptxjitcompiler.so.1", filename=f"libnvidia-ptxjitcompiler.so.{version}")
-    if extra:
-        build_lib(d, "libnvcuvid.so.1", filename=f"libnvcuvid.so.{version}")
-        build_lib(d, "libnvidia-encode.so.1", filename=f"libnvidia-encode.so.{version}", needed=("libnvcuvid.so.1",))
-        build_lib(d, f"libnvidia-glsi.so.{version}")
-        build_lib(d, f"libnvidia-glcore.so.{version}")
-        build_lib(d, "libGLX_nvidia.so.0", filename=f"libGLX_nvidia.so.{version}",
-                  needed=(f"libnvidia-glsi.so.{version}", f"libnvidia-tls.so.{version}",
-                          f"libnvidia-glcore.so.{version}", "libX11.so.6"))
-        if tls_note:
-            tls_with_note(d, version)
-        else:
-            build_lib(d, f"libnvidia-tls.so.{version}")
-    for link, to in (("libcuda.so.1", f"libcuda.so.{version}"), ("libcuda.so", "libcuda.so.1")):
-        (d / link).unlink(missing_ok=True)
-        os.symlink(to, d / link)
-    bindir = root / "usr/bin"
-    bindir.mkdir(parents=True, exist_ok=True)
-    for b in ("nvidia-smi", "nvidia-cuda-mps-control"):
-        (bindir / b).write_text("#!/bin/sh\nexit 9\n")
-        (bindir / b).chmod(0o755)
-    fw = root / f"lib/firmware/nvidia/{version}"
-    fw.mkdir(parents=True, exist_ok=True)
-    (fw / "gsp_ga10x.bin").write_bytes(b"\0" * 64)
-    icd = root / "usr/share/vulkan/icd.d"
-    icd.mkdir(parents=True, exist_ok=True)
-    (icd / "nvidia_icd.json").write_text("{}\n")
-    (root / "etc/ld.so.conf.d").mkdir(parents=True, exist_ok=True)
-    (root / "etc/ld.so.conf").write_text("include /etc/ld.so.conf.d/*.conf\n")
-    (root / "etc/ld.so.conf.d/x86_64-linux-gnu.conf").write_text(f"/{LIB}\n/usr/lib/i386-linux-gnu\n/{libdir}\n")
-    if ldconfig:
-        run_ldconfig(root)
-    return root
 
 
 def cfg(root: Path, host=None, **kw) -> Config:

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 from e2e.conftest import fresh_rootfs, make_host, run_container
+from fixtures.cli import run_cli
 from fixtures.container import make_bundle
 
 
@@ -25,9 +24,7 @@ def _config(tmp_path, env, args=("/bin/true",)):
 
 
 def _precreate(host, data: bytes, cwd):
-    r = subprocess.run([sys.executable, "-m", "pyxis_hook", "--config", str(host.conf), "precreate"],
-                       input=data, capture_output=True, cwd=cwd)
-    return r
+    return run_cli("precreate", conf=host.conf, input=data, cwd=cwd, text=False)
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from e2e.conftest import make_host
+from fixtures.oci_state import state_json
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
@@ -51,7 +52,7 @@ def test_installed_hook_command_builds_snapshot_and_plans(venv, tmp_path):
     assert "/dev/nvidia0" in [d["path"] for d in plan["devices"]]
     assert list((host.base / "snapshot").glob("inventory-*.json")), "snapshot not written"
     # the void path from the installed copy
-    state = json.dumps({"ociVersion": "1.0.2", "id": "x", "status": "creating", "pid": 1, "bundle": str(bundle)})
+    state = state_json(bundle, id="x")
     make_bundle(bundle, env=())
     r = subprocess.run(argv, input=state, capture_output=True, text=True, env=env)
     assert r.returncode == 0 and r.stderr == ""

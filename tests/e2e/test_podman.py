@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from e2e.conftest import fresh_rootfs, make_host, mount_table
+from fixtures.cli import run_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root, pytest.mark.slow,
               pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed (.ci/run installs it)")]
@@ -51,8 +52,7 @@ def _nodes(out: str) -> set[str]:
 
 
 def _cli(conf: Path, *args: str) -> subprocess.CompletedProcess:
-    r = subprocess.run([sys.executable, "-m", "pyxis_hook", "--config", str(conf), *args],
-                       capture_output=True, text=True)
+    r = run_cli(*args, conf=conf)
     assert r.returncode == 0, r.stderr
     return r
 

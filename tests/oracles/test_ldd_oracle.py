@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from fixtures.elfpatch import or_flags_1
+from fixtures.glibcroot import make_glibc_root
 from fixtures.synth import build_exe, build_lib
 from pyxis_hook.commands import ldd
 from pyxis_hook.elf import DF_1_NODEFLIB
@@ -220,14 +221,7 @@ def rootfs(tmp_path_factory) -> Path:
     if shutil.which("ldconfig") is None and not os.path.exists("/sbin/ldconfig"):
         pytest.skip("needs ldconfig")
     r = tmp_path_factory.mktemp("ldd-root")
-    lib = r / "usr/lib/x86_64-linux-gnu"
-    lib.mkdir(parents=True)
-    shutil.copy2(os.path.realpath(LDSO), lib / "ld-linux-x86-64.so.2")
-    shutil.copy2(os.path.realpath("/lib/x86_64-linux-gnu/libc.so.6"), lib / "libc.so.6")
-    os.symlink("usr/lib", r / "lib")
-    (r / "lib64").mkdir()
-    os.symlink("/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2", r / "lib64/ld-linux-x86-64.so.2")  # absolute: in-root
-    (r / "etc").mkdir()
+    lib = make_glibc_root(r)
     (r / "etc/ld.so.conf").write_text("/opt/foo/lib\n/opt/hw/lib\n/opt/link\n")
     # libfoo: only the versioned file, SONAME link removed after ldconfig -X (cache points at a missing file)
     build_lib(r / "opt/foo/lib", "libfoo.so.1", filename="libfoo.so.1.0")

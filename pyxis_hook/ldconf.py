@@ -30,12 +30,13 @@ import errno
 import fnmatch
 import os
 import stat
-from typing import TYPE_CHECKING
 
 from pyxis_hook.errors import PathError
 from pyxis_hook.record import record
 from pyxis_hook.rootfs import resolve_in_root
 
+#: typing.TYPE_CHECKING without importing typing (~3 ms on the hook's path)
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing's names cost ~3 ms of imports on the hook's path: hints only
     from typing import Iterable, Union
 

@@ -24,7 +24,6 @@ Every decision appends a sentence to `reasons`, which `plan` prints.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
 
 from pyxis_hook import require
 from pyxis_hook.config import Config
@@ -32,6 +31,8 @@ from pyxis_hook.errors import RequestError
 from pyxis_hook.gpus import Gpu, HostGpus, MigDevice
 from pyxis_hook.record import record
 
+#: typing.TYPE_CHECKING without importing typing (~3 ms on the hook's path)
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # hints only: typing costs ~3 ms on the hook's path
     from typing import Mapping
 

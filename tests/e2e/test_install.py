@@ -56,3 +56,41 @@ def test_installed_hook_command_builds_snapshot_and_plans(venv, tmp_path):
     make_bundle(bundle, env=())
     r = subprocess.run(argv, input=state, capture_output=True, text=True, env=env)
     assert r.returncode == 0 and r.stderr == ""
+
+
+def _site_packages(venv: Path) -> Path:
+    return venv / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+
+
+def test_installed_main_finds_the_venv_under_isolated_mode(venv):
+    """`<venv>/bin/python -I -S <site>/pyxis_hook/__main__.py`: no `site`, yet sys.prefix is the venv and
+    pyelftools (needed when the snapshot must be rebuilt) comes from the venv's site-packages."""
+    site = _site_packages(venv)
+    main = site / "pyxis_hook" / "__main__.py"
+    py = venv / "bin" / "python"
+    assert main.is_file(), sorted(p.name for p in site.iterdir())
+    r = subprocess.run([str(py), "-I", "-S", str(main), "--version"], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.startswith("pyxis-hook "), r.stderr
+    # what `hookd` registers: the venv's interpreter and the installed copy's __main__.py, not the checkout's
+    doc = json.loads(subprocess.run([str(venv / "bin/pyxis-hook"), "hookd"], capture_output=True, text=True,
+                                    check=True).stdout)
+    path, args = doc["hook"]["path"], doc["hook"]["args"]
+    assert Path(path).parent == venv / "bin" and Path(path).name.startswith("python") and args[0] == path
+    assert args[1:4] == ["-I", "-S", str(main)] and args[4:] == ["prestart"]
+    # without __main__.py's own path setup the venv's packages are out of reach (so the next check means something)
+    bare = subprocess.run([path, "-I", "-S", "-c", "import elftools"], capture_output=True, text=True)
+    assert bare.returncode != 0 and "ModuleNotFoundError" in bare.stderr
+    # run the file as the hook does (as a file, no package: runpy.run_path), then look at what it set up
+    probe = (f"import json, runpy, sys\n"
+             f"sys.argv = [{str(main)!r}, '--version']\n"
+             f"try:\n    runpy.run_path({str(main)!r}, run_name='__main__')\n"
+             f"except SystemExit as e:\n    assert e.code in (0, None), e.code\n"
+             f"import elftools, pyxis_hook\n"
+             f"print(json.dumps({{'prefix': sys.prefix, 'exec_prefix': sys.exec_prefix, 'path': sys.path,\n"
+             f"                  'elftools': elftools.__file__, 'pyxis_hook': pyxis_hook.__file__}}))\n")
+    r = subprocess.run([path, "-I", "-S", "-c", probe], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    seen = json.loads(r.stdout.splitlines()[-1])
+    assert seen["prefix"] == seen["exec_prefix"] == str(venv)
+    assert str(site) in seen["path"]
+    assert seen["elftools"].startswith(str(site) + "/") and seen["pyxis_hook"].startswith(str(site) + "/")

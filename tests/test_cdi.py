@@ -257,6 +257,32 @@ def test_mig_devices_get_their_own_entries(host, tmp_path):
     assert by_name["0:0"]["deviceNodes"] != by_name["0:1"]["deviceNodes"]
 
 
+@pytest.mark.root  # mknod of the fixture nodes
+def test_mig_devices_are_named_by_the_uuids_the_drivers_nvml_reports(tmp_path):
+    """procfs has no MIG UUIDs: `cdi generate` asks the driver root's libnvidia-ml (a gcc-built fake here)
+    and names each MIG device both `<gpu>:<mig>` and by its MIG UUID, with the same edits."""
+    from fixtures.fakedriver import make_fake_driver
+    from fixtures.hosttree import fake_gpus, fake_uuid, make_host_tree
+    from fixtures.nvml import build_fake_nvml, mig_uuid
+
+    tree = make_host_tree(tmp_path / "host", gpus=fake_gpus(2), mig={0: {2: [0, 1]}}, driver_version=DRIVER_VERSION)
+    driver = make_fake_driver(tmp_path / "driver", version=DRIVER_VERSION)
+    build_fake_nvml(driver / f"usr/lib/x86_64-linux-gnu/libnvidia-ml.so.{DRIVER_VERSION}", fake_uuid(0))
+    r = run_cli("cdi", "generate", conf=_conf_for(tree, driver, tmp_path))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    errors = sorted(_validator().iter_errors(doc), key=str)
+    assert not errors, [e.message for e in errors]
+    names = [d["name"] for d in doc["devices"]]
+    assert names == ["0", "1", fake_uuid(0), fake_uuid(1), "0:0", mig_uuid(0), "0:1", mig_uuid(1), "all"]
+    by_name = {d["name"]: d["containerEdits"] for d in doc["devices"]}
+    for j in (0, 1):
+        assert by_name[mig_uuid(j)] == by_name[f"0:{j}"]
+        access = [m["containerPath"] for m in by_name[mig_uuid(j)].get("mounts", [])]
+        assert any(p.endswith(f"/gi2/ci{j}/access") for p in access), access
+    assert by_name[mig_uuid(0)]["deviceNodes"] != by_name[mig_uuid(1)]["deviceNodes"]
+
+
 def test_proc_driver_hook_plans_the_gpus_the_runtime_was_given(host, tmp_path):
     """The hook reads the GPUs from config.json linux.devices (where CDI put them)."""
     from pyxis_hook.record import replace as record_replace

@@ -27,11 +27,11 @@ import os
 import re
 import stat
 import struct
-from pyxis_hook.record import record
 from typing import Callable
 
 from pyxis_hook.elf import EHDR_SIZE, ET_DYN, ET_EXEC, PHDR_SIZE, ElfInfo, parse_header, read_elf
 from pyxis_hook.errors import ElfError, LdCacheError, PathError
+from pyxis_hook.record import record
 from pyxis_hook.rootfs import resolve_in_root
 
 #: (name, elfclass, e_machine) -> root-relative paths; ld.so uses only the first (`_dl_load_cache_lookup`)
@@ -42,6 +42,11 @@ EM_386, EM_X86_64, EM_AARCH64 = 3, 62, 183
 #: the loader path compiled into glibc per (class, machine), used when the object has no PT_INTERP
 DEFAULT_RTLD = {(64, EM_X86_64): "/lib64/ld-linux-x86-64.so.2", (32, EM_386): "/lib/ld-linux.so.2",
                 (64, EM_AARCH64): "/lib/ld-linux-aarch64.so.1", (32, EM_X86_64): "/libx32/ld-linux-x32.so.2"}
+
+#: which loader's ld.so.cache flags (`ldcache.LOADER_FLAGS` key: the one table of them) an object of
+#: (class, machine) is looked up with; a class/machine not here finds nothing in the cache
+CACHE_LOADER = {(64, EM_X86_64): "x86_64", (32, EM_386): "i386", (64, EM_AARCH64): "aarch64",
+                (32, EM_X86_64): "x32"}
 
 #: AT_PLATFORM per machine (x86-64 reports "x86_64", i386 "i686")
 DEFAULT_PLATFORM = {EM_X86_64: "x86_64", EM_386: "i686", EM_AARCH64: "aarch64"}
@@ -233,8 +238,7 @@ def cache_lookup_for(cache, *, hwcaps: tuple[str, ...] = ()) -> CacheLookup:
     """Adapt a `pyxis_hook.ldcache.LdCache` to the resolver's CacheLookup (flags per class/machine)."""
     from pyxis_hook import ldcache
 
-    flags_by_arch = {(64, EM_X86_64): (ldcache.FLAG_X8664_LIB64_LIBC6,), (32, EM_386): (1, 3),
-                     (64, EM_AARCH64): (0x0A03,), (32, EM_X86_64): (0x0803,)}
+    flags_by_arch = {arch: ldcache.LOADER_FLAGS[name] for arch, name in CACHE_LOADER.items()}
 
     def lookup(name: str, elfclass: int, machine: int) -> tuple[str, ...]:
         ok = flags_by_arch.get((elfclass, machine))

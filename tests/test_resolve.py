@@ -22,7 +22,12 @@ from fixtures.synth import build_exe, build_lib
 from pyxis_hook import cli
 from pyxis_hook.config import load_schema
 from pyxis_hook.resolve import (
+    CACHE_LOADER,
+    EM_386,
+    EM_AARCH64,
+    EM_X86_64,
     LoaderEnv,
+    cache_lookup_for,
     _fillin,
     detect_hwcaps,
     expand_dst,
@@ -128,6 +133,37 @@ def test_system_dirs_heuristic_when_ldso_unreadable(tmp_path, layout, expected):
     assert env.system_dirs == expected
     assert env.lib_token == expected[0].lstrip("/")
     assert env.cache is None  # no etc/ld.so.cache in this root
+
+
+# ----------------------------------------------------------------- ld.so.cache flags per class and machine
+
+def test_cache_flags_come_from_ldcache():
+    """One table: every (class, machine) the resolver knows names a loader in `ldcache.LOADER_FLAGS`,
+    with the flags glibc's `_dl_cache_check_flags` accepts there (what resolve.py used to keep itself)."""
+    from pyxis_hook import ldcache
+
+    assert {arch: ldcache.LOADER_FLAGS[name] for arch, name in CACHE_LOADER.items()} == {
+        (64, EM_X86_64): (0x0303,), (32, EM_386): (0x0001, 0x0003), (64, EM_AARCH64): (0x0A03,),
+        (32, EM_X86_64): (0x0803,)}
+
+
+def test_cache_lookup_per_class_in_a_real_cache(tmp_path):
+    """One SONAME three times (x86-64, i386, x32) in a cache glibc's ldconfig wrote: each class finds its own."""
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc/ld.so.conf").write_text("/l64\n/l32\n/lx32\n")
+    build_lib(tmp_path / "l64", "libwho.so.1")
+    build_lib(tmp_path / "l32", "libwho.so.1", m32=True)
+    build_lib(tmp_path / "lx32", "libwho.so.1", extra_flags=("-mx32", "-nostdlib"))
+    subprocess.run([_ldconfig() or "ldconfig", "-r", str(tmp_path), "-X"], check=True, capture_output=True)
+    from pyxis_hook import ldcache
+
+    lookup = cache_lookup_for(ldcache.read_cache(str(tmp_path / "etc/ld.so.cache")))
+    assert lookup("libwho.so.1", 64, EM_X86_64) == ("/l64/libwho.so.1",)
+    assert lookup("libwho.so.1", 32, EM_386) == ("/l32/libwho.so.1",)
+    assert lookup("libwho.so.1", 32, EM_X86_64) == ("/lx32/libwho.so.1",)
+    assert lookup("libwho.so.1", 64, EM_AARCH64) == ()  # no AArch64 entry: 0x0A03 matches none of them
+    assert lookup("libwho.so.1", 32, 40) == ()  # EM_ARM: a loader the resolver does not model finds nothing
+    assert lookup("libnone.so.1", 64, EM_X86_64) == ()
 
 
 # ----------------------------------------------------------------- a synthetic root

@@ -91,8 +91,9 @@ def compat_facts(rootfs: str, machine: str | None = None):
     in COMPAT_DIR (none, or several: "" and nothing is used).  The indexed
     libs are what ldconfig's search_dir keeps: `lib*`/`ld-*` names with
     `.so` that open (inside the root) as regular ELF shared objects, one
-    row per SONAME (no DT_SONAME: the file name), named by the greatest
-    file name in ldconfig's order.  `problem` is set for anything the merge
+    row per SONAME (no DT_SONAME: the file name; a `libfoo.so` link to a
+    `libfoo.so.N`: its own name, as search_dir keys ld(1)'s links), named
+    by the greatest file name in ldconfig's order.  `problem` is set for anything the merge
     cannot model (a subdirectory, a non-ELF, a big-endian or foreign-machine
     file): the plan then runs ldconfig instead.  Never raises on what the
     image holds: an unreadable dir is a problem string.
@@ -113,12 +114,16 @@ def _compat_facts(rfs, machine: str):
     dfd = rfs.open(COMPAT_DIR, os.O_RDONLY | os.O_DIRECTORY)
     try:
         names = sorted(os.listdir(dfd))
+        if len(names) > MAX_ENTRIES:
+            return "", None, (), f"more than {MAX_ENTRIES} entries"
+        modes = {n: os.lstat(n, dir_fd=dfd).st_mode for n in names}
     finally:
         os.close(dfd)
-    if len(names) > MAX_ENTRIES:
-        return "", None, (), f"more than {MAX_ENTRIES} entries"
+    links = {n for n, m in modes.items() if stat.S_ISLNK(m)}
+    subdirs = [n for n, m in modes.items() if stat.S_ISDIR(m)]
     libcuda = [n for n in names if n.startswith("libcuda.so.") and n.count(".") >= 3]
-    problem = ""
+    # ldconfig scans glibc-hwcaps (and, before 2.37, legacy hwcap) subdirectories: not modelled
+    problem = f"has a subdirectory {subdirs[0]}" if subdirs else ""
     found: dict[str, tuple[str, int]] = {}  # soname -> (file name, flags)
     chosen = ""
     drivers = None
@@ -149,6 +154,8 @@ def _compat_facts(rfs, machine: str):
         if cls == 0 or not indexed_by_ldconfig(name):
             continue  # an executable: ldconfig does not index it
         soname = soname or name
+        if name in links and name != soname and name.endswith(".so") and soname.startswith(name):
+            soname = name  # search_dir: the `libfoo.so` link for ld(1) gets its own entry
         flags = cache_flags(cls, needed, machine)
         old = found.get(soname)
         if old is not None and old[1] != flags:
@@ -172,8 +179,16 @@ def read_elf_facts(fd: int, size: int, machine: str, want_note: bool = False):
     """(class or 0 for a non-library, DT_SONAME or "", DT_NEEDED, note drivers or None) of an open ELF.
 
     Little-endian only, bounded reads; raises _Odd for what ldconfig would
-    treat in ways the merge does not model (not ELF, another machine).
+    treat in ways the merge does not model (not ELF, another machine) and
+    for any file it cannot make sense of (the image chooses the bytes).
     """
+    try:
+        return _read_elf_facts(fd, size, machine, want_note)
+    except (struct.error, ValueError, OverflowError, OSError, IndexError) as e:
+        raise _Odd(f"unreadable ELF file ({e})") from None
+
+
+def _read_elf_facts(fd: int, size: int, machine: str, want_note: bool):
     ident = os.pread(fd, 64, 0)
     if ident[:4] != b"\x7fELF":
         raise _Odd("not an ELF file")
@@ -194,7 +209,7 @@ def read_elf_facts(fd: int, size: int, machine: str, want_note: bool = False):
     ph = struct.Struct("<IIQQQQQQ" if cls == 64 else "<IIIIIIII")
     dyn = struct.Struct("<qQ" if cls == 64 else "<iI")
     loads, dynamic = [], None
-    if phnum > MAX_HEADERS or phentsize < ph.size:
+    if phnum > MAX_HEADERS or (phnum and phentsize != ph.size):
         raise _Odd("bad program headers")
     raw = os.pread(fd, phnum * phentsize, phoff)
     for i in range(phnum):
@@ -239,7 +254,7 @@ def read_elf_facts(fd: int, size: int, machine: str, want_note: bool = False):
 def _note_drivers(fd, size, cls, shoff, shentsize, shnum, shstrndx) -> tuple[int, ...] | None:
     """The "Driver" majors of the `.note.cuda.fwd_compatibility` section; None without one (or unreadable)."""
     sh = struct.Struct("<IIQQQQIIQQ" if cls == 64 else "<IIIIIIIIII")
-    if not shoff or shnum > MAX_HEADERS or shentsize < sh.size or shstrndx >= shnum:
+    if not shoff or shnum > MAX_HEADERS or shentsize != sh.size or shstrndx >= shnum:
         return None
     raw = os.pread(fd, shnum * shentsize, shoff)
     if len(raw) < shnum * shentsize:

@@ -139,12 +139,14 @@ def _position(view: _View, new: L.CacheEntry, dir_rank: dict[str, int], rank: in
             hi = mid
     pos = end = lo
     last_rank = -1
+    present = False
     while end < view.n:
         e = view.get(end)
         if L.entry_sort_key_cmp(e, new) != 0:
             break
-        if e.value == new.value:
-            return None
+        # the same entry already listed: kept, once the run it sits in is checked to be in scan
+        # order (an image that lists a first dir, e.g. compat, later in its ld.so.conf is not)
+        present = present or e.value == new.value
         r = dir_rank.get(os.path.dirname(e.value))
         if r is None:
             raise CannotMerge(f"{where}: {e.key} => {e.value} comes from a directory ldconfig would not scan; "
@@ -155,7 +157,7 @@ def _position(view: _View, new: L.CacheEntry, dir_rank: dict[str, int], rank: in
         if r < rank:
             pos = end + 1
         end += 1
-    return pos
+    return None if present else pos
 
 
 def _same_dir_other_flags(view: _View, new: L.CacheEntry) -> L.CacheEntry | None:

@@ -100,11 +100,13 @@ def parse_proc_cgroup(text: str) -> tuple[CgroupLine, ...]:
     return tuple(out)
 
 
-_OCTAL = re.compile(r"\\([0-7]{3})")
+#: a pattern is a string: `re` compiles and caches it on first use (compiling every one at import
+#: cost the hook ~3 ms a start, issue 7)
+_OCTAL = r"\\([0-7]{3})"
 
 
 def _unescape(field: str) -> str:
-    return _OCTAL.sub(lambda m: chr(int(m.group(1), 8)), field)
+    return re.sub(_OCTAL, lambda m: chr(int(m.group(1), 8)), field)
 
 
 def parse_mountinfo(text: str) -> tuple[MountInfo, ...]:
@@ -210,8 +212,8 @@ def allowed_minors(rules: tuple[DeviceRule, ...], major: int, candidates, access
     return frozenset(out)
 
 
-_SLURM_V1 = re.compile(r"/slurm(?:_[^/]+)?/uid_(\d+)/job_(\d+)/step_([^/]+)(?:/task_([^/]+))?")
-_SLURM_V2 = re.compile(r"/(?:[^/]+_)?slurmstepd\.scope/job_(\d+)/step_([^/]+)(?:/user/task_([^/]+))?")
+_SLURM_V1 = r"/slurm(?:_[^/]+)?/uid_(\d+)/job_(\d+)/step_([^/]+)(?:/task_([^/]+))?"
+_SLURM_V2 = r"/(?:[^/]+_)?slurmstepd\.scope/job_(\d+)/step_([^/]+)(?:/user/task_([^/]+))?"
 
 
 def slurm_cgroup(path: str) -> SlurmCgroup | None:
@@ -221,10 +223,10 @@ def slurm_cgroup(path: str) -> SlurmCgroup | None:
     Paths that stop at the job level (a job's extern processes, the job
     directory itself) are not step cgroups and give None.
     """
-    m = _SLURM_V1.search(path)
+    m = re.search(_SLURM_V1, path)
     if m:
         return SlurmCgroup(int(m.group(2)), m.group(3), m.group(4), int(m.group(1)))
-    m = _SLURM_V2.search(path)
+    m = re.search(_SLURM_V2, path)
     if m:
         return SlurmCgroup(int(m.group(1)), m.group(2), m.group(3))
     return None

@@ -224,12 +224,14 @@ def _node_to_dict(n: DeviceNode) -> dict:
 
 # ---------------------------------------------------------------- PCI ids
 
-_BUS_RE = re.compile(r"^(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])$")
+#: a pattern is a string: `re` compiles and caches it on first use (compiling every one at import
+#: cost the hook ~3 ms a start, issue 7)
+_BUS_RE = r"^(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])$"
 
 
 def parse_bus_id(text: str) -> tuple[int, int, int, int] | None:
     """(domain, bus, device, function) of `0000:06:00.0`, `00000000:06:00.0` or `06:00.0`; None if not a PCI id."""
-    m = _BUS_RE.match(text.strip())
+    m = re.match(_BUS_RE, text.strip())
     if not m:
         return None
     dom, bus, dev, fn = m.groups()
@@ -254,14 +256,14 @@ def normalize_bus_id(text: str) -> str | None:
 
 # ---------------------------------------------------------------- pure parsers
 
-_VERSION_RE = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+\.\d+(?:\.\d+)*)\b")
+_VERSION_RE = r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+\.\d+(?:\.\d+)*)\b"
 
 
 def parse_driver_version(text: str) -> str | None:
     """Driver version from /proc/driver/nvidia/version, proprietary or open module, any arch."""
     for line in text.splitlines():
         if line.startswith("NVRM version:"):
-            m = _VERSION_RE.search(line)
+            m = re.search(_VERSION_RE, line)
             return m.group(1) if m else None
     return None
 
@@ -471,8 +473,8 @@ def _cap_minor(r: _Reader, path: str) -> int | None:
     return minor
 
 
-_GI_RE = re.compile(r"^gi(\d+)$")
-_CI_RE = re.compile(r"^ci(\d+)$")
+_GI_RE = r"^gi(\d+)$"
+_CI_RE = r"^ci(\d+)$"
 
 
 def _read_mig(r: _Reader, nv: str, gpus: tuple[Gpu, ...]) -> tuple[MigDevice, ...]:
@@ -482,7 +484,7 @@ def _read_mig(r: _Reader, nv: str, gpus: tuple[Gpu, ...]) -> tuple[MigDevice, ..
         base = f"capabilities/gpu{g.minor}/mig"
         gis = []
         for gname in r.listdir(os.path.join(nv, base)):
-            m = _GI_RE.match(gname)
+            m = re.match(_GI_RE, gname)
             if m:
                 gis.append(int(m.group(1)))
         devs = []
@@ -490,7 +492,7 @@ def _read_mig(r: _Reader, nv: str, gpus: tuple[Gpu, ...]) -> tuple[MigDevice, ..
             gi_rel = f"{base}/gi{gi}/access"
             gi_minor = _cap_minor(r, os.path.join(nv, gi_rel))
             cis = sorted(int(m.group(1)) for c in r.listdir(os.path.join(nv, base, f"gi{gi}"))
-                         if (m := _CI_RE.match(c)))
+                         if (m := re.match(_CI_RE, c)))
             for ci in cis:
                 ci_rel = f"{base}/gi{gi}/ci{ci}/access"
                 ci_minor = _cap_minor(r, os.path.join(nv, ci_rel))
@@ -505,12 +507,12 @@ def _read_mig(r: _Reader, nv: str, gpus: tuple[Gpu, ...]) -> tuple[MigDevice, ..
     return tuple(out)
 
 
-_CHANNEL_RE = re.compile(r"^channel(\d+)$")
+_CHANNEL_RE = r"^channel(\d+)$"
 
 
 def _read_imex(r: _Reader, dev_root: str) -> tuple[int, ...]:
     d = _join(dev_root, "dev/nvidia-caps-imex-channels")
-    return tuple(sorted(int(m.group(1)) for n in r.listdir(d) if (m := _CHANNEL_RE.match(n))))
+    return tuple(sorted(int(m.group(1)) for n in r.listdir(d) if (m := re.match(_CHANNEL_RE, n))))
 
 
 # Absent on many healthy hosts: modeset needs nvidia-modeset.ko, uvm-tools is optional.

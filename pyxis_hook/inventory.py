@@ -44,8 +44,10 @@ ARCHES = {
 }
 
 _VERSION_RE = r"\d{3}\.\d+(?:\.\d+)?"  # driver versions: 470.256.02, 535.104.05, 550.54
-_INFER_RE = re.compile(rf"^lib(?:cuda|nvidia-ml)\.so\.({_VERSION_RE})$")
-VERSIONED_RE = re.compile(rf"^(lib[^/]*\.so)\.({_VERSION_RE})$")
+#: a pattern is a string: `re` compiles and caches it on first use (compiling every one at import
+#: cost the hook ~3 ms a start, issue 7)
+_INFER_RE = rf"^lib(?:cuda|nvidia-ml)\.so\.({_VERSION_RE})$"
+VERSIONED_RE = rf"^(lib[^/]*\.so)\.({_VERSION_RE})$"
 
 
 @record
@@ -369,7 +371,7 @@ def _pick_version(st: _State, host: HostGpus, cache, entries, abi: int) -> str |
         real = _resolve(st, e.value)
         if real is None:
             continue
-        m = _INFER_RE.match(os.path.basename(real))
+        m = re.match(_INFER_RE, os.path.basename(real))
         if m and os.path.isfile(real):
             found.add(m.group(1))
     if host.driver_version:
@@ -393,7 +395,7 @@ def _pick_version(st: _State, host: HostGpus, cache, entries, abi: int) -> str |
         if hit is None:
             continue
         real = _resolve(st, hit.value)
-        m = _INFER_RE.match(os.path.basename(real or ""))
+        m = re.match(_INFER_RE, os.path.basename(real or ""))
         if m:
             chosen = m.group(1)
             break
@@ -436,7 +438,7 @@ def _libraries(st: _State, cache, entries, kind: str, abi: int, elfclass: int, m
                     continue
                 base = os.path.basename(real)
                 if not base.endswith(suffix):
-                    m = VERSIONED_RE.match(base)
+                    m = re.match(VERSIONED_RE, base)
                     if m:
                         st.other_versions.add(m.group(2))
                     st.warn(f"{real}: skipping: not driver version {st.version}")
@@ -490,7 +492,7 @@ def _libraries(st: _State, cache, entries, kind: str, abi: int, elfclass: int, m
             needed_by = tuple(sorted(set((old.needed_by if old else ()) + (requirer,))))
             st.deps[key] = NonDriverDep(name=dep, needed_by=needed_by, capability=old.capability if old else cap,
                                         elfclass=elfclass, host_path=real)
-            if real is None and VERSIONED_RE.match(dep) and dep.endswith(suffix):
+            if real is None and re.match(VERSIONED_RE, dep) and dep.endswith(suffix):
                 st.warn(f"{dep}: needed by {requirer} but not found in the driver root")
 
     for real in chosen:

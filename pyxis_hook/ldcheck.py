@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 from typing import Mapping
 
 from pyxis_hook.errors import LdCacheError, PathError, RequestError, RequirementError
@@ -339,7 +340,7 @@ def _lib_driver_major(name: str) -> int | None:
     """The driver branch in a versioned driver library file name (libcuda.so.550.54.15 -> 550)."""
     from pyxis_hook import inventory
 
-    m = inventory.VERSIONED_RE.match(name)
+    m = re.match(inventory.VERSIONED_RE, name)
     return _driver_major(m.group(2)) if m else None
 
 

@@ -45,10 +45,12 @@ SLURM_VARS = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS")
 MAX_IMEX_CHANNEL = 1 << 20
 
 # digit runs are bounded: int() of a 5,000-digit token would raise ValueError (and nothing is that big)
-_INDEX = re.compile(r"^[0-9]{1,9}$")
-_PCI = re.compile(r"^[0-9a-fA-F]{1,8}:[0-9a-fA-F]{1,2}:[0-9a-fA-F]{1,2}\.[0-7]$")
-_GPU_MIG = re.compile(r"^([0-9]{1,9}):([0-9]{1,9})$")
-_LEGACY_MIG = re.compile(r"^MIG-(GPU-[0-9a-fA-F-]+)/([0-9]{1,9})/([0-9]{1,9})$", re.IGNORECASE)
+#: a pattern is a string: `re` compiles and caches it on first use (compiling every one at import
+#: cost the hook ~3 ms a start, issue 7)
+_INDEX = r"^[0-9]{1,9}$"
+_PCI = r"^[0-9a-fA-F]{1,8}:[0-9a-fA-F]{1,2}:[0-9a-fA-F]{1,2}\.[0-7]$"
+_GPU_MIG = r"^([0-9]{1,9}):([0-9]{1,9})$"
+_LEGACY_MIG = r"(?i)^MIG-(GPU-[0-9a-fA-F-]+)/([0-9]{1,9})/([0-9]{1,9})$"
 
 
 @record
@@ -167,7 +169,7 @@ def _find_gpu_uuid(host: HostGpus, tok: str) -> Gpu:
 
 
 def _find_mig_uuid(host: HostGpus, tok: str) -> MigDevice:
-    legacy = _LEGACY_MIG.match(tok)
+    legacy = re.match(_LEGACY_MIG, tok)
     if legacy:
         parent_uuid, gi, ci = legacy.group(1).lower(), int(legacy.group(2)), int(legacy.group(3))
         for m in host.mig_devices:
@@ -198,17 +200,17 @@ def _resolve_token(host: HostGpus, tok: str) -> Gpu | MigDevice:
     """One device token, tried in LNC's order: GPU UUID, PCI id, index, MIG UUID, <gpu>:<mig>."""
     if tok[:4].upper() == "GPU-":
         gpu = _find_gpu_uuid(host, tok)
-    elif _PCI.match(tok):
+    elif re.match(_PCI, tok):
         gpu = host.gpu_by_bus_id(tok)
         if gpu is None:
             raise _unknown(tok, host)
-    elif _INDEX.match(tok):
+    elif re.match(_INDEX, tok):
         gpu = host.gpu_by_index(int(tok))
         if gpu is None:
             raise _unknown(tok, host, "indices count GPUs in PCI bus order, not /dev/nvidiaN minors")
     elif tok[:4].upper() == "MIG-":
         return _find_mig_uuid(host, tok)
-    elif (m := _GPU_MIG.match(tok)) is not None:
+    elif (m := re.match(_GPU_MIG, tok)) is not None:
         return _find_gpu_mig(host, tok, int(m.group(1)), int(m.group(2)))
     else:
         raise _unknown(tok, host)
@@ -234,7 +236,7 @@ def _slurm_allocation(env: Mapping[str, str], host: HostGpus, config: Config,
         label = f"{var}={value}"
         gpus: dict[int, Gpu] = {}
         for tok in split_tokens(value):
-            if _INDEX.match(tok):
+            if re.match(_INDEX, tok):
                 g = host.gpu_by_index(int(tok))
                 if g is None:
                     count = sum(1 for x in host.gpus if x.index is not None)
@@ -308,7 +310,7 @@ def _imex_channels(env: Mapping[str, str], legacy: bool, reasons: list[str]) -> 
         return ()
     channels = set()
     for tok in tokens:
-        if not _INDEX.match(tok) or int(tok) >= MAX_IMEX_CHANNEL:
+        if not re.match(_INDEX, tok) or int(tok) >= MAX_IMEX_CHANNEL:
             raise RequestError(f"{IMEX}={raw}: unsupported IMEX channel value {tok!r}")
         channels.add(int(tok))
     result = tuple(sorted(channels))
@@ -349,7 +351,7 @@ def _cuda_visible(env: Mapping[str, str], gpus: tuple[Gpu, ...], migs: tuple[Mig
     uuids = {g.uuid.lower() for g in gpus if g.uuid} | {u.lower() for u in mig_uuids}
     bad = []
     for tok in tokens:
-        if _INDEX.match(tok):
+        if re.match(_INDEX, tok):
             if int(tok) >= n:
                 bad.append(tok)
         elif tok[:4].upper() in ("GPU-", "MIG-"):
@@ -361,7 +363,7 @@ def _cuda_visible(env: Mapping[str, str], gpus: tuple[Gpu, ...], migs: tuple[Mig
         msg = (f"CUDA_VISIBLE_DEVICES={actual} disagrees with the injected devices: {','.join(bad)} "
                f"will not exist in the container, which sees {n} GPU(s); use CUDA_VISIBLE_DEVICES={needed} "
                f"or unset it")
-        if allocation is not None and [t for t in tokens if _INDEX.match(t)] == [str(g.index) for g in allocation] \
+        if allocation is not None and [t for t in tokens if re.match(_INDEX, t)] == [str(g.index) for g in allocation] \
                 and n and any(g.index != i for i, g in enumerate(allocation)):
             msg += " (these are Slurm's global indices: is ConstrainDevices=yes set in cgroup.conf?)"
         warnings.append(msg)

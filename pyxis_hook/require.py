@@ -29,13 +29,13 @@ OPERATORS = ("=", "==", "!=", "<", "<=", ">", ">=")
 PREFIX = "NVIDIA_REQUIRE_"
 DISABLE = "NVIDIA_DISABLE_REQUIRE"
 OVERRIDE_HINT = f"set {DISABLE}=true in the container to skip this check"
-_VERSION = re.compile(r"^[0-9]{1,9}(\.[0-9]{1,9})*$")  # bounded: int() of huge digit runs raises
-_OP = re.compile(r"[<>=!]+")
+#: a pattern is a string: `re` compiles and caches it on first use (compiling every one at import
+#: cost the hook ~3 ms a start, issue 7)
+_VERSION = r"^[0-9]{1,9}(\.[0-9]{1,9})*$"  # bounded: int() of huge digit runs raises
+_OP = r"[<>=!]+"
 # semver as Go's golang.org/x/mod/semver accepts it (NCT parseMajorMinorVersion)
-_SEMVER = re.compile(
-    r"^v?(0|[1-9][0-9]{0,8})(?:\.(0|[1-9][0-9]{0,8})(?:\.(0|[1-9][0-9]{0,8}))?)?"
-    r"(?:-[0-9A-Za-z.-]+)?(?:\+[0-9A-Za-z.-]+)?$"
-)
+_SEMVER = (r"^v?(0|[1-9][0-9]{0,8})(?:\.(0|[1-9][0-9]{0,8})(?:\.(0|[1-9][0-9]{0,8}))?)?"
+           r"(?:-[0-9A-Za-z.-]+)?(?:\+[0-9A-Za-z.-]+)?$")
 
 
 @record
@@ -99,7 +99,7 @@ def legacy_cuda_version(env: Mapping[str, str]) -> str | None:
     cuda_version = env.get("CUDA_VERSION", "")
     if not cuda_version or env.get("NVIDIA_REQUIRE_CUDA", ""):
         return None
-    m = _SEMVER.match(cuda_version)
+    m = re.match(_SEMVER, cuda_version)
     if not m:
         raise RequirementError(f"CUDA_VERSION={cuda_version!r}: invalid version string (expected e.g. 12.2.0)")
     return f"{m.group(1)}.{m.group(2) or 0}"
@@ -116,7 +116,7 @@ def _invalid(variable: str, expression: str, term: str, why: str) -> Requirement
 
 
 def parse_term(text: str, variable: str = "NVIDIA_REQUIRE_*", expression: str = "") -> Term:
-    m = _OP.search(text)
+    m = re.search(_OP, text)
     if not m:
         raise _invalid(variable, expression or text, text, "no operator (use one of = != < <= > >=)")
     key, op, value = text[: m.start()].lower(), m.group(), text[m.end():]
@@ -131,7 +131,7 @@ def parse_term(text: str, variable: str = "NVIDIA_REQUIRE_*", expression: str = 
     if key == "brand":
         if op not in ("=", "!="):
             raise _invalid(variable, expression or text, text, "brand only supports = and !=")
-    elif not _VERSION.match(value):
+    elif not re.match(_VERSION, value):
         raise _invalid(variable, expression or text, text, f"{value!r} is not a dotted number")
     return Term(key, op, value)
 
@@ -201,7 +201,7 @@ def term_holds(term: Term, host: HostFacts, device: DeviceFacts | None) -> bool:
     if term.key == "brand":
         same = actual.lower() == term.value.lower()
         return same if term.op == "=" else not same
-    if not _VERSION.match(actual):
+    if not re.match(_VERSION, actual):
         return True  # an unparsable host value is as good as unknown
     return _holds(term.op, compare_versions(actual, term.value))
 

@@ -138,10 +138,10 @@ def _preload_ldcache_modules() -> None:
     """Import on the host what the ld.so.cache step runs, so the child imports nothing after setns.
 
     After setns a name lookup is the container's: an import there could
-    read (and run) the image's files.  traceback is what log.exception uses.
+    read (and run) the image's files.  (An internal error there is logged
+    with `log.frames`, which needs no module and reads no file.)
     """
     import fnmatch  # noqa: F401 - ldconf's, imported by name in ldmerge's functions
-    import traceback  # noqa: F401
 
     from pyxis_hook import confined, ldconf, ldmerge  # noqa: F401
 
@@ -346,10 +346,7 @@ def _in_child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner) -> dict:
         except PyxisHookError as e:
             out = {"error": str(e), "class": type(e).__name__}
         except BaseException as e:  # noqa: BLE001 - a bug: log the traceback, report one line
-            if "traceback" in sys.modules:  # never imported here: this is the container's namespace
-                log.exception("apply: internal error")
-            else:
-                log.error(f"apply: internal error: {type(e).__name__}: {e}")
+            log.error(f"apply: internal error\n{log.frames(e)}")  # no traceback module: nothing read here
             out = {"error": f"internal error while applying the plan: {type(e).__name__}: {e}",
                    "class": "ApplyError"}
         try:

@@ -78,3 +78,21 @@ def exception(msg: str) -> None:
     import traceback
 
     _emit("error", msg + "\n" + traceback.format_exc())
+
+
+def frames(exc: BaseException) -> str:
+    """The traceback of `exc` as file:line:function lines, reading no file.
+
+    For code running inside a container's mount namespace (apply's child):
+    `traceback` would import modules there and linecache would open source
+    paths that now name the image's files.  The lines are in the order
+    `traceback` prints them, without the source text.
+    """
+    lines = ["Traceback (most recent call last, source lines not read):"]
+    tb = exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        lines.append(f'  File "{code.co_filename}", line {tb.tb_lineno}, in {code.co_name}')
+        tb = tb.tb_next
+    lines.append(f"{type(exc).__qualname__}: {exc}")
+    return "\n".join(lines)

@@ -734,3 +734,41 @@ def test_every_message_is_logged_once(world, tmp_path):
     assert any("already this hook's view" in m for m in res2.messages)
     for m in res.messages + res2.messages:
         assert text.count(f"info: {m}\n") == (2 if m in res.messages and m in res2.messages else 1), m
+
+
+def test_internal_error_in_the_child_is_one_line_and_a_file_free_trace_in_the_log(world, tmp_path, monkeypatch):
+    """A bug after setns: the runtime gets one line; the log gets the frames, read from no file
+    (traceback/linecache would import and open paths that name the image's files there)."""
+    host, root, pid = world
+
+    def broken(*args, **kwargs):
+        raise KeyError("boom")
+
+    monkeypatch.setattr(apply_mod, "_child", broken)
+    logfile = tmp_path / "hook.log"
+    log.configure(str(logfile), "debug", "error")
+    try:
+        with pytest.raises(ApplyError, match=r"^internal error while applying the plan: KeyError: 'boom'$"):
+            apply_plan(_basic_plan(host, root), pid)
+    finally:
+        log.close()
+    text = logfile.read_text()
+    assert "apply: internal error\nTraceback (most recent call last, source lines not read):" in text
+    assert f'File "{apply_mod.__file__}", line ' in text and ", in _in_child" in text
+    assert "in broken\nKeyError: 'boom'" in text
+    assert _mounts_under(pid, root) == {}  # nothing mounted
+
+
+def test_frames_match_traceback_without_source_lines():
+    import traceback
+
+    def inner():
+        raise ValueError("x")
+
+    try:
+        inner()
+    except ValueError as e:
+        mine = log.frames(e).splitlines()
+        theirs = [ln for ln in traceback.format_exc().splitlines() if ln.startswith('  File "')]
+    assert mine[1:-1] == theirs
+    assert mine[-1] == "ValueError: x"

@@ -86,8 +86,7 @@ def synthetic_bundle(rootfs: str, env: Mapping[str, str]):
     """An oci.Bundle standing for the enroot container (no config.json exists)."""
     from pyxis_hook.oci import Bundle
 
-    return Bundle(path=rootfs, config_path="", rootfs=rootfs, readonly=False, env=tuple(env.items()),
-                  annotations=(), mounts=(), process_args=(), linux_devices=(), uid=0, gid=0, hooks=())
+    return Bundle(path=rootfs, config_path="", rootfs=rootfs, env=tuple(env.items()))
 
 
 def append_environ(path: str, items: tuple[tuple[str, str], ...]) -> None:

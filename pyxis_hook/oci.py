@@ -175,20 +175,6 @@ class Bundle:
         return "CAP_SYS_ADMIN" in self.bounding_capabilities
 
 
-def _accept_dropped_fields(init):
-    """TRANSITION, delete with its one call below once `enroot.synthetic_bundle` passes only
-    path/config_path/rootfs/env: it still passes the fields Bundle no longer has (all empty),
-    and enroot.py is edited separately from this module.  Those keywords are accepted and dropped."""
-
-    def __init__(self, *args, readonly=False, mounts=(), process_args=(), uid=0, gid=0, hooks=(), **kwargs):
-        init(self, *args, **kwargs)
-
-    return __init__
-
-
-Bundle.__init__ = _accept_dropped_fields(Bundle.__init__)  # type: ignore[method-assign]
-
-
 def split_env_entry(entry: str, where: str = "process.env") -> tuple[str, str]:
     """Split `NAME=value` at the first '='; an entry without '=' is an error, as in NCT."""
     if not isinstance(entry, str):

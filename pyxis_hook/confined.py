@@ -100,7 +100,14 @@ def sealed_copy_from_fd(src: int, what: str) -> int:
 
 def ldconfig_argv(lib_dirs: tuple[str, ...] | list[str], conf: str = "/etc/ld.so.conf",
                   cache: str = "/etc/ld.so.cache") -> list[str]:
-    """The command line, as libnvidia-container builds it (driver-files.md §8)."""
+    """The command line, as libnvidia-container builds it (driver-files.md §8).
+
+    Order matters: glibc's ldconfig scans its command-line dirs first, in
+    the order given, before ld.so.conf's, and among equal cache entries
+    the first scanned wins.  The plan puts CUDA's compat dir first in
+    `lib_dirs` when it is used (`plan.cuda_compat`), as libnvidia-container
+    adds it to its ldconfig call.
+    """
     return ["ldconfig", "-f", conf, "-C", cache, *lib_dirs]
 
 

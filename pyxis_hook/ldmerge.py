@@ -15,13 +15,19 @@ inserting the new entries where ldconfig would have put them:
   inode, e.g. /lib -> usr/lib) counting once under its first name.  That
   order is what makes the first directory win in ld.so's `search_cache`;
 * an entry with the same key, flags and directory is the same entry (the
-  value is dir/SONAME whatever file the link points at): it is kept.
+  value is dir/SONAME whatever file the link points at): it is kept;
+* CUDA forward compat (`InjectedLib.first`): the image's compat dir is
+  scanned before ld.so.conf's dirs, as a dir on ldconfig's command line or
+  in `/etc/ld.so.conf.d/00-compat-*.conf` is, so its `libcuda.so.1` comes
+  before the injected one.  Its SONAME links must already be the ones
+  ldconfig would make (the merge writes only the cache).
 
 Anything that cannot be modelled exactly raises `CannotMerge` (the caller
 falls back to the confined ldconfig run and says so): no cache, an empty,
 old-format, big-endian or otherwise unknown cache, unknown extension
 sections, an injected directory ldconfig would not scan, a same-directory
-entry with other flags, equal entries from a directory outside the scan list.
+entry with other flags, equal entries from a directory outside the scan list
+or out of scan order, a compat SONAME link missing or pointing elsewhere.
 
 The assumption made (and documented in bench/README.md): the image's cache
 is what ldconfig built for the image as it is, as after every package

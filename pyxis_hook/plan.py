@@ -257,6 +257,9 @@ def ldcache_update(config: "Config", facts: ContainerFacts, lib_dirs: "Iterable[
     at least one row, else ldconfig runs.  An `ldconfig` key without '@'
     names a binary in the image, which is never run (security.md): that is
     a problem of the plan, never a silent switch to the host's binary.
+    `compat` (what `cuda_compat` decided) puts COMPAT_DIR first in
+    `lib_dirs` and `first_dirs`, and its libraries (`facts.compat_libs`)
+    among the merge rows; a compat dir the merge cannot index runs ldconfig.
     """
     mode = config.ldcache
     why = f"ldcache = {mode!r} in {config.source}"

@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import struct
 from pathlib import Path
 
@@ -194,3 +195,14 @@ def _valid_header_then(data: bytes) -> bytes:
 def test_note_parser_on_garbage(data):
     r = container._parse_note(data)
     assert r is None or all(isinstance(x, int) for x in r)
+
+
+def test_hook_path_imports_no_elf_library(tmp_path):
+    """Indexing the compat dir (note included) loads neither pyelftools nor pyxis_hook.elf nor dataclasses."""
+    root = compat_image(tmp_path / "root", note=note_bytes({"Driver": [535]}), tmp=tmp_path)
+    code = ("import sys; from pyxis_hook.container import container_facts; "
+            f"f = container_facts({str(root)!r}); assert f.compat_drivers == (535,), f; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('elftools', 'dataclasses', 'jsonschema')"
+            " or m == 'pyxis_hook.elf'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -38,7 +38,7 @@ Safety rules kept here (security.md §5):
 from __future__ import annotations
 
 import errno
-import json
+import marshal
 import os
 import re
 import stat
@@ -350,7 +350,7 @@ def _in_child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner) -> dict:
             out = {"error": f"internal error while applying the plan: {type(e).__name__}: {e}",
                    "class": "ApplyError"}
         try:
-            data = json.dumps(out).encode()
+            data = marshal.dumps(out)  # our own process's dict of strings: no json import
             while data:
                 data = data[os.write(w, data):]
         finally:
@@ -367,8 +367,8 @@ def _in_child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner) -> dict:
         os.close(r)
     _, status = os.waitpid(pid, 0)
     try:
-        out = json.loads(b"".join(chunks))
-    except ValueError:
+        out = marshal.loads(b"".join(chunks))
+    except (ValueError, EOFError, TypeError):
         raise ApplyError(f"the process applying the plan to {plan.rootfs} died "
                          f"(wait status {status:#x}); nothing reported") from None
     if "error" in out:

@@ -8,7 +8,7 @@ bad one is reported as one `OciError` line naming the field, instead of a
 KeyError deep inside planning.  Unknown fields are ignored, as the schema
 allows.
 
-Only the standard library (json, os, stat) is imported, and only the fields
+Only the standard library (os, stat; JSON through fastjson) is imported, and only the fields
 something downstream reads are parsed into records: this module is on the
 per-container hot path (issue 7), where every class built at import and every
 field parsed per start counts.  What is read: `root.path`, `process.env`,
@@ -21,10 +21,10 @@ the runtime's business and not looked at.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import stat
 
+from pyxis_hook import fastjson
 from pyxis_hook.errors import OciError
 from pyxis_hook.record import record
 
@@ -73,8 +73,8 @@ def _load_json(data: bytes, what: str, error: type[OciError]) -> object:
     except UnicodeDecodeError:
         raise error(f"{what}: not UTF-8 text") from None
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
+        return fastjson.loads(text)
+    except ValueError as e:  # json.JSONDecodeError, raised by json itself on fastjson's slow path
         raise error(f"{what}: not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
     except RecursionError:
         raise error(f"{what}: not valid JSON: nested too deeply") from None

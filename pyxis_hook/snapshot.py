@@ -16,18 +16,17 @@ provably current:
 
 A snapshot that is stale, corrupt, not owned by root (or by us) or writable
 by others is rebuilt, never trusted.  Written atomically (tmp + rename),
-mode 0644 in a 0755 directory.  Loading imports only json/zlib/os: never
-pyelftools, never jsonschema (tests check sys.modules).
+mode 0644 in a 0755 directory.  Loading imports only fastjson/zlib/os: never
+json, pyelftools or jsonschema (tests check sys.modules).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import zlib
 
-from pyxis_hook import log
+from pyxis_hook import fastjson, log
 from pyxis_hook.errors import SnapshotError
 
 FORMAT = 1
@@ -46,8 +45,9 @@ def config_key(config) -> dict:
 
 
 def snapshot_path(config) -> str:
-    # only a file name: the key itself is stored inside and compared on load (zlib: no hashlib import)
-    digest = f"{zlib.crc32(json.dumps(config_key(config), sort_keys=True).encode()):08x}"
+    # only a file name: the key itself is stored inside and compared on load (zlib: no hashlib import;
+    # repr of the sorted key: no json import)
+    digest = f"{zlib.crc32(repr(sorted(config_key(config).items())).encode()):08x}"
     return os.path.join(config.snapshot_dir, f"inventory-{digest}.json")
 
 
@@ -95,7 +95,7 @@ def load(config, host=None):
     finally:
         os.close(fd)
     try:
-        data = json.loads(raw)
+        data = fastjson.loads(raw)
         if data.get("format") != FORMAT:
             raise SnapshotError(f"{path}: format {data.get('format')!r}, expected {FORMAT}")
         if data.get("key") != config_key(config):
@@ -127,6 +127,8 @@ def save(config, inv) -> str:
             os.chmod(d, 0o755)
         # a snapshot `load` would refuse is not worth writing: say so (once per rebuild) instead
         _trusted_dir(path)
+        import json  # only when writing
+
         payload = json.dumps({"format": FORMAT, "key": config_key(config), "inventory": inv.to_dict()},
                              indent=1, sort_keys=True).encode()
         import tempfile  # only when writing (tempfile pulls shutil, random, bz2, lzma)

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pyxis_hook import oci
-from pyxis_hook.commands.prestart import _loads, certainly_void
+from pyxis_hook.commands.prestart import certainly_void
 from pyxis_hook.request import void_request
 
 NAMES = st.sampled_from(["NVIDIA_VISIBLE_DEVICES", "CUDA_VERSION", "NVIDIA_REQUIRE_CUDA", "PATH", "X"])
@@ -51,17 +51,6 @@ def test_unusual_input_takes_the_full_path(tmp_path):
     os.unlink(tmp_path / "config.json")
     os.symlink(real, tmp_path / "config.json")  # never followed, as oci.read_config_bytes
     assert not certainly_void(_state(tmp_path))
-
-
-def test_loads_matches_json():
-    for text in (b'{"a": [1, 2.5, "x\\u00e9", null, true, false, {"b": -1e3}]}', b"  [] \n", b'"s"'):
-        assert _loads(text) == json.loads(text)
-    for bad in (b'{"a": 1} x', b"", b"{", b"\xff"):
-        try:
-            _loads(bad)
-        except ValueError:
-            continue
-        raise AssertionError(bad)
 
 
 def test_void_exit_imports_almost_nothing(tmp_path):

@@ -45,49 +45,11 @@ def run(args, config) -> int:
 _FAST_LIMIT = 1 << 20
 
 
-class _Ctx:
-    """What `_json.make_scanner` reads from a JSONDecoder: the defaults of `json.loads`."""
-
-    strict = True
-    object_hook = None
-    object_pairs_hook = None
-    parse_float = float
-    parse_int = int
-    parse_constant = float
-    memo: dict = {}
-
-
-def _loads(data: bytes):
-    """`json.loads` for UTF-8 bytes through the C scanner alone.
-
-    `import json` costs ~5 ms here because json.decoder compiles regular
-    expressions (importing `re`, `enum`, ...); `_json` is the C scanner json
-    itself uses.  Raises ValueError on anything json.loads would refuse (and
-    on non-UTF-8 input, which json would sniff: the full path handles that).
-    """
-    try:
-        import _json
-    except ImportError:  # another implementation: the real thing
-        import json
-
-        return json.loads(data)
-    text = data.decode("utf-8")
-    ws = " \t\n\r"
-    start = len(text) - len(text.lstrip(ws))
-    try:
-        obj, end = _json.make_scanner(_Ctx())(text, start)
-    except StopIteration:
-        raise ValueError("not JSON") from None
-    if text[end:].strip(ws):
-        raise ValueError("extra data after the JSON value")
-    return obj
-
-
 def certainly_void(data: bytes) -> bool:
     """True when the container certainly asks for no GPU: exit before importing anything else.
 
     Issue 7 G4: a container that asks for no GPU must cost about a bare
-    interpreter start, so this reads the state and config.json with `json`
+    interpreter start, so this reads the state and config.json with `fastjson`
     and `os` only (`oci.py`, `config.py`, `request.py`, `log.py` cost ~15 ms
     of imports).  It is the same decision as `request.void_request` on the
     bundle's last-wins env (NVIDIA_VISIBLE_DEVICES unset, empty or 'void',
@@ -96,9 +58,11 @@ def certainly_void(data: bytes) -> bool:
     without '=') returns False: the full path then decides and reports.
     """
     try:
+        from pyxis_hook import fastjson
+
         if len(data) > _FAST_LIMIT:
             return False
-        state = _loads(data)
+        state = fastjson.loads(data)
         bundle = state.get("bundle", state.get("bundlePath")) if isinstance(state, dict) else None
         if not isinstance(bundle, str) or not bundle.startswith("/"):
             return False
@@ -111,7 +75,7 @@ def certainly_void(data: bytes) -> bool:
             os.close(fd)
         if len(raw) > _FAST_LIMIT:
             return False
-        env_list = _loads(raw).get("process", {}).get("env", [])
+        env_list = fastjson.loads(raw).get("process", {}).get("env", [])
         env: dict[str, str] = {}
         for entry in env_list:
             name, sep, value = entry.partition("=")

@@ -1,0 +1,56 @@
+"""`json.loads` through the C scanner alone, without importing `json`.
+
+Why: the hook reads three small JSON documents per container start (the
+OCI state, config.json, the inventory snapshot).  `import json` costs
+~1.5 ms, and its decoder compiles regular expressions at import, which
+brings in `re`, `enum` and `functools`: ~5 ms more on a path whose whole
+budget is tens of milliseconds (issue 7).  `_json.make_scanner` is the C
+scanner `json` itself uses; given the attributes a default JSONDecoder has,
+it parses exactly what `json.loads` parses.
+
+Errors take the slow path on purpose: a document the scanner refuses is
+handed to `json.loads`, so the message (and the exception, a ValueError
+subclass) is json's own, word for word.
+"""
+
+from __future__ import annotations
+
+_WHITESPACE = " \t\n\r"
+
+
+class _Decoder:
+    """The attributes `_json.make_scanner` reads from a JSONDecoder: json.loads's defaults."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    parse_constant = float  # 'NaN', 'Infinity', '-Infinity' -> the same floats json's table gives
+
+    def __init__(self) -> None:
+        self.memo: dict = {}  # key interning, per document (json clears its own after each call)
+
+
+def loads(text: str | bytes):
+    """Parse one JSON document (bytes must be UTF-8); raises ValueError as json.loads would."""
+    if isinstance(text, (bytes, bytearray)):
+        text = text.decode("utf-8")  # UnicodeDecodeError is a ValueError too
+    try:
+        import _json
+    except ImportError:  # another implementation: the real thing
+        return _slow(text)
+    start = len(text) - len(text.lstrip(_WHITESPACE))
+    try:
+        value, end = _json.make_scanner(_Decoder())(text, start)
+    except (StopIteration, ValueError):
+        return _slow(text)
+    if text[end:].strip(_WHITESPACE):
+        return _slow(text)  # "Extra data", in json's words
+    return value
+
+
+def _slow(text: str):
+    import json
+
+    return json.loads(text)

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import json
 import os
-from pyxis_hook.record import replace
 import platform
 import re
 
 from pyxis_hook.errors import ConfigError
 from pyxis_hook.plan import ContainerFacts, DeviceEdit, MountEdit, Plan
+from pyxis_hook.record import replace
 
 #: lowest CDI version covering what we emit (deviceNodes.hostPath is 0.5.0; mount `type` 0.4.0)
 CDI_VERSION = "0.5.0"

@@ -92,11 +92,11 @@ def schema_dir():
 
 
 def load_schema(name: str) -> dict:
-    import json
+    from pyxis_hook import fastjson  # the hook validates pyxis.conf on every start: no json import
 
     path = os.path.join(_schema_dir(), name)
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    with open(path, "rb") as f:
+        return fastjson.loads(f.read())
 
 
 def find_config_path(explicit: str | None, environ: dict[str, str] | None = None) -> str | None:

@@ -34,8 +34,8 @@ import fcntl
 import os
 import resource
 import select
-import signal
 import stat
+from _signal import SIGKILL  # the C module: signal.py's enums cost the hook ~4 ms a start (issue 7)
 
 from pyxis_hook import kernel
 from pyxis_hook.errors import ApplyError
@@ -167,7 +167,7 @@ def run_ldconfig(rootfs: str, exe_fd: int, lib_dirs: tuple[str, ...] | list[str]
 def _kill_and_reap(pid: int) -> None:
     """SIGKILL the runner (its pid-1 ldconfig dies with it: PDEATHSIG) and wait for it; never raises."""
     try:
-        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, SIGKILL)
     except OSError:
         pass
     while True:
@@ -215,7 +215,7 @@ def _wait(pid: int, errr: int, timeout: float) -> tuple[int | None, bytes]:
                     break
             left = deadline - time.monotonic()
             if left <= 0:
-                os.kill(pid, signal.SIGKILL)  # its pid-1 child dies with it (PDEATHSIG)
+                os.kill(pid, SIGKILL)  # its pid-1 child dies with it (PDEATHSIG)
                 timed_out = True
                 break
             slice_s = left if pidfd is not None else min(left, _POLL_INTERVAL)
@@ -258,7 +258,7 @@ def _runner(rootfs, root_fd, exe_fd, argv, owner, errw, devnull) -> None:  # pra
     os.dup2(devnull, 0)
     os.dup2(devnull, 1)
     os.dup2(errw, 2)
-    kernel.prctl(kernel.PR_SET_PDEATHSIG, signal.SIGKILL)
+    kernel.prctl(kernel.PR_SET_PDEATHSIG, SIGKILL)
     if root_fd is None:
         root_fd = os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     expect = os.fstat(root_fd)
@@ -317,7 +317,7 @@ def _exec_ldconfig(root_fd, exe_fd, argv, owner) -> None:  # pragma: no cover - 
         os.setgroups([])
         os.setgid(owner[1])
         os.setuid(owner[0])
-    kernel.prctl(kernel.PR_SET_PDEATHSIG, signal.SIGKILL)
+    kernel.prctl(kernel.PR_SET_PDEATHSIG, SIGKILL)
     kernel.no_new_privs()
     os.closerange(3, exe_fd)
     os.closerange(exe_fd + 1, 65536)

@@ -29,7 +29,8 @@ from typing import Mapping
 
 from pyxis_hook.errors import LdCacheError, PathError, RequestError, RequirementError
 from pyxis_hook.findings import Finding
-from pyxis_hook.record import record
+from pyxis_hook.plan import COMPAT_DIR, ContainerFacts, cuda_compat
+from pyxis_hook.record import record, replace
 from pyxis_hook.rootfs import resolve_in_root, try_resolve_in_root
 
 #: the 32-bit loader that runs next to a 64-bit machine's own (ldcache.LOADER_FLAGS keys)
@@ -46,10 +47,10 @@ PACKAGES = {
     "libdrm.so.2": ("libdrm2", "libdrm"),
 }
 
-#: where CUDA images keep the runtime and the forward-compat driver (besides the search dirs)
+#: where CUDA images keep the runtime (besides the search dirs); the forward-compat driver's
+#: dir is plan.COMPAT_DIR, read by container.container_facts as the hook reads it
 CUDA_DIRS = ("/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib",
              "/usr/local/cuda/targets/sbsa-linux/lib")
-COMPAT_DIR = "/usr/local/cuda/compat"
 
 CUDART_PREFIX = "libcudart.so."
 
@@ -178,20 +179,39 @@ def cache_flags(elfclass: int, machine: str | None = None) -> tuple[int, ...]:
     return ldcache.LOADER_FLAGS.get(name, ldcache.LOADER_FLAGS["generic"])
 
 
-def cache_after_injection(image_cache, libs: tuple[InjectedLib, ...]):
+def cache_after_injection(image_cache, libs: tuple[InjectedLib, ...], first: tuple = ()):
     """The image's cache (or an empty one) with one entry per injected SONAME, as the hook leaves it.
 
     Each entry gets the flags ldconfig would give the file (`ldmerge.cache_flags`:
     a 32-bit library without DT_NEEDED is plain ELF, 0x0001), as the hook's merge writes them.
+    `first` are (dir, file name, SONAME, flags) rows of a directory the hook puts before the
+    injected one (CUDA forward compat, `LdcacheUpdate.first_dirs`): in the real cache both
+    entries are listed and the first wins, so here the first dir's entry takes the slot.
     """
     from pyxis_hook import ldcache, ldmerge
 
     added = [ldcache.CacheEntry(lib.soname, f"{os.path.dirname(lib.container_path)}/{lib.soname}",
                                 ldmerge.cache_flags(lib.elfclass, lib.needed)) for lib in libs]
+    if first:
+        ahead = [ldcache.CacheEntry(soname, f"{d}/{name}", flags) for d, name, soname, flags in first]
+        taken = {(e.key, e.flags) for e in ahead}
+        added = ahead + [e for e in added if (e.key, e.flags) not in taken]
     existing = image_cache.entries if image_cache is not None else ()
     merged = ldcache.merge_entries(existing, added)
     return ldcache.LdCache(merged, image_cache.generator if image_cache is not None else None, "new",
                            name="/etc/ld.so.cache (after injection)")
+
+
+def compat_rows(rootfs: str, facts: ContainerFacts) -> tuple[tuple[str, str, str, int], ...]:
+    """The cache rows of the image's compat dir when the hook puts it first: `facts.compat_libs`
+    (what ldconfig indexes there), each valued `dir/SONAME` as ldconfig links it, or the file
+    itself where the image lacks that link (ldconfig would make it; the file is the same)."""
+    host = try_resolve_in_root(rootfs, COMPAT_DIR)
+    rows = []
+    for name, soname, flags in facts.compat_libs:
+        there = host is not None and os.path.lexists(os.path.join(host, soname))
+        rows.append((COMPAT_DIR, soname if there else name, soname, flags))
+    return tuple(rows)
 
 
 # ------------------------------------------------------------------ the search
@@ -336,12 +356,54 @@ def _driver_major(version: str | None) -> int | None:
     return driver_major(version)
 
 
-def _lib_driver_major(name: str) -> int | None:
-    """The driver branch in a versioned driver library file name (libcuda.so.550.54.15 -> 550)."""
+def _lib_version(name: str) -> str | None:
+    """The driver version in a versioned driver library file name (libcuda.so.550.54.15 -> 550.54.15)."""
     from pyxis_hook import inventory
 
     m = re.match(inventory.VERSIONED_RE, name)
-    return _driver_major(m.group(2)) if m else None
+    return m.group(2) if m else None
+
+
+def compat_verdict(rootfs: str, real: str, facts: ContainerFacts | None, driver_version: str | None,
+                   config=None) -> tuple[bool, str]:
+    """Whether NVIDIA's forward-compat rule (`plan.cuda_compat`, capabilities and cuda-compat aside)
+    lets the compat library at root-relative `real` serve this host driver, and the rule's note.
+
+    The image's COMPAT_DIR is judged by its libcuda as the hook reads it (`facts`); a copy
+    elsewhere (a versioned /usr/local/cuda-X.Y/compat on LD_LIBRARY_PATH) by its own file name
+    and, for a libcuda, its own `.note.cuda.fwd_compatibility` (`container.read_elf_facts`).
+    """
+    from pyxis_hook.config import Config
+
+    d = try_resolve_in_root(rootfs, os.path.dirname(real))
+    if facts is not None and facts.compat_libcuda and d is not None and d == try_resolve_in_root(rootfs, COMPAT_DIR):
+        judged = facts
+    else:
+        version = _lib_version(os.path.basename(real))
+        note = _note_of(rootfs, real) if os.path.basename(real).startswith("libcuda.so.") else None
+        judged = ContainerFacts(rootfs, compat_libcuda=f"libcuda.so.{version}" if version else "",
+                                compat_drivers=note)
+        if not version:
+            return False, f"{real} has no driver version in its name"
+    use, note = cuda_compat(replace(config or Config(), cuda_compat="ldconfig"), ("compute",), judged, driver_version)
+    return use, note.removeprefix("cuda-compat: ")
+
+
+def _note_of(rootfs: str, path: str) -> tuple[int, ...] | None:
+    """The driver branches of a library's forward-compat note (None: no note, or unreadable), read
+    by the hook's own reader."""
+    from pyxis_hook import container
+
+    try:
+        fd = os.open(resolve_in_root(rootfs, path), os.O_RDONLY | os.O_NONBLOCK)
+    except (OSError, PathError):
+        return None
+    try:
+        return container.read_elf_facts(fd, os.fstat(fd).st_size, os.uname().machine, True)[3]
+    except container._Odd:  # the reader's "cannot make sense of it": as without a note
+        return None
+    finally:
+        os.close(fd)
 
 
 def _where_from(how: str, path: str) -> str:
@@ -353,7 +415,10 @@ def _where_from(how: str, path: str) -> str:
     return f"delete {path} from the image"
 
 
-def library_findings(rootfs: str, res: Resolution, driver_version: str | None) -> list[Finding]:
+def library_findings(rootfs: str, res: Resolution, driver_version: str | None, facts: ContainerFacts | None = None,
+                     config=None, hook_compat: bool = False) -> list[Finding]:
+    """The findings of one resolution.  A compat copy is judged by NVIDIA's rule (`compat_verdict`);
+    `hook_compat`: the hook puts the image's compat dir first (the fix then names cuda-compat)."""
     out: list[Finding] = []
     for c in res.tried:
         if c.outcome == "skipped" and "-bit ELF" in c.reason:
@@ -395,23 +460,25 @@ def library_findings(rootfs: str, res: Resolution, driver_version: str | None) -
             _where_from(res.how, path)))
         return out
     if "/compat/" in f"{path}/{real}/":
-        compat_major = _lib_driver_major(os.path.basename(real))
-        host_major = _driver_major(driver_version)
-        if compat_major is not None and host_major is not None and compat_major > host_major:
+        works, note = compat_verdict(rootfs, real, facts, driver_version, config)
+        version = _lib_version(os.path.basename(real))
+        if works:
+            hooks = res.how == "ld.so.cache" and hook_compat and real.startswith(COMPAT_DIR + "/")
             out.append(Finding(
                 "info", "compat-libcuda-used",
                 f"{res.soname} resolves to the forward-compatibility copy {shown} via {res.how} "
-                f"(driver {compat_major} on a {host_major} host)",
+                f"(driver {_driver_major(version)} on a {_driver_major(driver_version)} host)",
                 "CUDA forward compatibility works only on data-center GPUs and supported driver branches; "
                 "elsewhere CUDA fails with error 804",
-                f"if CUDA reports error 804, {_where_from(res.how, path)}"))
+                "if CUDA reports error 804, set cuda-compat = \"disabled\" in pyxis.conf or update the host driver"
+                if hooks else f"if CUDA reports error 804, {_where_from(res.how, path)}"))
         else:
             out.append(Finding(
                 "error", "compat-shadows-driver",
                 f"{res.soname} resolves to the image's compat copy {shown} via {res.how}, "
                 f"not the host's {where}",
-                f"a compat library of driver {compat_major or 'unknown'} is not newer than the host driver "
-                f"{driver_version or 'unknown'}: it cannot help and breaks CUDA (error 804 or version mismatch)",
+                f"a compat library of driver {version or 'unknown'} cannot serve the host driver "
+                f"{driver_version or 'unknown'} ({note}): it breaks CUDA (error 804 or version mismatch)",
                 _where_from(res.how, path)))
         return out
     out.append(Finding(
@@ -450,10 +517,10 @@ def missing_dep_findings(rootfs: str, deps, setups: Mapping[int, SearchSetup],
 
 @record
 class CudaFacts:
-    """What the image says about the CUDA it needs and what it brings to bridge a gap."""
+    """The CUDA runtimes the image ships (the forward-compat driver is `ContainerFacts.compat_*`,
+    read by `container.container_facts` as the hook reads it)."""
 
     cudart: tuple[tuple[str, int], ...] = ()  # (root-relative path, version as 12040)
-    compat_libcuda: tuple[tuple[str, int], ...] = ()  # (root-relative path, driver major)
 
 
 def cuda_facts(rootfs: str, search_dirs) -> CudaFacts:
@@ -468,37 +535,44 @@ def cuda_facts(rootfs: str, search_dirs) -> CudaFacts:
             version = parse_cuda_version(os.path.basename(p)[len(CUDART_PREFIX):])
             if version is not None:
                 found.setdefault(f"{d.rstrip('/')}/{os.path.basename(p)}", version)
-    compat = []
-    host = try_resolve_in_root(rootfs, COMPAT_DIR)
-    if host is not None and os.path.isdir(host):
-        for p in sorted(glob.glob(os.path.join(glob.escape(host), "libcuda.so.*"))):
-            major = _lib_driver_major(os.path.basename(p))
-            if major is not None and not os.path.islink(p):
-                compat.append((f"{COMPAT_DIR}/{os.path.basename(p)}", major))
-    return CudaFacts(tuple(found.items()), tuple(compat))
+    return CudaFacts(tuple(found.items()))
 
 
-def cuda_findings(env: Mapping[str, str], facts: CudaFacts, host_cuda: int | None, driver_version: str | None,
-                  config) -> list[Finding]:
+def cuda_findings(env: Mapping[str, str], cuda: CudaFacts, host_cuda: int | None, driver_version: str | None,
+                  config, facts: ContainerFacts | None = None, capabilities=("compute",)) -> list[Finding]:
+    """The image's CUDA needs against the host driver, and what its forward-compat driver does.
+
+    Whether the compat driver bridges a gap is the hook's own decision
+    (`plan.cuda_compat` on the hook's `ContainerFacts`): "bridges the gap"
+    exactly when the hook puts COMPAT_DIR first, else the rule's note says why not.
+    """
     from pyxis_hook import require
     from pyxis_hook.cudaversion import format_cuda_version
 
     out: list[Finding] = []
-    host_major = _driver_major(driver_version)
-    bridge = next(((p, m) for p, m in facts.compat_libcuda if host_major is not None and m > host_major), None)
-    compat_on = config.cuda_compat != "disabled"
+    facts = facts or ContainerFacts(rootfs="")
+    bridge, note = cuda_compat(config, capabilities, facts, driver_version)
+    why_not = note.removeprefix("cuda-compat: ")
+    lib = f"{COMPAT_DIR}/{facts.compat_libcuda}"
     host_text = format_cuda_version(host_cuda) if host_cuda else None
+    if facts.compat_libcuda and not bridge:
+        out.append(Finding("info", "compat-not-used", why_not,
+                           "the hook puts the image's forward-compat driver first only by NVIDIA's rule (the "
+                           "note's driver branches, else a newer major), for compute, with cuda-compat = "
+                           "\"ldconfig\"; otherwise it leaves it out", "nothing to do (or drop "
+                           f"{COMPAT_DIR} from the image)"))
 
     def gap(code: str, what: str, need: str) -> Finding:
-        if bridge and compat_on:
+        if bridge:
             return Finding("warning", "cuda-needs-compat",
-                           f"{what}; the image's forward-compat {bridge[0]} (driver {bridge[1]}) bridges the gap",
+                           f"{what}; the image's forward-compat {lib} "
+                           f"(driver {_driver_major(_lib_version(facts.compat_libcuda))}) bridges the gap",
                            "forward compatibility works only on data-center GPUs with a supported driver branch; "
                            "elsewhere CUDA fails with error 804",
                            "to avoid depending on it, update the host driver")
         why = "a CUDA runtime newer than the driver fails: 'CUDA driver version is insufficient for CUDA runtime version'"
-        if bridge and not compat_on:
-            why += f"; the image's {bridge[0]} could bridge it but cuda-compat = \"disabled\" in pyxis.conf"
+        if facts.compat_libcuda:
+            why += f"; the image's forward-compat driver cannot bridge it: {why_not}"
         return Finding("error", code, what, why,
                        f"update the host driver to one that supports CUDA {need} "
                        f"or use an image built for CUDA {host_text} or older")
@@ -511,7 +585,7 @@ def cuda_findings(env: Mapping[str, str], facts: CudaFacts, host_cuda: int | Non
                            "fix the variable in the image, or set NVIDIA_DISABLE_REQUIRE=true"))
         reqs = ()
     if host_cuda is None:
-        if reqs or facts.cudart:
+        if reqs or cuda.cudart:
             out.append(Finding("info", "host-cuda-unknown", "the host driver's CUDA version is unknown",
                                "cuDriverGetVersion of the host libcuda could not be asked, so the image's "
                                "CUDA needs cannot be checked", "run `pyxis-hook info` on the host"))
@@ -526,17 +600,11 @@ def cuda_findings(env: Mapping[str, str], facts: CudaFacts, host_cuda: int | Non
             out.append(gap("cuda-version-mismatch",
                            f"{label} needs CUDA {need} but the host driver {driver_version} provides CUDA {host_text}",
                            need))
-    for path, version in facts.cudart:
+    for path, version in cuda.cudart:
         if version > host_cuda:
             out.append(gap("cudart-newer-than-driver",
                            f"{path} is CUDA {format_cuda_version(version)} but the host driver "
                            f"{driver_version} provides CUDA {host_text}", format_cuda_version(version)))
-    if facts.compat_libcuda and not bridge:
-        p, m = facts.compat_libcuda[0]
-        out.append(Finding("info", "compat-not-used",
-                           f"{p} (driver {m}) is not newer than the host driver {driver_version}",
-                           "forward-compat libraries are used only when newer than the host driver; the hook "
-                           "leaves them out", "nothing to do (or drop /usr/local/cuda/compat from the image)"))
     return out
 
 
@@ -700,7 +768,10 @@ def check_image(rootfs: str, env: Mapping[str, str], inventory, config, *, capab
             cache_problem = str(e).split(": ", 1)[-1]
         except OSError as e:
             cache_problem = e.strerror or str(e)
-    effective = image_cache if source == "pid" else cache_after_injection(image_cache, libs)
+    # the hook's own decision on the image's forward-compat driver (plan.build_plan: only with libraries)
+    hook_compat = bool(libs) and cuda_compat(config, caps, facts, inventory.driver_version)[0]
+    first = compat_rows(rootfs, facts) if hook_compat else ()
+    effective = image_cache if source == "pid" else cache_after_injection(image_cache, libs, first)
     llp = env.get("LD_LIBRARY_PATH", "")
     setups = {cls: search_setup(rootfs, cls, llp, effective) for cls in (64, 32)}
 
@@ -708,7 +779,7 @@ def check_image(rootfs: str, env: Mapping[str, str], inventory, config, *, capab
     for lib in libs:
         res = resolve_soname(rootfs, lib.soname, setups[lib.elfclass], virtual)
         results.append(res)
-        findings.extend(library_findings(rootfs, res, inventory.driver_version))
+        findings.extend(library_findings(rootfs, res, inventory.driver_version, facts, config, hook_compat))
         if source == "pid":
             findings.extend(_present_findings(rootfs, lib))
     deps = [d for d in inventory.non_driver_deps if d.capability in caps and (d.elfclass == 64 or "compat32" in caps)]
@@ -716,7 +787,7 @@ def check_image(rootfs: str, env: Mapping[str, str], inventory, config, *, capab
     search_dirs = setups[64].ld_library_path + setups[64].system_dirs + tuple(
         sorted({os.path.dirname(e.value) for e in (image_cache.entries if image_cache else ())}))
     findings.extend(cuda_findings(env, cuda_facts(rootfs, search_dirs), inventory.cuda_version,
-                                  inventory.driver_version, config))
+                                  inventory.driver_version, config, facts, caps))
     findings.extend(loader_setup_findings(rootfs, image_cache, cache_problem, virtual, config))
     return LdcheckReport(rootfs, source, caps, inventory.driver_version, inventory.cuda_version,
                          tuple(results), tuple(findings))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import struct
 import subprocess
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from pyxis_hook import cli, ldcheck
 from pyxis_hook.config import Config, load_schema
 from pyxis_hook.findings import SEVERITIES, Finding, format_finding, worst
 from pyxis_hook.inventory import discover
+from pyxis_hook.plan import COMPAT_DIR
 
 VERSION = "535.104.05"
 LIBDIR = "usr/lib/x86_64-linux-gnu"
@@ -249,15 +251,109 @@ def test_shipped_cudart_newer_than_the_host_driver(host, image):
     assert f.what.startswith("/usr/local/cuda/lib64/libcudart.so.12.4.127 is CUDA 12.4")
 
 
+def compat_lib(image: Path, version: str, drivers=None) -> Path:
+    """The image's /usr/local/cuda/compat/libcuda.so.<version> with its SONAME link, and with NVIDIA's
+    `.note.cuda.fwd_compatibility` listing `drivers` (None: no note), added by objcopy as CUDA's are."""
+    lib = put_lib(image, COMPAT_DIR, "libcuda.so.1", filename=f"libcuda.so.{version}")
+    (lib.parent / "libcuda.so.1").symlink_to(lib.name)
+    if drivers is not None:
+        desc = json.dumps({"CUDA Version": "12.4", "Driver": list(drivers)}).encode()
+        owner = b"NVIDIA Corporation\0"
+        pad = lambda b: b + b"\0" * (-len(b) % 4)  # noqa: E731
+        raw = image.parent / f"note-{version}.bin"
+        raw.write_bytes(struct.pack("<III", len(owner), len(desc), 1) + pad(owner) + pad(desc))
+        subprocess.run(["objcopy", "--add-section", f".note.cuda.fwd_compatibility={raw}", str(lib)],
+                       check=True, capture_output=True)
+    return lib
+
+
+def libcuda(report):
+    return next(x for x in report.libraries if x.soname == "libcuda.so.1" and x.elfclass == 64)
+
+
+NEEDS_12_4 = {"NVIDIA_REQUIRE_CUDA": "cuda>=12.4"}
+
+
 def test_forward_compat_bridges_the_gap(host, image):
-    put_lib(image, "usr/local/cuda/compat", "libcuda.so.1", filename="libcuda.so.550.54.15")
-    r = check(host, image, {"NVIDIA_REQUIRE_CUDA": "cuda>=12.4"})
+    """No note: NVIDIA's majors rule (550 > 535): the hook puts the compat dir first, ldcheck agrees."""
+    compat_lib(image, "550.54.15")
+    r = check(host, image, NEEDS_12_4)
     f = only(r, "cuda-needs-compat")
     assert f.severity == "warning" and "/usr/local/cuda/compat/libcuda.so.550.54.15 (driver 550)" in f.what
-    assert not errors(r)
-    r = check(host, image, {"NVIDIA_REQUIRE_CUDA": "cuda>=12.4"}, cuda_compat="disabled")
+    assert not errors(r) and "compat-not-used" not in codes(r)
+    # the container's libcuda.so.1 is the compat one, found through the cache the hook writes
+    res = libcuda(r)
+    assert (res.outcome, res.path, res.how) == ("image", f"{COMPAT_DIR}/libcuda.so.1", "ld.so.cache")
+    used = only(r, "compat-libcuda-used")
+    assert "driver 550 on a 535 host" in used.what and 'cuda-compat = "disabled"' in used.fix
+
+
+def test_cuda_compat_disabled_leaves_the_gap(host, image):
+    compat_lib(image, "550.54.15")
+    r = check(host, image, NEEDS_12_4, cuda_compat="disabled")
     f = only(r, "cuda-version-mismatch")
-    assert 'cuda-compat = "disabled"' in f.why
+    assert "cannot bridge it" in f.why and "cuda-compat = 'disabled'" in f.why
+    assert "cuda-needs-compat" not in codes(r)
+    assert "cuda-compat = 'disabled'" in only(r, "compat-not-used").what
+    assert libcuda(r).outcome == "host"
+
+
+def test_note_without_the_host_branch_is_not_used(host, image):
+    """A newer major whose note lists other branches: NVIDIA's rule says no, so the hook and ldcheck do."""
+    compat_lib(image, "550.54.15", drivers=(525, 545))
+    r = check(host, image, NEEDS_12_4)
+    assert "cuda-needs-compat" not in codes(r)
+    f = only(r, "cuda-version-mismatch")
+    assert "supports driver branches 525, 545, not the host's 535" in f.why
+    assert "supports driver branches 525, 545, not the host's 535" in only(r, "compat-not-used").what
+    assert libcuda(r).outcome == "host" and "compat-libcuda-used" not in codes(r)
+
+
+def test_note_without_the_host_branch_on_ld_library_path_shadows(host, image):
+    """On LD_LIBRARY_PATH the loader takes it anyway: the same rule makes that an error."""
+    compat_lib(image, "550.54.15", drivers=(525, 545))
+    f = only(check(host, image, {"LD_LIBRARY_PATH": COMPAT_DIR}), "compat-shadows-driver")
+    assert "not the host's 535" in f.why and f.severity == "error"
+
+
+def test_note_with_the_host_branch_compares_full_versions(host, image):
+    """With the note, a newer minor of the host's own branch is used; without it, majors decide."""
+    compat_lib(image, "535.300.01", drivers=(535, 550))
+    r = check(host, image, NEEDS_12_4)
+    assert "libcuda.so.535.300.01 (driver 535) bridges the gap" in only(r, "cuda-needs-compat").what
+    assert libcuda(r).path == f"{COMPAT_DIR}/libcuda.so.1" and not errors(r)
+
+
+def test_no_note_same_major_is_not_used(host, image):
+    compat_lib(image, "535.300.01")
+    r = check(host, image, NEEDS_12_4)
+    assert "not newer than the host driver" in only(r, "compat-not-used").what
+    assert "cuda-needs-compat" not in codes(r) and libcuda(r).outcome == "host"
+
+
+@pytest.mark.parametrize("version,drivers,changes", [
+    ("550.54.15", None, {}), ("535.300.01", None, {}), ("470.57.02", None, {}),
+    ("550.54.15", (535,), {}), ("550.54.15", (550,), {}), ("535.104.05", (535,), {}),
+    ("550.54.15", None, {"cuda_compat": "disabled"}),
+])
+def test_ldcheck_agrees_with_the_hooks_decision(host, tmp_path, version, drivers, changes):
+    """`bridges the gap` and the compat libcuda in the cache exactly when plan.cuda_compat (the hook) says so."""
+    from pyxis_hook.container import container_facts
+    from pyxis_hook.plan import cuda_compat
+    from pyxis_hook.record import replace
+
+    image = make_rootfs(tmp_path / "img", gputest=False)
+    compat_lib(image, version, drivers)
+    cfg = replace(host[0], **changes)
+    use, note = cuda_compat(cfg, ("utility", "compute"), container_facts(str(image)), VERSION)
+    r = check(host, image, NEEDS_12_4, **changes)
+    assert ("cuda-needs-compat" in codes(r)) is use
+    assert ("compat-not-used" in codes(r)) is not use
+    assert (libcuda(r).path == f"{COMPAT_DIR}/libcuda.so.1") is use
+    if not use:
+        assert note.removeprefix("cuda-compat: ") in only(r, "cuda-version-mismatch").why
+    # compute not asked: the hook leaves the compat dir out whatever its version
+    assert "cuda-needs-compat" not in codes(check(host, image, NEEDS_12_4, caps="utility", **changes))
 
 
 def test_unparsable_requirement(host, image):

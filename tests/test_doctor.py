@@ -18,6 +18,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from fixtures.cli import write_conf
 from fixtures.fakedriver import make_fake_driver
 from fixtures.hosttree import make_host_tree
 from fixtures.synth import build_exe
@@ -300,10 +301,8 @@ def test_slurm_v2_and_no_slurm(tmp_path, driver):
 
 
 def _conf(tmp_path: Path, cfg: Config, ldconfig: str = "@/sbin/ldconfig") -> Path:
-    p = tmp_path / "pyxis.conf"
-    p.write_text(f'driver-root = "{cfg.driver_root}"\nproc-root = "{cfg.proc_root}"\ndev-root = "{cfg.dev_root}"\n'
-                 f'snapshot-dir = "{cfg.snapshot_dir}"\nldconfig = "{ldconfig}"\n')
-    return p
+    return write_conf(tmp_path / "pyxis.conf", driver_root=cfg.driver_root, proc_root=cfg.proc_root,
+                      dev_root=cfg.dev_root, snapshot_dir=cfg.snapshot_dir, extra=f'ldconfig = "{ldconfig}"\n')
 
 
 @pytest.mark.root

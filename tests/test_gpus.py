@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from fixtures.hosttree import FakeGpu, fake_gpus, fake_uuid, make_host_tree
-from fixtures.nvml import FAKE_NVML, build_fake_nvml  # noqa: F401  (FAKE_NVML: test_plan imports it from here)
+from fixtures.nvml import build_fake_nvml
 from pyxis_hook import gpus
 from schema_check import validate
 from pyxis_hook.gpus import (

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fixtures.container import make_bundle
+from fixtures.oci_state import state_json
 from pyxis_hook.errors import OciError, PyxisHookError
 from pyxis_hook.oci import (
     MAX_CONFIG_BYTES,
@@ -24,7 +25,8 @@ from pyxis_hook.oci import (
 
 
 def state(**fields) -> bytes:
-    doc = {"ociVersion": "1.0.2", "id": "c1", "status": "creating", "pid": 4242, "bundle": "/run/b"}
+    """runc's state (fixtures.oci_state's shape) with `fields` changed; a field set to ... is left out."""
+    doc = json.loads(state_json("/run/b", id="c1", pid=4242))
     doc.update(fields)
     return json.dumps({k: v for k, v in doc.items() if v is not ...}).encode()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pyxis_hook.record import replace
@@ -200,15 +201,13 @@ def test_plan_cli_text_json_and_errors(world, tmp_path):
 def test_mig_uuid_request_asks_the_drivers_nvml(tmp_path):
     """procfs has no MIG UUIDs: a request naming one makes prepare ask the driver root's libnvidia-ml."""
     from fixtures.hosttree import fake_uuid
-    from test_gpus import FAKE_NVML
+    from fixtures.nvml import build_fake_nvml
 
     tree = make_host_tree(tmp_path / "host", gpus=fake_gpus(1), mig={0: {2: [0, 1]}}, driver_version=VERSION)
     driver = make_fake_driver(tmp_path / "driver", version=VERSION)
-    lib = driver / f"usr/lib/x86_64-linux-gnu/libnvidia-ml.so.{VERSION}"
-    src = tmp_path / "nvml.c"
-    src.write_text(FAKE_NVML)
-    subprocess.run(["gcc", "-shared", "-fPIC", f'-DPARENT="{fake_uuid(0)}"', "-Wl,-soname,libnvidia-ml.so.1",
-                    str(src), "-o", str(lib)], check=True)
+    # built outside the driver root (no stray source file there), then put in place of its NVML
+    nvml = build_fake_nvml(tmp_path / "libnvidia-ml.so.1", fake_uuid(0))
+    shutil.copyfile(nvml, driver / f"usr/lib/x86_64-linux-gnu/libnvidia-ml.so.{VERSION}")
     cfg = Config(driver_root=str(driver), dev_root=str(tree.dev_root), proc_root=str(tree.proc_root),
                  snapshot_dir=str(tmp_path / "snap"))
     bundle = make_bundle(tmp_path / "b", env=("NVIDIA_VISIBLE_DEVICES=MIG-aaaaaaaa-bbbb-cccc-dddd-000000000001",))

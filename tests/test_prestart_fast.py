@@ -15,17 +15,13 @@ import sys
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fixtures.oci_state import state_json
 from pyxis_hook import oci
 from pyxis_hook.commands.prestart import certainly_void
 from pyxis_hook.request import void_request
 
 NAMES = st.sampled_from(["NVIDIA_VISIBLE_DEVICES", "CUDA_VERSION", "NVIDIA_REQUIRE_CUDA", "PATH", "X"])
 VALUES = st.sampled_from(["", "all", "void", "none", "0,1", " , ", "void,0", "12.2", "cuda>=11", " void "])
-
-
-def _state(bundle) -> bytes:
-    return json.dumps({"ociVersion": "1.0.2", "id": "c", "status": "creating", "pid": 1,
-                       "bundle": str(bundle)}).encode()
 
 
 @settings(max_examples=150, deadline=None)
@@ -36,29 +32,29 @@ def test_agrees_with_void_request(tmp_path_factory, env):
     (bundle / "config.json").write_text(json.dumps({"ociVersion": "1.0.2", "process": {"env": entries},
                                                     "root": {"path": "rootfs"}}))
     expected = void_request(oci.env_map(entries)) is not None
-    assert certainly_void(_state(bundle)) is expected
+    assert certainly_void(state_json(bundle).encode()) is expected
 
 
 def test_unusual_input_takes_the_full_path(tmp_path):
     assert not certainly_void(b"")
     assert not certainly_void(b"{not json")
     assert not certainly_void(json.dumps({"bundle": "relative"}).encode())
-    assert not certainly_void(_state(tmp_path / "missing"))
+    assert not certainly_void(state_json(tmp_path / "missing").encode())
     (tmp_path / "config.json").write_text('{"process": {"env": ["NOEQUALS"]}}')
-    assert not certainly_void(_state(tmp_path))
+    assert not certainly_void(state_json(tmp_path).encode())
     real = tmp_path / "real.json"
     real.write_text('{"process": {"env": []}}')
     os.unlink(tmp_path / "config.json")
     os.symlink(real, tmp_path / "config.json")  # never followed, as oci.read_config_bytes
-    assert not certainly_void(_state(tmp_path))
+    assert not certainly_void(state_json(tmp_path).encode())
 
 
 def test_void_exit_imports_almost_nothing(tmp_path):
     """`python -I -S .../__main__.py prestart` for a no-GPU container loads none of the heavy modules."""
     (tmp_path / "config.json").write_text(json.dumps({"process": {"env": ["PATH=/bin"]}}))
     main = os.path.join(os.path.dirname(oci.__file__), "__main__.py")
-    r = subprocess.run([sys.executable, "-X", "importtime", "-I", "-S", main, "prestart"], input=_state(tmp_path),
-                       capture_output=True)
+    r = subprocess.run([sys.executable, "-X", "importtime", "-I", "-S", main, "prestart"],
+                       input=state_json(tmp_path).encode(), capture_output=True)
     assert r.returncode == 0, r.stderr
     loaded = {line.split("|")[-1].strip() for line in r.stderr.decode().splitlines() if line.startswith("import time:")}
     heavy = {"json", "re", "logging", "subprocess", "argparse", "tomllib", "dataclasses", "pyxis_hook.config",

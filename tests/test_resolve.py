@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fixtures.glibcroot import make_glibc_root
 from fixtures.synth import build_exe, build_lib
 from pyxis_hook import cli
 from pyxis_hook.config import load_schema
@@ -176,14 +177,7 @@ def _ldconfig() -> str | None:
 def root(tmp_path_factory) -> Path:
     """A Debian-like root: host ld.so + libc, ld.so.conf dirs, RUNPATH app, symlinks pointing outside."""
     r = tmp_path_factory.mktemp("resolve-root")
-    lib = r / "usr/lib/x86_64-linux-gnu"
-    lib.mkdir(parents=True)
-    shutil.copy2(os.path.realpath(LDSO), lib / "ld-linux-x86-64.so.2")
-    shutil.copy2(os.path.realpath("/lib/x86_64-linux-gnu/libc.so.6"), lib / "libc.so.6")
-    os.symlink("usr/lib", r / "lib")
-    (r / "lib64").mkdir()
-    os.symlink("/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2", r / "lib64/ld-linux-x86-64.so.2")
-    (r / "etc").mkdir()
+    lib = make_glibc_root(r)
     (r / "etc/ld.so.conf").write_text("/opt/c/lib\n")
     build_lib(r / "opt/c/lib", "libcached.so.1")
     build_lib(r / "app/lib", "libdirect.so.1", needed=("libindirect.so.1",))

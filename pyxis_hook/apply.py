@@ -13,7 +13,7 @@ filesystem for good.  A child of `fork()` is single-threaded whatever the
 parent is (a test runner, a future CLI with a thread), it inherits the host
 fds opened and checked before the fork, and when it exits the parent is
 still on the host, so error reporting, logging and a second container work
-as before.  The child sends one JSON result up a pipe; the parent turns a
+as before.  The child sends one marshal'ed result up a pipe; the parent turns a
 failure into one PyxisHookError line (the same class the child raised).
 
 Safety rules kept here (security.md §5):
@@ -40,7 +40,6 @@ from __future__ import annotations
 import errno
 import marshal
 import os
-import re
 import stat
 import sys
 
@@ -55,10 +54,18 @@ from pyxis_hook.rootfs import Entry, RootFS, RootPathError
 _FLAGS = {"ro": (kernel.MOUNT_ATTR_RDONLY, kernel.MS_RDONLY), "nosuid": (kernel.MOUNT_ATTR_NOSUID, kernel.MS_NOSUID),
           "nodev": (kernel.MOUNT_ATTR_NODEV, kernel.MS_NODEV), "noexec": (kernel.MOUNT_ATTR_NOEXEC, kernel.MS_NOEXEC)}
 
-#: a pattern is a string: `re` compiles and caches it on first use (compiling every one at import
-#: cost the hook ~3 ms a start, issue 7)
-_BUS_RE = r"^[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]$"
-_NAME_RE = r"^[A-Za-z0-9_.+-]+$"
+#: what a /proc/driver/nvidia file name in a plan may hold (no '/', checked again here: the plan is data)
+_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.+-")
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
+def _is_proc_bus_id(bus: str) -> bool:
+    """procfs's form of a PCI id, `0000:06:00.0`: a 4-8 digit domain, 2-digit bus and device, function 0-7."""
+    head, dot, fn = bus.rpartition(".")
+    parts = head.split(":")
+    return (bool(dot) and len(fn) == 1 and fn in "01234567" and len(parts) == 3
+            and 4 <= len(parts[0]) <= 8 and len(parts[1]) == 2 and len(parts[2]) == 2
+            and _HEX.issuperset(parts[0] + parts[1] + parts[2]))
 
 
 @record
@@ -138,11 +145,10 @@ def _preload_ldcache_modules() -> None:
     """Import on the host what the ld.so.cache step runs, so the child imports nothing after setns.
 
     After setns a name lookup is the container's: an import there could
-    read (and run) the image's files.  (An internal error there is logged
-    with `log.frames`, which needs no module and reads no file.)
+    read (and run) the image's files, so the child refuses any (`_NoImports`).
+    An internal error there is logged with `log.frames`, which needs no
+    module and reads no file.
     """
-    import fnmatch  # noqa: F401 - ldconf's, imported by name in ldmerge's functions
-
     from pyxis_hook import confined, ldconf, ldmerge  # noqa: F401
 
 
@@ -245,10 +251,10 @@ def _open_proc_sources(plan: Plan, fds: list[int], messages: list[str]) -> list[
     if view is None:
         return []
     for name, _content in view.files:
-        if not re.match(_NAME_RE, name) or name in (".", ".."):
+        if not name or not _NAME_CHARS.issuperset(name) or name in (".", ".."):
             raise ApplyError(f"/proc/driver/nvidia: bad file name {name!r} in plan")
     for bus in view.gpu_dirs:
-        if not re.match(_BUS_RE, bus):
+        if not _is_proc_bus_id(bus):
             raise ApplyError(f"/proc/driver/nvidia: bad GPU bus id {bus!r} in plan")
     gpus_dir = f"{view.host_dir}/gpus"
     if view.gpu_dirs:
@@ -399,7 +405,22 @@ class _Undo:
         return problems
 
 
+class _NoImports:
+    """A meta path finder that refuses every import not already done.
+
+    After setns, a module name resolves in the container's mount namespace:
+    an import there could read, and run as root, files of the image.  What
+    the child needs is imported on the host first (`_preload_ldcache_modules`);
+    anything else fails with ImportError instead of being looked up.
+    """
+
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        raise ImportError(f"no import inside the container's mount namespace: {name}")
+
+
 def _child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner) -> dict:
+    sys.meta_path.insert(0, _NoImports)  # this forked child only
     kernel.setns(ns_fd, kernel.CLONE_NEWNS, "container mount namespace")
     undo = _Undo()
     messages: list[str] = []

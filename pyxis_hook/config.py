@@ -9,7 +9,6 @@ imports jsonschema; the tests check that jsonschema itself agrees.
 from __future__ import annotations
 
 import os
-import re
 import sys
 
 from pyxis_hook.errors import ConfigError
@@ -182,6 +181,41 @@ def _describe(sub: dict) -> str:
     return f"a {sub.get('type', 'value')}"
 
 
+def _one_line(v: str) -> bool:
+    """No newline, except one at the very end (what `.*$` lets through)."""
+    return "\n" not in (v[:-1] if v.endswith("\n") else v)
+
+
+_VENDOR = frozenset("abcdefghijklmnopqrstuvwxyz0123456789.-")
+_CLASS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
+
+
+def _cdi_kind(v: str) -> bool:
+    vendor, slash, cls = (v[:-1] if v.endswith("\n") else v).partition("/")
+    return (bool(slash) and vendor[:1].isascii() and vendor[:1].isalnum() and not vendor[:1].isupper()
+            and _VENDOR.issuperset(vendor) and cls[:1].isascii() and cls[:1].isalnum() and _CLASS.issuperset(cls))
+
+
+#: re.search(pattern, value) for the patterns schemas/pyxis-conf.schema.json uses, as string code:
+#: `re` costs the hook ~5 ms of imports per start (issue 7).  tests/test_config.py checks each
+#: against re; a pattern missing here still works (through re), just slower.
+PATTERN_CHECKS = {
+    "^/": lambda v: v.startswith("/"),
+    "^@?/": lambda v: v.startswith(("/", "@/")),
+    "^(/.*)?$": lambda v: v in ("", "\n") or (v.startswith("/") and _one_line(v)),
+    "^[a-z0-9][a-z0-9.-]*/[a-zA-Z0-9][a-zA-Z0-9_.-]*$": _cdi_kind,
+}
+
+
+def _pattern_ok(pattern: str, value: str) -> bool:
+    check = PATTERN_CHECKS.get(pattern)
+    if check is not None:
+        return check(value)
+    import re
+
+    return re.search(pattern, value) is not None
+
+
 def validate(value: object, schema: dict, where: str = "") -> str | None:
     """Check `value` against the schema subset we use; return one line or None.
 
@@ -194,7 +228,7 @@ def validate(value: object, schema: dict, where: str = "") -> str | None:
         return f"{label}: {value!r} is not {_describe(schema)}"
     if "enum" in schema and value not in schema["enum"]:
         return f"{label}: {value!r} is not {_describe(schema)}"
-    if "pattern" in schema and isinstance(value, str) and not re.search(schema["pattern"], value):
+    if "pattern" in schema and isinstance(value, str) and not _pattern_ok(schema["pattern"], value):
         return f"{label}: {value!r} is not {_describe(schema)}"
     if isinstance(value, list):
         if schema.get("uniqueItems") and len(set(map(repr, value))) != len(value):

@@ -24,7 +24,6 @@ NVML does not enumerate them either.
 from __future__ import annotations
 
 import os
-import re
 import stat
 
 from pyxis_hook.record import record, replace
@@ -224,17 +223,30 @@ def _node_to_dict(n: DeviceNode) -> dict:
 
 # ---------------------------------------------------------------- PCI ids
 
-#: a pattern is a string: `re` compiles and caches it on first use (compiling every one at import
-#: cost the hook ~3 ms a start, issue 7)
-_BUS_RE = r"^(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])$"
+# The parsers below are plain string code, not regular expressions: `re` (with the `enum` it
+# imports) costs the hook ~5 ms a start and these run on every one (issue 7).  tests/test_gpus.py
+# checks each against the regular expression it replaces.
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
+def _is_hex(s: str, most: int) -> bool:
+    return 0 < len(s) <= most and _HEX.issuperset(s)
 
 
 def parse_bus_id(text: str) -> tuple[int, int, int, int] | None:
     """(domain, bus, device, function) of `0000:06:00.0`, `00000000:06:00.0` or `06:00.0`; None if not a PCI id."""
-    m = re.match(_BUS_RE, text.strip())
-    if not m:
+    head, dot, fn = text.strip().rpartition(".")
+    if not dot or len(fn) != 1 or fn not in "01234567":
         return None
-    dom, bus, dev, fn = m.groups()
+    parts = head.split(":")
+    if len(parts) == 2:
+        dom, (bus, dev) = "", parts
+    elif len(parts) == 3 and _is_hex(parts[0], 8):
+        dom, bus, dev = parts
+    else:
+        return None
+    if not (_is_hex(bus, 2) and _is_hex(dev, 2)):
+        return None
     dev_i = int(dev, 16)
     if dev_i > 0x1F:
         return None
@@ -256,16 +268,27 @@ def normalize_bus_id(text: str) -> str | None:
 
 # ---------------------------------------------------------------- pure parsers
 
-_VERSION_RE = r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+\.\d+(?:\.\d+)*)\b"
-
-
 def parse_driver_version(text: str) -> str | None:
-    """Driver version from /proc/driver/nvidia/version, proprietary or open module, any arch."""
+    """Driver version from /proc/driver/nvidia/version, proprietary or open module, any arch.
+
+    The NVRM line says `... Kernel Module  535.104.05  <date>` (proprietary)
+    or `... Open Kernel Module for x86_64  535.104.05  Release Build ...`:
+    the version is the first word after `Kernel Module` (and `for <arch>`).
+    """
     for line in text.splitlines():
         if line.startswith("NVRM version:"):
-            m = re.search(_VERSION_RE, line)
-            return m.group(1) if m else None
+            _, found, rest = line.partition("Kernel Module")
+            words = rest.split() if found and rest[:1].isspace() else []
+            if len(words) >= 3 and words[0] == "for" and _version_word(words[2]):
+                return _version_word(words[2])
+            return _version_word(words[0]) if words else None
     return None
+
+
+def _version_word(word: str) -> str | None:
+    """`word` when it is a version (`535.104.05`, `550.54`): decimal runs joined by single dots."""
+    parts = word.split(".")
+    return word if len(parts) >= 2 and all(p.isdecimal() for p in parts) else None
 
 
 def parse_information(text: str) -> dict[str, str]:
@@ -473,8 +496,10 @@ def _cap_minor(r: _Reader, path: str) -> int | None:
     return minor
 
 
-_GI_RE = r"^gi(\d+)$"
-_CI_RE = r"^ci(\d+)$"
+def _numbered(name: str, prefix: str) -> int | None:
+    """N of `<prefix>N` (gi3, ci0, channel12); None for any other name."""
+    digits = name[len(prefix):]
+    return int(digits) if name.startswith(prefix) and digits.isdecimal() else None
 
 
 def _read_mig(r: _Reader, nv: str, gpus: tuple[Gpu, ...]) -> tuple[MigDevice, ...]:
@@ -484,15 +509,15 @@ def _read_mig(r: _Reader, nv: str, gpus: tuple[Gpu, ...]) -> tuple[MigDevice, ..
         base = f"capabilities/gpu{g.minor}/mig"
         gis = []
         for gname in r.listdir(os.path.join(nv, base)):
-            m = re.match(_GI_RE, gname)
-            if m:
-                gis.append(int(m.group(1)))
+            gi = _numbered(gname, "gi")
+            if gi is not None:
+                gis.append(gi)
         devs = []
         for gi in sorted(gis):
             gi_rel = f"{base}/gi{gi}/access"
             gi_minor = _cap_minor(r, os.path.join(nv, gi_rel))
-            cis = sorted(int(m.group(1)) for c in r.listdir(os.path.join(nv, base, f"gi{gi}"))
-                         if (m := re.match(_CI_RE, c)))
+            cis = sorted(ci for c in r.listdir(os.path.join(nv, base, f"gi{gi}"))
+                         if (ci := _numbered(c, "ci")) is not None)
             for ci in cis:
                 ci_rel = f"{base}/gi{gi}/ci{ci}/access"
                 ci_minor = _cap_minor(r, os.path.join(nv, ci_rel))
@@ -507,12 +532,9 @@ def _read_mig(r: _Reader, nv: str, gpus: tuple[Gpu, ...]) -> tuple[MigDevice, ..
     return tuple(out)
 
 
-_CHANNEL_RE = r"^channel(\d+)$"
-
-
 def _read_imex(r: _Reader, dev_root: str) -> tuple[int, ...]:
     d = _join(dev_root, "dev/nvidia-caps-imex-channels")
-    return tuple(sorted(int(m.group(1)) for n in r.listdir(d) if (m := re.match(_CHANNEL_RE, n))))
+    return tuple(sorted(c for n in r.listdir(d) if (c := _numbered(n, "channel")) is not None))
 
 
 # Absent on many healthy hosts: modeset needs nvidia-modeset.ko, uvm-tools is optional.

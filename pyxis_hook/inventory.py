@@ -16,7 +16,6 @@ This module imports neither pyelftools nor jsonschema at import time.
 from __future__ import annotations
 
 import os
-import re
 import stat
 
 from pyxis_hook import capabilities as caps
@@ -356,6 +355,7 @@ def _rel(st: _State, host_path: str) -> str:
 
 
 def _pick_version(st: _State, host: HostGpus, cache, entries, abi: int) -> str | None:
+    import re  # discovery only: the hook's path loads the snapshot and never parses names
     """The driver version: procfs when the module is loaded, else inferred from file names.
 
     Inference follows NCT's `inferVersion` (libcuda.so.<v>, libnvidia-ml.so.<v>),
@@ -414,6 +414,7 @@ def driver_major(version: str | None) -> int | None:
 
 
 def _libraries(st: _State, cache, entries, kind: str, abi: int, elfclass: int, machine: int) -> None:
+    import re  # discovery only
     """Prefix-list libraries of one ABI, the suffix rule, ELF checks, then the DT_NEEDED closure."""
     from pyxis_hook import elf
 

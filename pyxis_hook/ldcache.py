@@ -30,6 +30,10 @@ from __future__ import annotations
 import os
 import struct
 
+# functools.cmp_to_key is this C function; functools itself costs ~1.5 ms per start and this also
+# runs after setns, where nothing may be imported (apply._NoImports)
+from _functools import cmp_to_key
+
 from pyxis_hook.errors import LdCacheError
 from pyxis_hook.record import record
 
@@ -589,9 +593,7 @@ def entry_sort_key_cmp(e1: CacheEntry, e2: CacheEntry) -> int:
 
 def sort_entries(entries: Iterable[CacheEntry]) -> tuple[CacheEntry, ...]:
     """Entries in the order ldconfig writes them (stable: ties keep input order)."""
-    import functools
-
-    return tuple(sorted(entries, key=functools.cmp_to_key(entry_sort_key_cmp)))
+    return tuple(sorted(entries, key=cmp_to_key(entry_sort_key_cmp)))
 
 
 def merge_entries(existing: Iterable[CacheEntry], added: Iterable[CacheEntry]) -> tuple[CacheEntry, ...]:

@@ -215,10 +215,8 @@ def _plan_inserts(view: _View, scan_dirs: Sequence[str], libs: Iterable[Injected
         else:
             inserts.append((pos, rank, new))
     # several new entries at one index: ldconfig's order among themselves
-    import functools
-
     inserts.sort(key=lambda t: t[1])  # scan order first (stable sort keeps it among equals)
-    inserts.sort(key=functools.cmp_to_key(lambda a, b: (a[0] > b[0]) - (a[0] < b[0])
+    inserts.sort(key=L.cmp_to_key(lambda a, b: (a[0] > b[0]) - (a[0] < b[0])
                                           or L.entry_sort_key_cmp(a[2], b[2])))
     return inserts, present
 

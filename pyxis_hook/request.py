@@ -23,12 +23,11 @@ Every decision appends a sentence to `reasons`, which `plan` prints.
 
 from __future__ import annotations
 
-import re
 
 from pyxis_hook import require
 from pyxis_hook.config import Config
 from pyxis_hook.errors import RequestError
-from pyxis_hook.gpus import Gpu, HostGpus, MigDevice
+from pyxis_hook.gpus import Gpu, HostGpus, MigDevice, parse_bus_id
 from pyxis_hook.record import record
 
 #: typing.TYPE_CHECKING without importing typing (~3 ms on the hook's path)
@@ -44,13 +43,27 @@ IMEX = "NVIDIA_IMEX_CHANNELS"
 SLURM_VARS = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS")
 MAX_IMEX_CHANNEL = 1 << 20
 
-# digit runs are bounded: int() of a 5,000-digit token would raise ValueError (and nothing is that big)
-#: a pattern is a string: `re` compiles and caches it on first use (compiling every one at import
-#: cost the hook ~3 ms a start, issue 7)
-_INDEX = r"^[0-9]{1,9}$"
-_PCI = r"^[0-9a-fA-F]{1,8}:[0-9a-fA-F]{1,2}:[0-9a-fA-F]{1,2}\.[0-7]$"
-_GPU_MIG = r"^([0-9]{1,9}):([0-9]{1,9})$"
+_DIGITS = frozenset("0123456789")
+#: the old MIG token form, MIG-GPU-<uuid>/<gi>/<ci> (rare: `re` is imported only for it)
 _LEGACY_MIG = r"(?i)^MIG-(GPU-[0-9a-fA-F-]+)/([0-9]{1,9})/([0-9]{1,9})$"
+
+
+# Token shapes in plain string code, not `re` (~5 ms of imports per start, issue 7);
+# tests/test_parsers_vs_regex.py checks each against the regular expression it replaces.
+def _is_index(tok: str) -> bool:
+    """1-9 ASCII digits (bounded: int() of a 5,000-digit token would raise, and nothing is that big)."""
+    return 0 < len(tok) <= 9 and _DIGITS.issuperset(tok)
+
+
+def _is_pci(tok: str) -> bool:
+    """A PCI id with its domain, `0000:06:00.0` or NVML's `00000000:06:00.0`."""
+    return tok.count(":") == 2 and tok == tok.strip() and parse_bus_id(tok) is not None
+
+
+def _gpu_mig(tok: str) -> tuple[int, int] | None:
+    """(gpu, mig) of the `<gpu index>:<mig index>` form."""
+    gpu, sep, mig = tok.partition(":")
+    return (int(gpu), int(mig)) if sep and _is_index(gpu) and _is_index(mig) else None
 
 
 @record
@@ -169,6 +182,8 @@ def _find_gpu_uuid(host: HostGpus, tok: str) -> Gpu:
 
 
 def _find_mig_uuid(host: HostGpus, tok: str) -> MigDevice:
+    import re
+
     legacy = re.match(_LEGACY_MIG, tok)
     if legacy:
         parent_uuid, gi, ci = legacy.group(1).lower(), int(legacy.group(2)), int(legacy.group(3))
@@ -200,18 +215,18 @@ def _resolve_token(host: HostGpus, tok: str) -> Gpu | MigDevice:
     """One device token, tried in LNC's order: GPU UUID, PCI id, index, MIG UUID, <gpu>:<mig>."""
     if tok[:4].upper() == "GPU-":
         gpu = _find_gpu_uuid(host, tok)
-    elif re.match(_PCI, tok):
+    elif _is_pci(tok):
         gpu = host.gpu_by_bus_id(tok)
         if gpu is None:
             raise _unknown(tok, host)
-    elif re.match(_INDEX, tok):
+    elif _is_index(tok):
         gpu = host.gpu_by_index(int(tok))
         if gpu is None:
             raise _unknown(tok, host, "indices count GPUs in PCI bus order, not /dev/nvidiaN minors")
     elif tok[:4].upper() == "MIG-":
         return _find_mig_uuid(host, tok)
-    elif (m := re.match(_GPU_MIG, tok)) is not None:
-        return _find_gpu_mig(host, tok, int(m.group(1)), int(m.group(2)))
+    elif (pair := _gpu_mig(tok)) is not None:
+        return _find_gpu_mig(host, tok, *pair)
     else:
         raise _unknown(tok, host)
     if gpu.excluded or gpu.index is None:
@@ -236,7 +251,7 @@ def _slurm_allocation(env: Mapping[str, str], host: HostGpus, config: Config,
         label = f"{var}={value}"
         gpus: dict[int, Gpu] = {}
         for tok in split_tokens(value):
-            if re.match(_INDEX, tok):
+            if _is_index(tok):
                 g = host.gpu_by_index(int(tok))
                 if g is None:
                     count = sum(1 for x in host.gpus if x.index is not None)
@@ -310,7 +325,7 @@ def _imex_channels(env: Mapping[str, str], legacy: bool, reasons: list[str]) -> 
         return ()
     channels = set()
     for tok in tokens:
-        if not re.match(_INDEX, tok) or int(tok) >= MAX_IMEX_CHANNEL:
+        if not _is_index(tok) or int(tok) >= MAX_IMEX_CHANNEL:
             raise RequestError(f"{IMEX}={raw}: unsupported IMEX channel value {tok!r}")
         channels.add(int(tok))
     result = tuple(sorted(channels))
@@ -351,7 +366,7 @@ def _cuda_visible(env: Mapping[str, str], gpus: tuple[Gpu, ...], migs: tuple[Mig
     uuids = {g.uuid.lower() for g in gpus if g.uuid} | {u.lower() for u in mig_uuids}
     bad = []
     for tok in tokens:
-        if re.match(_INDEX, tok):
+        if _is_index(tok):
             if int(tok) >= n:
                 bad.append(tok)
         elif tok[:4].upper() in ("GPU-", "MIG-"):
@@ -363,7 +378,7 @@ def _cuda_visible(env: Mapping[str, str], gpus: tuple[Gpu, ...], migs: tuple[Mig
         msg = (f"CUDA_VISIBLE_DEVICES={actual} disagrees with the injected devices: {','.join(bad)} "
                f"will not exist in the container, which sees {n} GPU(s); use CUDA_VISIBLE_DEVICES={needed} "
                f"or unset it")
-        if allocation is not None and [t for t in tokens if re.match(_INDEX, t)] == [str(g.index) for g in allocation] \
+        if allocation is not None and [t for t in tokens if _is_index(t)] == [str(g.index) for g in allocation] \
                 and n and any(g.index != i for i, g in enumerate(allocation)):
             msg += " (these are Slurm's global indices: is ConstrainDevices=yes set in cgroup.conf?)"
         warnings.append(msg)

@@ -14,7 +14,6 @@ with name in cuda/driver/arch/brand (any case) and op one of
 
 from __future__ import annotations
 
-import re
 
 from pyxis_hook.errors import RequirementError
 from pyxis_hook.record import record
@@ -29,10 +28,8 @@ OPERATORS = ("=", "==", "!=", "<", "<=", ">", ">=")
 PREFIX = "NVIDIA_REQUIRE_"
 DISABLE = "NVIDIA_DISABLE_REQUIRE"
 OVERRIDE_HINT = f"set {DISABLE}=true in the container to skip this check"
-#: a pattern is a string: `re` compiles and caches it on first use (compiling every one at import
-#: cost the hook ~3 ms a start, issue 7)
-_VERSION = r"^[0-9]{1,9}(\.[0-9]{1,9})*$"  # bounded: int() of huge digit runs raises
-_OP = r"[<>=!]+"
+_OP_CHARS = frozenset("<>=!")
+_DIGITS = frozenset("0123456789")
 # semver as Go's golang.org/x/mod/semver accepts it (NCT parseMajorMinorVersion)
 _SEMVER = (r"^v?(0|[1-9][0-9]{0,8})(?:\.(0|[1-9][0-9]{0,8})(?:\.(0|[1-9][0-9]{0,8}))?)?"
            r"(?:-[0-9A-Za-z.-]+)?(?:\+[0-9A-Za-z.-]+)?$")
@@ -99,6 +96,8 @@ def legacy_cuda_version(env: Mapping[str, str]) -> str | None:
     cuda_version = env.get("CUDA_VERSION", "")
     if not cuda_version or env.get("NVIDIA_REQUIRE_CUDA", ""):
         return None
+    import re  # only for a legacy image (CUDA_VERSION without NVIDIA_REQUIRE_CUDA)
+
     m = re.match(_SEMVER, cuda_version)
     if not m:
         raise RequirementError(f"CUDA_VERSION={cuda_version!r}: invalid version string (expected e.g. 12.2.0)")
@@ -115,13 +114,31 @@ def _invalid(variable: str, expression: str, term: str, why: str) -> Requirement
     )
 
 
+def is_dotted_number(value: str) -> bool:
+    """`12`, `12.2`, `535.104.05`: ASCII digit runs of 1-9 (int() of a huge run would raise) joined by dots."""
+    return all(0 < len(p) <= 9 and _DIGITS.issuperset(p) for p in value.split("."))
+
+
+def _operator_span(text: str) -> tuple[int, int] | None:
+    """Where the first run of operator characters (<, >, =, !) is in `text`."""
+    start = next((i for i, c in enumerate(text) if c in _OP_CHARS), None)
+    if start is None:
+        return None
+    end = start
+    while end < len(text) and text[end] in _OP_CHARS:
+        end += 1
+    return start, end
+
+
 def parse_term(text: str, variable: str = "NVIDIA_REQUIRE_*", expression: str = "") -> Term:
-    m = re.search(_OP, text)
-    if not m:
+    # plain string code, not `re` (~5 ms of imports): a CUDA image's NVIDIA_REQUIRE_CUDA is parsed
+    # on every start of it (issue 7); tests/test_parsers_vs_regex.py checks it against the regex
+    span = _operator_span(text)
+    if span is None:
         raise _invalid(variable, expression or text, text, "no operator (use one of = != < <= > >=)")
-    key, op, value = text[: m.start()].lower(), m.group(), text[m.end():]
+    key, op, value = text[: span[0]].lower(), text[span[0]:span[1]], text[span[1]:]
     if key not in KEYS:
-        raise _invalid(variable, expression or text, text, f"unknown name {text[: m.start()]!r} "
+        raise _invalid(variable, expression or text, text, f"unknown name {text[: span[0]]!r} "
                        f"(known: {', '.join(KEYS)})")
     if op not in OPERATORS:
         raise _invalid(variable, expression or text, text, f"unknown operator {op!r}")
@@ -131,7 +148,7 @@ def parse_term(text: str, variable: str = "NVIDIA_REQUIRE_*", expression: str = 
     if key == "brand":
         if op not in ("=", "!="):
             raise _invalid(variable, expression or text, text, "brand only supports = and !=")
-    elif not re.match(_VERSION, value):
+    elif not is_dotted_number(value):
         raise _invalid(variable, expression or text, text, f"{value!r} is not a dotted number")
     return Term(key, op, value)
 
@@ -201,7 +218,7 @@ def term_holds(term: Term, host: HostFacts, device: DeviceFacts | None) -> bool:
     if term.key == "brand":
         same = actual.lower() == term.value.lower()
         return same if term.op == "=" else not same
-    if not re.match(_VERSION, actual):
+    if not is_dotted_number(actual):
         return True  # an unparsable host value is as good as unknown
     return _holds(term.op, compare_versions(actual, term.value))
 

@@ -652,6 +652,36 @@ def test_merge_falls_back_to_the_host_ldconfig_by_fd(world, mount_api):
     assert f"libnvidia-ml.so.1 (libc6,x86-64) => {LIBDIR}/libnvidia-ml.so.1" in out
 
 
+def test_a_bracket_include_in_the_image_falls_back_to_ldconfig(world, monkeypatch):
+    """`include [a-z]*.conf` needs fnmatch, which the child may not import after setns (the hook
+    never loads it before): the merge declines and the confined ldconfig rebuilds the cache."""
+    host, root, pid = world
+    monkeypatch.delitem(sys.modules, "fnmatch")  # as in the hook's process (pytest itself loads it)
+    (root / "etc/ld.so.conf.d").mkdir(parents=True, exist_ok=True)
+    (root / "etc/ld.so.conf.d/libs.conf").write_text(f"{LIBDIR}\n")
+    (root / "etc/ld.so.conf").write_text("include /etc/ld.so.conf.d/[a-z]*.conf\n")
+    subprocess.run(["ldconfig", "-r", str(root)], check=True)
+    res = apply_plan(_merge_plan(host, root), pid)
+    assert any("bracket expression" in m for m in res.messages), res.messages
+    assert any("ldconfig ran" in m for m in res.messages), res.messages
+    out = _inside(pid, "ldconfig", "-p", "-C", str(root / "etc/ld.so.cache")).stdout
+    assert f"libcuda.so.1 (libc6,x86-64) => {LIBDIR}/libcuda.so.1" in out
+
+
+def test_the_child_refuses_any_import(world, monkeypatch):
+    """After setns an import would look up the container's files: the forked child refuses every one."""
+    host, root, pid = world
+
+    def ldcache_step_that_imports(*args, **kwargs):
+        import xml.dom.minidom  # noqa: F401 - loaded by nothing before
+
+    monkeypatch.setattr(apply_mod, "_ldcache", ldcache_step_that_imports)
+    monkeypatch.delitem(sys.modules, "xml.dom.minidom", raising=False)
+    with pytest.raises(ApplyError, match="no import inside the container's mount namespace: xml"):
+        apply_plan(_merge_plan(host, root), pid)
+    assert _mounts_under(pid, root) == {}  # rolled back
+
+
 def test_nothing_is_imported_inside_the_container_namespace(tmp_path):
     """The container's namespace hides the Python library and the package: the ld.so.cache step still works.
 

@@ -7,7 +7,7 @@ import sys
 
 import jsonschema
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from fixtures.cli import run_cli
@@ -119,3 +119,36 @@ def test_installed_schemas_found_by_walking_up_from_the_package(tmp_path):
     code = f"import sys; sys.path.insert(0, {str(site)!r}); from pyxis_hook.config import schema_dir; print(schema_dir())"
     r = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.strip() == str(tmp_path / "p/share/pyxis-hook/schemas")
+
+
+def _schema_patterns(node) -> set[str]:
+    if isinstance(node, dict):
+        return ({node["pattern"]} if "pattern" in node else set()) | set().union(*map(_schema_patterns, node.values()))
+    if isinstance(node, list):
+        return set().union(*map(_schema_patterns, node))
+    return set()
+
+
+def test_every_schema_pattern_has_a_string_check():
+    """The hook validates pyxis.conf on every start without importing re: a new pattern needs its check."""
+    from pyxis_hook.config import PATTERN_CHECKS
+
+    assert _schema_patterns(load_schema("pyxis-conf.schema.json")) == set(PATTERN_CHECKS)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(alphabet="/@aZ09._-:é \n\t", max_size=12), st.sampled_from(sorted(_schema_patterns(
+    load_schema("pyxis-conf.schema.json")))))
+@example("nvidia.com/gpu", "^[a-z0-9][a-z0-9.-]*/[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
+@example("nvidia.com/gpu\n", "^[a-z0-9][a-z0-9.-]*/[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
+@example("Nvidia.com/gpu", "^[a-z0-9][a-z0-9.-]*/[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
+@example("n/g/x", "^[a-z0-9][a-z0-9.-]*/[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
+@example("/var/log/x\n", "^(/.*)?$")
+@example("/a\nb", "^(/.*)?$")
+@example("@/sbin/ldconfig", "^@?/")
+def test_string_checks_agree_with_re_search(value, pattern):
+    import re
+
+    from pyxis_hook.config import PATTERN_CHECKS
+
+    assert PATTERN_CHECKS[pattern](value) == (re.search(pattern, value) is not None)

@@ -125,18 +125,26 @@ class World:
 
 
 def _container(rootfs: Path) -> subprocess.Popen:
-    """A process in its own mount namespace over the rootfs: runc's container before pivot_root."""
-    p = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sleep", "600"], cwd=rootfs)
-    mine = os.readlink("/proc/self/ns/mnt")
-    for _ in range(2000):
+    """A process in its own mount namespace over the rootfs: runc's container before pivot_root.
+
+    As runc does, the container's /dev is a fresh tmpfs (config.json's first mounts), so device
+    mount points are made there and not on the image's overlay.
+    """
+    p = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                          "mount -t tmpfs -o nosuid,strictatime,mode=755,size=65536k tmpfs dev && exec sleep 600"],
+                         cwd=rootfs)
+    for _ in range(4000):  # ready once /dev is mounted and sh has become sleep
         try:
-            if os.readlink(f"/proc/{p.pid}/ns/mnt") != mine:
-                return p
+            with open(f"/proc/{p.pid}/comm") as f:
+                if f.read().strip() == "sleep":
+                    return p
         except OSError:
             pass
+        if p.poll() is not None:
+            break
         time.sleep(0.0005)
     p.kill()
-    raise RuntimeError("unshare did not start")
+    raise RuntimeError("the container stand-in did not start (unshare, mount of /dev)")
 
 
 def case_bare(w: World) -> float:

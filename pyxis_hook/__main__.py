@@ -9,20 +9,35 @@ the package's own parent directory is put on sys.path here, and nothing else.
 import sys
 
 if not __package__:  # run as a file: no site scan, find ourselves
-    import os
+    # `posix` is os's builtin core: under -S nothing has imported `os` yet, and it costs ~1 ms of
+    # the ~9 ms a container that asks for no GPU may take (issue 7 G4); os is used only for a link
+    import posix
 
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
+    def _mode(path: str) -> int:
+        try:
+            return posix.stat(path).st_mode & 0o170000
+        except OSError:
+            return 0
+
+    _file = __file__
+    if posix.lstat(_file).st_mode & 0o170000 == 0o120000:  # __main__.py is a symlink: where it points
+        import os
+
+        _file = os.path.realpath(_file)
+    elif not _file.startswith("/"):
+        _file = posix.getcwd() + "/" + _file
+    sys.path.insert(0, _file.rpartition("/")[0].rpartition("/")[0] or "/")
     # a venv's interpreter: do what site.venv() would (sys.prefix = the venv), minus .pth files,
     # so its site-packages (pyelftools) and share/pyxis-hook (our schemas) are found
-    _venv = os.path.dirname(os.path.dirname(os.path.abspath(sys.executable)))
-    if os.path.isfile(os.path.join(_venv, "pyvenv.cfg")):
+    _exe = sys.executable if sys.executable.startswith("/") else posix.getcwd() + "/" + sys.executable
+    _venv = _exe.rpartition("/")[0].rpartition("/")[0]
+    if _mode(_venv + "/pyvenv.cfg") == 0o100000:
         sys.prefix = sys.exec_prefix = _venv
     # our dependencies (pyelftools, for a snapshot rebuild) stay reachable: this installation's
     # site-packages as plain directories, searched last; no .pth file is read or executed
     _v = f"python{sys.version_info[0]}.{sys.version_info[1]}"
-    for _d in (os.path.join(sys.prefix, "lib", _v, "site-packages"),
-               os.path.join(sys.prefix, "lib", "python3", "dist-packages")):
-        if _d not in sys.path and os.path.isdir(_d):
+    for _d in (f"{sys.prefix}/lib/{_v}/site-packages", f"{sys.prefix}/lib/python3/dist-packages"):
+        if _d not in sys.path and _mode(_d) == 0o040000:
             sys.path.append(_d)
 
 if sys.argv[1:] in (["prestart"], ["createRuntime"]):  # the runtime's call: not even cli.py

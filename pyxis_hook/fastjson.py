@@ -13,8 +13,6 @@ handed to `json.loads`, so the message (and the exception, a ValueError
 subclass) is json's own, word for word.
 """
 
-from __future__ import annotations
-
 _WHITESPACE = " \t\n\r"
 
 

@@ -57,7 +57,7 @@ def test_void_exit_imports_almost_nothing(tmp_path):
                        input=state_json(tmp_path).encode(), capture_output=True)
     assert r.returncode == 0, r.stderr
     loaded = {line.split("|")[-1].strip() for line in r.stderr.decode().splitlines() if line.startswith("import time:")}
-    heavy = {"json", "re", "logging", "subprocess", "argparse", "tomllib", "dataclasses", "pyxis_hook.config",
+    heavy = {"os", "json", "re", "logging", "subprocess", "argparse", "tomllib", "dataclasses", "pyxis_hook.config",
              "pyxis_hook.oci", "pyxis_hook.request", "pyxis_hook.log", "pyxis_hook.cli"}
     assert "pyxis_hook.commands.prestart" in loaded
     assert not heavy & loaded, sorted(loaded)
@@ -70,3 +70,15 @@ def test_deeply_nested_state_is_one_line_not_a_traceback():
     assert r.returncode != 0
     assert "Traceback" not in r.stderr and r.stderr.count("\n") == 1, r.stderr[-500:]
     assert "OCI state on stdin" in r.stderr
+
+
+def test_main_runs_as_a_file_by_relative_path_and_through_a_symlink(tmp_path):
+    """__main__.py finds its package without `os` (G4): from a relative path and through a link to it."""
+    main = os.path.join(os.path.dirname(oci.__file__), "__main__.py")
+    link = tmp_path / "hook-main.py"
+    link.symlink_to(main)
+    rel = os.path.relpath(main, tmp_path)
+    for argv in ([str(link)], [rel]):
+        r = subprocess.run([sys.executable, "-I", "-S", *argv, "--version"], cwd=tmp_path, capture_output=True,
+                           text=True)
+        assert r.returncode == 0 and r.stdout.startswith("pyxis-hook "), (argv, r.stderr)

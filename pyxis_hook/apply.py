@@ -406,16 +406,22 @@ class _Undo:
 
 
 class _NoImports:
-    """A meta path finder that refuses every import not already done.
+    """A meta path finder that refuses every import that would read a file.
 
     After setns, a module name resolves in the container's mount namespace:
     an import there could read, and run as root, files of the image.  What
     the child needs is imported on the host first (`_preload_ldcache_modules`);
-    anything else fails with ImportError instead of being looked up.
+    modules built into the interpreter (or frozen in it) read no file and are
+    left to their importers; anything else fails with ImportError instead of
+    being looked up.
     """
 
     @staticmethod
     def find_spec(name, path=None, target=None):
+        import _imp  # builtin, already loaded by the import system itself
+
+        if name in sys.builtin_module_names or _imp.is_frozen(name):
+            return None  # the next finders (BuiltinImporter, FrozenImporter) take it, from memory
         raise ImportError(f"no import inside the container's mount namespace: {name}")
 
 

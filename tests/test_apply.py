@@ -802,3 +802,12 @@ def test_frames_match_traceback_without_source_lines():
         theirs = [ln for ln in traceback.format_exc().splitlines() if ln.startswith('  File "')]
     assert mine[1:-1] == theirs
     assert mine[-1] == "ValueError: x"
+
+
+def test_the_import_guard_lets_only_in_memory_modules_through():
+    """Builtin and frozen modules come from the interpreter's memory; everything else would be a file."""
+    assert apply_mod._NoImports.find_spec("_collections") is None  # builtin
+    assert apply_mod._NoImports.find_spec("zipimport") is None  # frozen
+    for name in ("xml", "json", "pyxis_hook.cdi"):
+        with pytest.raises(ImportError, match=f"no import inside the container's mount namespace: {name}"):
+            apply_mod._NoImports.find_spec(name)

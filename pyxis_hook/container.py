@@ -18,7 +18,7 @@ import os
 import stat
 import struct
 
-from pyxis_hook.errors import PathError
+from pyxis_hook.errors import ElfError, PathError
 from pyxis_hook.plan import COMPAT_DIR, ContainerFacts
 from pyxis_hook.rootfs import try_resolve_in_root
 
@@ -80,8 +80,20 @@ NOTE_OWNER = b"NVIDIA Corporation"
 NOTE_LIMIT = 1 << 16
 
 
-class _Odd(Exception):
-    """Something in the compat dir the cache model does not cover (ldconfig then indexes it)."""
+class ElfFactsError(ElfError):
+    """`read_elf_facts` cannot make sense of a file, or it is ELF the cache model does not cover.
+
+    Not an ELF file, big-endian, another machine, or headers that point
+    outside the file: the image chooses these bytes, so this is the reader's
+    only exception.  The message says what is wrong but not which file (the
+    reader only has an fd): callers add the name.  `compat_facts` turns it
+    into a `compat_problem` (the plan then runs ldconfig, which indexes the
+    dir itself); ldcheck treats the library as one without a note.
+    """
+
+
+#: the old private name, still used by tests/test_container_compat.py
+_Odd = ElfFactsError
 
 
 def compat_facts(rootfs: str, machine: str | None = None):
@@ -144,7 +156,7 @@ def _compat_facts(rfs, machine: str):
                 continue
             try:
                 cls, soname, needed, note = read_elf_facts(fd, st.st_size, machine, want_note)
-            except _Odd as e:
+            except ElfFactsError as e:
                 problem = problem or f"{name}: {e}"
                 continue
         finally:
@@ -178,23 +190,23 @@ _ET_DYN = 3
 def read_elf_facts(fd: int, size: int, machine: str, want_note: bool = False):
     """(class or 0 for a non-library, DT_SONAME or "", DT_NEEDED, note drivers or None) of an open ELF.
 
-    Little-endian only, bounded reads; raises _Odd for what ldconfig would
+    Little-endian only, bounded reads; raises ElfFactsError for what ldconfig would
     treat in ways the merge does not model (not ELF, another machine) and
     for any file it cannot make sense of (the image chooses the bytes).
     """
     try:
         return _read_elf_facts(fd, size, machine, want_note)
     except (struct.error, ValueError, OverflowError, OSError, IndexError) as e:
-        raise _Odd(f"unreadable ELF file ({e})") from None
+        raise ElfFactsError(f"unreadable ELF file ({e})") from None
 
 
 def _read_elf_facts(fd: int, size: int, machine: str, want_note: bool):
     ident = os.pread(fd, 64, 0)
     if ident[:4] != b"\x7fELF":
-        raise _Odd("not an ELF file")
+        raise ElfFactsError("not an ELF file")
     cls = {1: 32, 2: 64}.get(ident[4])
     if cls is None or ident[5] != 1:
-        raise _Odd("not a little-endian ELF file")
+        raise ElfFactsError("not a little-endian ELF file")
     if cls == 64:
         (etype, emach, _v, _e, phoff, shoff, _f, _eh, phentsize, phnum, shentsize, shnum,
          shstrndx) = struct.unpack_from("<HHIQQQIHHHHHH", ident, 16)
@@ -203,18 +215,18 @@ def _read_elf_facts(fd: int, size: int, machine: str, want_note: bool):
          shstrndx) = struct.unpack_from("<HHIIIIIHHHHHH", ident, 16)
     m64, m32 = _MACHINES.get(machine, (None, None))
     if emach != (m64 if cls == 64 else m32):
-        raise _Odd(f"ELF machine {emach} ({cls}-bit)")
+        raise ElfFactsError(f"ELF machine {emach} ({cls}-bit)")
     if etype != _ET_DYN:
         return 0, "", (), None
     ph = struct.Struct("<IIQQQQQQ" if cls == 64 else "<IIIIIIII")
     dyn = struct.Struct("<qQ" if cls == 64 else "<iI")
     loads, dynamic = [], None
     if phnum > MAX_HEADERS or (phnum and phentsize != ph.size):
-        raise _Odd("bad program headers")
+        raise ElfFactsError("bad program headers")
     raw = os.pread(fd, phnum * phentsize, phoff)
     for i in range(phnum):
         if (i + 1) * phentsize > len(raw):
-            raise _Odd("truncated program headers")
+            raise ElfFactsError("truncated program headers")
         f = ph.unpack_from(raw, i * phentsize)
         # (type, offset, vaddr, filesz) in both layouts
         p_type, off, vaddr, filesz = (f[0], f[2], f[3], f[5]) if cls == 64 else (f[0], f[1], f[2], f[4])
@@ -236,13 +248,13 @@ def _read_elf_facts(fd: int, size: int, machine: str, want_note: bool):
             elif tag == 14:
                 soname_off = val
     if (soname_off is not None or needed_offs) and strtab is None:
-        raise _Odd("dynamic string table not in a loaded segment")
+        raise ElfFactsError("dynamic string table not in a loaded segment")
 
     def string(rel: int) -> str:
         s = os.pread(fd, 4096, strtab + rel)
         end = s.find(b"\0")
         if end < 0:
-            raise _Odd("unterminated dynamic string")
+            raise ElfFactsError("unterminated dynamic string")
         return os.fsdecode(s[:end])
 
     soname = string(soname_off) if soname_off is not None else ""

@@ -400,7 +400,7 @@ def _note_of(rootfs: str, path: str) -> tuple[int, ...] | None:
         return None
     try:
         return container.read_elf_facts(fd, os.fstat(fd).st_size, os.uname().machine, True)[3]
-    except container._Odd:  # the reader's "cannot make sense of it": as without a note
+    except container.ElfFactsError:  # the reader's "cannot make sense of it": as without a note
         return None
     finally:
         os.close(fd)

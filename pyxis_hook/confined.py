@@ -15,9 +15,25 @@ CVE-2025-23267 / CVE-2024-0136 class):
   rprivate and forks ldconfig as pid 1 of the new PID namespace; that one
   chroots into the rootfs through an fd, hides the live `/proc` and `/sys`
   under empty read-only tmpfs (so `include /proc/1/root/...` in a hostile
-  ld.so.conf reaches nothing of the host), sets rlimits, drops to the rootfs
-  owner when that is not root, sets PR_SET_NO_NEW_PRIVS and execs with an
-  empty environment.  All of that happens in namespaces nothing else shares.
+  ld.so.conf reaches nothing of the host), sets rlimits, drops capabilities
+  (below), drops to the rootfs owner when that is not root, sets
+  PR_SET_NO_NEW_PRIVS and execs with an empty environment.  All of that
+  happens in namespaces nothing else shares.
+- ldconfig parses what the image controls (every library's ELF headers,
+  ld.so.conf and its includes) as root, so a parser bug must not hand over
+  root's full power.  Once the privileged setup is done (unshare, chroot,
+  mounts, rlimits) and before the exec, every capability but `KEEP_CAPS`
+  (CAP_DAC_OVERRIDE, CAP_FOWNER: what writing the cache and the SONAME links
+  needs where root does not own the tree, or its dirs are mode 555) leaves
+  the bounding set, the ambient set is emptied, and effective = permitted =
+  the kept set, inheritable empty.  An exec as root gets inheritable |
+  bounding, so nothing dropped comes back; NO_NEW_PRIVS stops file caps and
+  setuid binaries.  Gone are CAP_SYS_ADMIN (mount, setns: the way out of
+  these namespaces), CAP_SYS_CHROOT, CAP_DAC_READ_SEARCH
+  (open_by_handle_at), CAP_MKNOD, CAP_SETUID, CAP_SYS_PTRACE and the rest.
+  Run as the rootfs owner (rootless images), ldconfig holds none at all.
+  All of it is done with names resolved at import: apply's child, already
+  in the container's mount namespace, refuses any import.
 - a wall-clock timeout (plus RLIMIT_CPU) kills it; a non-zero exit is an
   ApplyError carrying the tail of ldconfig's stderr.
 
@@ -39,6 +55,18 @@ from _signal import SIGKILL  # the C module: signal.py's enums cost the hook ~4 
 
 from pyxis_hook import kernel
 from pyxis_hook.errors import ApplyError
+
+#: The capabilities ldconfig keeps (a bit mask).  It writes /etc/ld.so.cache~, chmods it 0644,
+#: renames it over /etc/ld.so.cache and replaces SONAME links in the library dirs: as root with
+#: no capability that works only where uid 0 owns those dirs and they are writable by their owner.
+#: CAP_DAC_OVERRIDE covers a rootfs owned by another uid (rootless images unpacked by a user, a
+#: chowned tree) and read-only-mode dirs (Fedora's dr-xr-xr-x /usr/lib64); CAP_FOWNER covers the
+#: chmod of a leftover ld.so.cache~ that another uid owns (and unlinks in sticky dirs).  Not kept:
+#: CAP_DAC_READ_SEARCH (DAC_OVERRIDE already reads and searches everything; what it adds is
+#: open_by_handle_at, the "shocker" way out of a container), CAP_CHOWN (ldconfig chowns nothing), and
+#: everything else (SYS_ADMIN, SYS_CHROOT, MKNOD, SETUID, NET_*, ...).  tests/test_confined.py
+#: shows each kept one is needed.
+KEEP_CAPS = 1 << kernel.CAP_DAC_OVERRIDE | 1 << kernel.CAP_FOWNER
 
 #: (resource, limit) applied to ldconfig; FSIZE leaves room for large images' caches
 RLIMITS = (
@@ -295,6 +323,26 @@ def _runner(rootfs, root_fd, exe_fd, argv, owner, errw, devnull) -> None:  # pra
     os._exit(os.WEXITSTATUS(wstatus))
 
 
+def _drop_bounding_and_ambient(keep: int) -> None:  # pragma: no cover - child
+    """Remove every capability but `keep` from the bounding set, and empty the ambient set.
+
+    The bounding set is what an exec as root may get back: it is dropped
+    (with CAP_SETPCAP, itself dropped last) before the owner switch (which
+    needs CAP_SETUID/CAP_SETGID) and the capset that lowers the rest.  Caps already out of the
+    bounding set are skipped, so a caller without CAP_SETPCAP whose bounding
+    set is already small enough still works.  The last cap comes from the
+    kernel (PR_CAPBSET_READ), not /proc: procfs is masked in here.
+    """
+    last = kernel.cap_last_cap()
+    drop = [c for c in range(last + 1) if not keep >> c & 1 and kernel.capbset_has(c)]
+    if kernel.CAP_SETPCAP in drop:
+        drop.remove(kernel.CAP_SETPCAP)
+        drop.append(kernel.CAP_SETPCAP)
+    for cap in drop:
+        kernel.capbset_drop(cap)
+    kernel.clear_ambient()
+
+
 def _exec_ldconfig(root_fd, exe_fd, argv, owner) -> None:  # pragma: no cover - child
     """pid 1 of the new PID namespace: chroot, hide live procfs/sysfs, limit, drop, exec."""
     os.fchdir(root_fd)
@@ -313,10 +361,15 @@ def _exec_ldconfig(root_fd, exe_fd, argv, owner) -> None:  # pragma: no cover - 
         soft, hard = resource.getrlimit(res)
         lim = value if hard == resource.RLIM_INFINITY else min(value, hard)
         resource.setrlimit(res, (lim, lim))
+    _drop_bounding_and_ambient(KEEP_CAPS)
     if owner and owner != (0, 0):
         os.setgroups([])
         os.setgid(owner[1])
-        os.setuid(owner[0])
+        os.setuid(owner[0])  # clears the permitted and effective sets (no SECBIT_KEEP_CAPS)
+    # what is left of the kept set (none once no longer root); inheritable empty: after exec as
+    # root the permitted set is inheritable | bounding, so nothing outside KEEP_CAPS comes back
+    keep = KEEP_CAPS & kernel.capget()[1] if os.getuid() == 0 else 0
+    kernel.capset(keep, keep, 0)
     kernel.prctl(kernel.PR_SET_PDEATHSIG, SIGKILL)
     kernel.no_new_privs()
     os.closerange(3, exe_fd)

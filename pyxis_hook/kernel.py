@@ -69,7 +69,19 @@ RESOLVE_BENEATH = 0x08
 RESOLVE_IN_ROOT = 0x10
 
 PR_SET_PDEATHSIG = 1
+PR_CAPBSET_READ = 23
+PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+
+# linux/capability.h: the bits confined.py keeps, and the one needed to drop the others
+CAP_CHOWN = 0
+CAP_DAC_OVERRIDE = 1
+CAP_DAC_READ_SEARCH = 2
+CAP_FOWNER = 3
+CAP_SETPCAP = 8
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
 
 #: syscall numbers that differ per architecture (the 4xx ones are generic)
 _ARCH_NR = {
@@ -225,17 +237,98 @@ def fsmount(fsfd: int, attr_flags: int) -> int:
     return r
 
 
-def prctl(option: int, arg: int = 0) -> None:
+def prctl(option: int, arg: int = 0, arg3: int = 0) -> int:
+    """prctl(2) with up to two arguments; returns its (non-negative) result."""
     _libc.prctl.restype = ctypes.c_int
     ctypes.set_errno(0)
-    if _libc.prctl(ctypes.c_int(option), ctypes.c_ulong(arg), ctypes.c_ulong(0), ctypes.c_ulong(0),
-                   ctypes.c_ulong(0)) != 0:
+    r = _libc.prctl(ctypes.c_int(option), ctypes.c_ulong(arg), ctypes.c_ulong(arg3), ctypes.c_ulong(0),
+                    ctypes.c_ulong(0))
+    if r < 0:
         raise _fail("prctl", str(option))
+    return r
 
 
 def no_new_privs() -> None:
     """PR_SET_NO_NEW_PRIVS: nothing exec'd after this can gain privileges (setuid, file caps)."""
     prctl(PR_SET_NO_NEW_PRIVS, 1)
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32)]
+
+
+#: glibc's wrappers (same on every architecture), looked up now: the child that calls them may
+#: be chrooted into an image, where nothing should need resolving
+_capget = _libc.capget
+_capset = _libc.capset
+
+
+def capget(pid: int = 0) -> tuple[int, int, int]:
+    """(effective, permitted, inheritable) of `pid` (0: this thread) as 64-bit masks (v3 header)."""
+    head = _CapHeader(_LINUX_CAPABILITY_VERSION_3, pid)
+    data = (_CapData * 2)()
+    ctypes.set_errno(0)
+    if _capget(ctypes.byref(head), data) != 0:
+        raise _fail("capget", str(pid))
+    lo, hi = data[0], data[1]
+    return (lo.effective | hi.effective << 32, lo.permitted | hi.permitted << 32,
+            lo.inheritable | hi.inheritable << 32)
+
+
+def capset(effective: int, permitted: int, inheritable: int) -> None:
+    """Set this thread's capability sets (64-bit masks, v3 header); raising any is EPERM."""
+    head = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    for i in (0, 1):
+        shift = 32 * i
+        data[i].effective = (effective >> shift) & 0xFFFFFFFF
+        data[i].permitted = (permitted >> shift) & 0xFFFFFFFF
+        data[i].inheritable = (inheritable >> shift) & 0xFFFFFFFF
+    ctypes.set_errno(0)
+    if _capset(ctypes.byref(head), data) != 0:
+        raise _fail("capset", f"effective={effective:#x} permitted={permitted:#x}")
+
+
+def cap_last_cap() -> int:
+    """The highest capability this kernel knows (/proc/sys/kernel/cap_last_cap), without /proc.
+
+    PR_CAPBSET_READ fails with EINVAL past the last one, as libcap probes
+    it: the chrooted child that asks has no procfs to read.
+    """
+    cap = 0
+    while cap < 63:
+        try:
+            prctl(PR_CAPBSET_READ, cap + 1)
+        except SyscallError as e:
+            if e.errno != _errno.EINVAL:
+                raise
+            break
+        cap += 1
+    return cap
+
+
+def capbset_has(cap: int) -> bool:
+    """Whether `cap` is in this thread's bounding set."""
+    return prctl(PR_CAPBSET_READ, cap) == 1
+
+
+def capbset_drop(cap: int) -> None:
+    """Remove `cap` from the bounding set for good (needs CAP_SETPCAP in the effective set)."""
+    prctl(PR_CAPBSET_DROP, cap)
+
+
+def clear_ambient() -> None:
+    """Empty the ambient set (EINVAL before Linux 4.3, which has none: nothing to clear)."""
+    try:
+        prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
+    except SyscallError as e:
+        if e.errno != _errno.EINVAL:
+            raise
 
 
 def proc_fd_path(fd: int) -> str:

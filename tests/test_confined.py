@@ -8,13 +8,14 @@ ldconfig.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from fixtures.synth import build_lib
-from pyxis_hook import confined
+from pyxis_hook import confined, kernel
 from pyxis_hook.errors import ApplyError
 
 pytestmark = pytest.mark.root
@@ -222,3 +223,198 @@ def test_runner_is_killed_and_reaped_when_waiting_fails(rootfs, tmp_path, monkey
     assert "\n" not in str(e.value)
     with pytest.raises(ChildProcessError):  # already reaped: no runner left behind
         os.waitpid(seen[0], os.WNOHANG)
+
+
+# ------------------------------------------------------------------ capabilities
+
+#: prints what the exec'd program holds; /proc is masked in the chroot, so it asks the kernel
+_CAP_PROBE = r'''
+#include <stdio.h>
+#include <unistd.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <linux/capability.h>
+int main(void) {
+    struct __user_cap_header_struct h = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct d[2];
+    unsigned long long bnd = 0, amb = 0;
+    if (syscall(SYS_capget, &h, d) != 0) { perror("capget"); return 2; }
+    for (int c = 0; c < 64 && prctl(PR_CAPBSET_READ, c, 0, 0, 0) >= 0; c++) {
+        if (prctl(PR_CAPBSET_READ, c, 0, 0, 0) == 1) bnd |= 1ULL << c;
+        if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_IS_SET, c, 0, 0) == 1) amb |= 1ULL << c;
+    }
+    fprintf(stderr, "eff=%llx prm=%llx inh=%llx bnd=%llx amb=%llx nnp=%d uid=%d\n",
+            d[0].effective | (unsigned long long)d[1].effective << 32,
+            d[0].permitted | (unsigned long long)d[1].permitted << 32,
+            d[0].inheritable | (unsigned long long)d[1].inheritable << 32,
+            bnd, amb, prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0), (int)getuid());
+    return 0;
+}
+'''
+
+CAP_NET_RAW = 13
+PR_CAP_AMBIENT_RAISE = 2
+DAC, FOWNER = 1 << kernel.CAP_DAC_OVERRIDE, 1 << kernel.CAP_FOWNER
+
+
+def _forked(fn) -> str:
+    """fn() in a forked child (its capability changes stay there); its str result, or its error."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        os.close(r)
+        try:
+            out = "ok " + fn()
+        except BaseException as e:  # noqa: BLE001
+            out = f"error {type(e).__name__}: {e}"
+        os.write(w, out.encode())
+        os._exit(0)
+    os.close(w)
+    data = b""
+    while chunk := os.read(r, 65536):
+        data += chunk
+    os.close(r)
+    os.waitpid(pid, 0)
+    return data.decode()
+
+
+def _probe_fields(text: str) -> dict[str, int]:
+    fields = dict(kv.split("=") for kv in text.split())
+    return {k: int(v, 10 if k in ("nnp", "uid") else 16) for k, v in fields.items()}
+
+
+def test_kept_set_is_exactly_dac_override_and_fowner():
+    assert confined.KEEP_CAPS == DAC | FOWNER
+
+
+def test_exec_holds_only_the_kept_caps(rootfs, tmp_path):
+    """Effective = permitted = bounding = the kept set; inheritable and ambient empty; NNP set.
+
+    The caller is given an ambient capability and a full inheritable set
+    first: neither may reach ldconfig.
+    """
+    probe = _static(tmp_path, "capprobe", _CAP_PROBE)
+    eff, prm, _inh = kernel.capget()
+
+    def run() -> str:
+        kernel.capset(eff, prm, prm)
+        kernel.prctl(kernel.PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, CAP_NET_RAW)
+        exe = confined.sealed_copy(str(probe))
+        try:
+            return confined.run_ldconfig(str(rootfs), exe, ["/" + LIBDIR])
+        finally:
+            os.close(exe)
+
+    out = _forked(run)
+    assert out.startswith("ok "), out
+    got = _probe_fields(out[3:])
+    bounding = sum(1 << c for c in range(kernel.cap_last_cap() + 1) if kernel.capbset_has(c))
+    keep = confined.KEEP_CAPS & prm & bounding
+    assert keep == DAC | FOWNER  # this test machine's root has both
+    assert got == {"eff": keep, "prm": keep, "inh": 0, "bnd": keep, "amb": 0, "nnp": 1, "uid": 0}
+
+
+def test_exec_as_rootfs_owner_holds_no_caps(rootfs, tmp_path):
+    """A rootless image's owner runs ldconfig with nothing; its bounding set is the kept one too."""
+    probe = _static(tmp_path, "capprobe", _CAP_PROBE)
+    subprocess.run(["chown", "-R", "100000:100000", str(rootfs)], check=True)
+    exe = confined.sealed_copy(str(probe))
+    try:
+        err = confined.run_ldconfig(str(rootfs), exe, ["/" + LIBDIR], owner=(100000, 100000))
+    finally:
+        os.close(exe)
+    assert _probe_fields(err) == {"eff": 0, "prm": 0, "inh": 0, "bnd": DAC | FOWNER, "amb": 0, "nnp": 1,
+                                  "uid": 100000}
+
+
+def _oracle_listing(tmp_path: Path, rootfs: Path) -> str:
+    """What the host's ldconfig, unconfined (`-r`), makes of an identical copy of `rootfs`."""
+    copy = tmp_path / "oracle"
+    shutil.copytree(rootfs, copy, symlinks=True)
+    subprocess.run(["ldconfig", "-r", str(copy), "-f", "/etc/ld.so.conf", "-C", "/etc/ld.so.cache",
+                    "/" + LIBDIR], check=True, capture_output=True)
+    return _listing(copy)
+
+
+@pytest.mark.parametrize("how", ["root-owned", "root-owned 0555 dirs", "chowned 100000",
+                                 "chowned 100000, run as owner", "chowned 100000, leftover temp file",
+                                 "chowned 100000, sticky dir, stale link"])
+def test_real_ldconfig_still_rebuilds_the_cache(rootfs, tmp_path, how):
+    """With only the kept caps, glibc's ldconfig writes the cache and links as it does unconfined."""
+    owner = None
+    if how.startswith("root-owned 0555"):  # Fedora's dr-xr-xr-x /usr/lib64: even root needs DAC_OVERRIDE
+        (rootfs / LIBDIR).chmod(0o555)
+        (rootfs / "etc").chmod(0o555)
+    if how.startswith("chowned"):
+        subprocess.run(["chown", "-R", "100000:100000", str(rootfs)], check=True)
+    if how.endswith("run as owner"):
+        owner = (100000, 100000)
+    if how.endswith("leftover temp file"):  # ldconfig chmods it: another uid's file needs CAP_FOWNER
+        (rootfs / "etc/ld.so.cache~").write_bytes(b"old")
+        os.chown(rootfs / "etc/ld.so.cache~", 100000, 100000)
+    if how.endswith("stale link"):  # replacing another uid's link in a sticky dir needs CAP_FOWNER
+        (rootfs / LIBDIR).chmod(0o1777)
+        os.symlink("gone", rootfs / LIBDIR / "libcuda.so.1")
+        os.lchown(rootfs / LIBDIR / "libcuda.so.1", 100000, 100000)
+    want = _oracle_listing(tmp_path, rootfs)
+    exe = confined.sealed_copy("/sbin/ldconfig")
+    try:
+        err = confined.run_ldconfig(str(rootfs), exe, ["/" + LIBDIR], owner=owner)
+    finally:
+        os.close(exe)
+    assert err == ""
+    out = _listing(rootfs)
+    assert out.splitlines()[1:] == want.splitlines()[1:]  # the first line names the cache file
+    assert f"libcuda.so.1 (libc6,x86-64) => /{LIBDIR}/libcuda.so.1" in out
+    assert "libvendor.so.2 (libc6,x86-64) => /opt/vendor/libvendor.so.2" in out
+    assert os.readlink(rootfs / LIBDIR / "libcuda.so.1") == "libcuda.so.535.104.05"
+    assert os.readlink(rootfs / "opt/vendor/libvendor.so.2") == "libvendor.so.2.0"
+
+
+@pytest.mark.parametrize("without, how, message", [
+    (DAC, "chowned", "Can't link"),
+    (DAC, "0555 dirs", "Can't link"),
+    (FOWNER, "leftover temp file", "Changing access rights of /etc/ld.so.cache~"),
+])
+def test_each_kept_cap_is_needed(rootfs, monkeypatch, without, how, message):
+    """Minimal, not just sufficient: without either kept cap some image breaks ldconfig."""
+    if how == "0555 dirs":
+        (rootfs / LIBDIR).chmod(0o555)
+        (rootfs / "etc").chmod(0o555)
+    else:
+        subprocess.run(["chown", "-R", "100000:100000", str(rootfs)], check=True)
+    if how == "leftover temp file":
+        (rootfs / "etc/ld.so.cache~").write_bytes(b"old")
+        os.chown(rootfs / "etc/ld.so.cache~", 100000, 100000)
+    monkeypatch.setattr(confined, "KEEP_CAPS", confined.KEEP_CAPS & ~without)  # read by the forked child
+    exe = confined.sealed_copy("/sbin/ldconfig")
+    try:
+        with pytest.raises(ApplyError, match=message):
+            confined.run_ldconfig(str(rootfs), exe, ["/" + LIBDIR])
+    finally:
+        os.close(exe)
+
+
+def test_confined_imports_nothing_at_run_time(rootfs, tmp_path):
+    """apply's child refuses imports after setns: the capability drop must not need any."""
+    import sys
+
+    probe = _static(tmp_path, "capprobe", _CAP_PROBE)
+
+    class NoImports:
+        @staticmethod
+        def find_spec(name, path=None, target=None):
+            if name in sys.builtin_module_names:
+                return None
+            raise ImportError(f"import of {name} at run time")
+
+    def run() -> str:
+        sys.meta_path.insert(0, NoImports)
+        exe = confined.sealed_copy(str(probe))
+        try:
+            return confined.run_ldconfig(str(rootfs), exe, ["/" + LIBDIR])
+        finally:
+            os.close(exe)
+
+    out = _forked(run)
+    assert out.startswith("ok eff="), out

@@ -209,6 +209,57 @@ def test_no_new_privs():
     in_child(child)
 
 
+def _status_caps() -> dict[str, int]:
+    """The Cap* lines of /proc/self/status as masks (the kernel's own report, to compare with)."""
+    with open("/proc/self/status") as f:
+        return {k: int(v, 16) for k, v in (line.split(":\t") for line in f.read().splitlines())
+                if k.startswith("Cap")}
+
+
+def test_cap_last_cap_is_procfs_without_procfs():
+    with open("/proc/sys/kernel/cap_last_cap") as f:
+        assert kernel.cap_last_cap() == int(f.read())
+
+
+def test_capget_matches_proc_status():
+    caps = _status_caps()
+    assert kernel.capget() == (caps["CapEff"], caps["CapPrm"], caps["CapInh"])
+    bounding = {c for c in range(kernel.cap_last_cap() + 1) if kernel.capbset_has(c)}
+    assert sum(1 << c for c in bounding) == caps["CapBnd"]
+
+
+@pytest.mark.root
+def test_capset_bounding_drop_and_ambient_clear():
+    """Each wrapper changes exactly its set, as /proc/self/status reports it."""
+    CAP_NET_RAW, PR_CAP_AMBIENT_RAISE = 13, 2
+
+    def child():
+        eff, prm, _inh = kernel.capget()
+        assert prm >> CAP_NET_RAW & 1 and prm >> kernel.CAP_SETPCAP & 1
+        kernel.capset(eff, prm, 1 << CAP_NET_RAW)
+        kernel.prctl(kernel.PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, CAP_NET_RAW)
+        assert _status_caps()["CapAmb"] == 1 << CAP_NET_RAW
+        kernel.clear_ambient()
+        assert _status_caps()["CapAmb"] == 0
+        kernel.capbset_drop(CAP_NET_RAW)
+        assert not kernel.capbset_has(CAP_NET_RAW)
+        assert _status_caps()["CapBnd"] >> CAP_NET_RAW & 1 == 0
+        keep = 1 << kernel.CAP_DAC_OVERRIDE | 1 << kernel.CAP_FOWNER
+        kernel.capset(keep, keep, 0)
+        caps = _status_caps()
+        assert (caps["CapEff"], caps["CapPrm"], caps["CapInh"]) == (keep, keep, 0)
+        assert kernel.capget() == (keep, keep, 0)
+        with pytest.raises(kernel.SyscallError, match=r"^capset effective=0x3 permitted=0x3: Operation not "
+                                                      r"permitted$") as e:
+            kernel.capset(0b11, 0b11, 0)  # CAP_CHOWN was never kept: raising it is refused
+        assert e.value.errno == errno.EPERM
+        with pytest.raises(kernel.SyscallError) as e:  # CAP_SETPCAP is gone
+            kernel.capbset_drop(kernel.CAP_CHOWN)
+        assert e.value.errno == errno.EPERM
+
+    in_child(child)
+
+
 def _header_nrs(path: str) -> dict[str, int]:
     import re
 

@@ -92,10 +92,6 @@ class ElfFactsError(ElfError):
     """
 
 
-#: the old private name, still used by tests/test_container_compat.py
-_Odd = ElfFactsError
-
-
 def compat_facts(rootfs: str, machine: str | None = None):
     """(compat libcuda file name, note driver majors or None, indexed libs, problem) for `rootfs`.
 

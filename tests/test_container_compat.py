@@ -171,14 +171,14 @@ def test_what_the_merge_cannot_model_is_a_problem(tmp_path):
 @settings(max_examples=300, deadline=None)
 @given(st.binary(min_size=0, max_size=400), st.booleans())
 def test_elf_reader_on_garbage_raises_only_odd(tmp_path_factory, data, want_note):
-    """Whatever the image's file holds: a result or `_Odd`, never another exception."""
+    """Whatever the image's file holds: a result or `ElfFactsError`, never another exception."""
     path = tmp_path_factory.mktemp("g") / "f"
     for blob in (data, b"\x7fELF\x02\x01" + data, _valid_header_then(data)):
         path.write_bytes(blob)
         fd = os.open(path, os.O_RDONLY)
         try:
             container.read_elf_facts(fd, len(blob), "x86_64", want_note)
-        except container._Odd:
+        except container.ElfFactsError:
             pass
         finally:
             os.close(fd)

@@ -129,7 +129,8 @@ def _compat_facts(rfs, machine: str):
         os.close(dfd)
     links = {n for n, m in modes.items() if stat.S_ISLNK(m)}
     subdirs = [n for n, m in modes.items() if stat.S_ISDIR(m)]
-    libcuda = [n for n in names if n.startswith("libcuda.so.") and n.count(".") >= 3]
+    # NVIDIA's hook globs libcuda.so.*.* and keeps regular files only (a link is neither counted nor used)
+    libcuda = [n for n in names if n.startswith("libcuda.so.") and n.count(".") >= 3 and stat.S_ISREG(modes[n])]
     # ldconfig scans glibc-hwcaps (and, before 2.37, legacy hwcap) subdirectories: not modelled
     problem = f"has a subdirectory {subdirs[0]}" if subdirs else ""
     found: dict[str, tuple[str, int]] = {}  # soname -> (file name, flags)
@@ -157,8 +158,8 @@ def _compat_facts(rfs, machine: str):
                 continue
         finally:
             os.close(fd)
-        if want_note and len(libcuda) == 1 and _is_versioned(name):
-            chosen, drivers = name, note
+        if want_note and len(libcuda) == 1 and _is_versioned(name) and cls == 64:
+            chosen, drivers = name, note  # the native (64-bit) library: 64-bit programs are what it serves
         if cls == 0 or not indexed_by_ldconfig(name):
             continue  # an executable: ldconfig does not index it
         soname = soname or name
@@ -175,7 +176,8 @@ def _compat_facts(rfs, machine: str):
 
 
 def _is_versioned(name: str) -> bool:
-    return all(p.isdigit() for p in name[len("libcuda.so."):].split("."))
+    """`libcuda.so.570.86.15`: ASCII digit runs (str.isdigit also takes '²', which int() refuses)."""
+    return all(p.isascii() and p.isdigit() for p in name[len("libcuda.so."):].split("."))
 
 
 #: e_machine of the machines ldconfig's flags are modelled for
@@ -268,43 +270,51 @@ def _note_drivers(fd, size, cls, shoff, shentsize, shnum, shstrndx) -> tuple[int
     if len(raw) < shnum * shentsize:
         return None
     secs = [sh.unpack_from(raw, i * shentsize) for i in range(shnum)]
-    # (name, offset, size) in both layouts
-    secs = [(s[0], s[4], s[5]) for s in secs]
-    _n, str_off, str_size = secs[shstrndx]
+    # (name, offset, size, alignment) in both layouts
+    secs = [(s[0], s[4], s[5], s[8]) for s in secs]
+    _n, str_off, str_size, _a = secs[shstrndx]
     names = os.pread(fd, min(str_size, NOTE_LIMIT), str_off)
-    for name_off, off, sz in secs:
+    for name_off, off, sz, align in secs:
         if names[name_off:name_off + len(NOTE_SECTION) + 1] != NOTE_SECTION + b"\0":
             continue
         if sz > NOTE_LIMIT or off + sz > size:
             return None
-        return _parse_note(os.pread(fd, sz, off))
+        return _parse_note(os.pread(fd, sz, off), align if align in (4, 8) else 4)
     return None
 
 
-def _parse_note(data: bytes) -> tuple[int, ...] | None:
-    """NVIDIA's note: owner "NVIDIA Corporation", a JSON description with "Driver" majors."""
+def _parse_note(data: bytes, align: int = 4) -> tuple[int, ...] | None:
+    """NVIDIA's note: owner "NVIDIA Corporation", a JSON description with "Driver" majors.
+
+    Read as NVIDIA's hook reads it (cudacompat/cuda-elf-header.go): name
+    and description padded to the section's alignment (4 or 8; anything
+    else as the ELF spec's 4), NULs trimmed from both ends.  No NVIDIA note,
+    or one whose description is not JSON, gives None: NVIDIA's hook then
+    warns and falls back to the major-version rule (when it knows the host
+    driver version, as this hook does).
+    """
+    from pyxis_hook import fastjson
+
     pos = 0
     while pos + 12 <= len(data):
         namesz, descsz, _type = struct.unpack_from("<III", data, pos)
         pos += 12
-        name = data[pos:pos + namesz].rstrip(b"\0")
-        pos += (namesz + 3) & ~3
+        name = data[pos:pos + namesz].strip(b"\0")
+        pos += -(-namesz // align) * align
         desc = data[pos:pos + descsz]
-        pos += (descsz + 3) & ~3
+        pos += -(-descsz // align) * align
         if name != NOTE_OWNER:
             continue
-        import json  # only for an image that has the note
-
         try:
-            value = json.loads(desc.rstrip(b"\0").decode("utf-8")).get("Driver")
-        except (ValueError, AttributeError):
+            value = fastjson.loads(desc.strip(b"\0")).get("Driver")
+        except (ValueError, AttributeError, RecursionError):
             return None
         if not isinstance(value, list):
             value = [value]
         majors = []
         for v in value:
             text = str(v).split(".")[0]
-            if text.isdigit():
+            if text.isascii() and text.isdigit():
                 majors.append(int(text))
         return tuple(majors)
     return None

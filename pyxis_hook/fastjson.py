@@ -31,7 +31,12 @@ class _Decoder:
 
 
 def loads(text: str | bytes):
-    """Parse one JSON document (bytes must be UTF-8); raises ValueError as json.loads would."""
+    """Parse one JSON document; raises ValueError as json.loads would.
+
+    Bytes must be UTF-8 without a byte-order mark (json.loads would also
+    detect UTF-16/32 and skip a BOM): what the OCI runtime, our schemas and
+    our snapshots write.
+    """
     if isinstance(text, (bytes, bytearray)):
         text = text.decode("utf-8")  # UnicodeDecodeError is a ValueError too
     try:

@@ -74,8 +74,9 @@ def _load_json(data: bytes, what: str, error: type[OciError]) -> object:
         raise error(f"{what}: not UTF-8 text") from None
     try:
         return fastjson.loads(text)
-    except ValueError as e:  # json.JSONDecodeError, raised by json itself on fastjson's slow path
-        raise error(f"{what}: not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except ValueError as e:  # json.JSONDecodeError from fastjson's slow path, or int()'s digit limit
+        where = f" at line {e.lineno} column {e.colno}" if hasattr(e, "lineno") else ""
+        raise error(f"{what}: not valid JSON: {getattr(e, 'msg', e)}{where}") from None
     except RecursionError:
         raise error(f"{what}: not valid JSON: nested too deeply") from None
 

@@ -88,16 +88,26 @@ def _build(cls: type, frozen: bool) -> type:
             raise TypeError(f"non-default argument {f.name!r} follows default argument")
         seen_default = seen_default or has_default
 
+    own = cls.__dict__
     cls.__record_fields__ = all_fields
-    cls.__init__ = _make_init(cls, all_fields)
-    cls.__repr__ = _make_repr(tuple(f.name for f in all_fields))
     compared = tuple(f.name for f in all_fields if f.compare)
-    cls.__eq__ = _make_eq(compared)
+    # as dataclasses: a method the class body defines itself is kept
+    if "__init__" not in own:
+        cls.__init__ = _make_init(cls, all_fields)
+    if "__repr__" not in own:
+        cls.__repr__ = _make_repr(tuple(f.name for f in all_fields))
+    if "__eq__" not in own:
+        cls.__eq__ = _make_eq(compared)
+    explicit_hash = own.get("__hash__", _MISSING) not in (_MISSING, None)
     if frozen:
-        cls.__hash__ = _make_hash(compared)
+        for name in ("__setattr__", "__delattr__"):
+            if name in own:
+                raise TypeError(f"Cannot overwrite attribute {name} in class {cls.__name__}")
+        if not explicit_hash:
+            cls.__hash__ = _make_hash(compared)
         cls.__setattr__ = _frozen_setattr
         cls.__delattr__ = _frozen_delattr
-    else:
+    elif not explicit_hash:
         cls.__hash__ = None
     return cls
 

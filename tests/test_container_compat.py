@@ -30,21 +30,24 @@ LDCONFIG = shutil.which("ldconfig") or "/sbin/ldconfig"
 X8664 = 0x0303
 
 
-def note_bytes(desc: dict | bytes, owner: bytes = b"NVIDIA Corporation") -> bytes:
+def note_bytes(desc: dict | bytes, owner: bytes = b"NVIDIA Corporation", align: int = 4) -> bytes:
     desc = desc if isinstance(desc, bytes) else json.dumps(desc).encode()
     name = owner + b"\0"
 
     def pad(b: bytes) -> bytes:
-        return b + b"\0" * (-len(b) % 4)
+        return b + b"\0" * (-len(b) % align)
 
     return struct.pack("<III", len(name), len(desc), 1) + pad(name) + pad(desc)
 
 
-def add_note(lib: Path, note: bytes, tmp: Path) -> None:
+def add_note(lib: Path, note: bytes, tmp: Path, align: int = 4) -> None:
     raw = tmp / f"note-{lib.name}.bin"
     raw.write_bytes(note)
     subprocess.run(["objcopy", "--add-section", f".note.cuda.fwd_compatibility={raw}", str(lib)], check=True,
                    capture_output=True)
+    # objcopy gives an added section alignment 1; a real note section has its padding's
+    subprocess.run(["objcopy", "--set-section-alignment", f".note.cuda.fwd_compatibility={align}", str(lib)],
+                   check=True, capture_output=True)
 
 
 def compat_image(root: Path, version: str = "550.54.15", *, note: bytes | None = None, tmp: Path | None = None,
@@ -115,7 +118,7 @@ def test_note_parsed_like_pyelftools(tmp_path):
     (note_bytes({"CUDA Version": "12.4", "Driver": ["535", "550.54"]}), (535, 550)),
     (note_bytes({"CUDA Version": "12.4", "Driver": 550}), (550,)),
     (note_bytes({"Driver": [550]}, owner=b"Someone Else"), None),
-    (note_bytes(b"{not json"), None),
+    (note_bytes(b"{not json"), None),  # unreadable: NVIDIA's hook warns and falls back to the majors rule
 ])
 def test_note_variants(tmp_path, note, expect):
     root = compat_image(tmp_path / "root", note=note, tmp=tmp_path)
@@ -206,3 +209,34 @@ def test_hook_path_imports_no_elf_library(tmp_path):
             " or m == 'pyxis_hook.elf'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_note_padded_to_its_sections_8_byte_alignment_is_read(tmp_path):
+    """NVIDIA's hook pads name and description to the section's alignment: read the same way."""
+    root = compat_image(tmp_path / "root", links=False)
+    lib = root / COMPAT_DIR.lstrip("/") / "libcuda.so.550.54.15"
+    add_note(lib, note_bytes({"CUDA Version": "12.4", "Driver": [550, 560]}, align=8), tmp_path, align=8)
+    assert container_facts(str(root), machine="x86_64").compat_drivers == (550, 560)
+
+
+def test_only_a_regular_native_libcuda_with_ascii_version_digits_is_chosen(tmp_path):
+    d_of = lambda root: root / COMPAT_DIR.lstrip("/")  # noqa: E731
+    # a dangling link beside the regular file: not counted (NVIDIA globs regular files only)
+    root = compat_image(tmp_path / "dangling", links=False)
+    os.symlink("nowhere", d_of(root) / "libcuda.so.575.1.1")
+    assert container_facts(str(root), machine="x86_64").compat_libcuda == "libcuda.so.550.54.15"
+    # the versioned name itself a link to a regular file: not used
+    root = compat_image(tmp_path / "linked", links=False)
+    d = d_of(root)
+    os.rename(d / "libcuda.so.550.54.15", d / "real.bin")
+    os.symlink("real.bin", d / "libcuda.so.550.54.15")
+    assert container_facts(str(root), machine="x86_64").compat_libcuda == ""
+    # a 32-bit libcuda only: 64-bit programs would get the host's libcuda with the compat dir's other libs
+    root = make_rootfs(tmp_path / "m32", gputest=False)
+    build_lib(d_of(root), "libcuda.so.1", filename="libcuda.so.570.86.15", m32=True)
+    assert container_facts(str(root), machine="x86_64").compat_libcuda == ""
+    # digits that are not ASCII: no version (and no crash in int())
+    root = make_rootfs(tmp_path / "odd", gputest=False)
+    build_lib(d_of(root), "libcuda.so.1", filename="libcuda.so.5\u00b270.1")
+    facts = container_facts(str(root), machine="x86_64")
+    assert facts.compat_libcuda == ""

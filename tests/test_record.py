@@ -195,3 +195,26 @@ def test_the_package_imports_no_dataclasses():
     count, found = r.stdout.split(" ", 1)
     assert int(count) > 100  # the package was imported
     assert found.strip() == "[]"
+
+
+def test_methods_the_class_defines_are_kept_as_dataclasses_keep_them():
+    for mod in (dataclasses, rec):
+        deco = dataclasses.dataclass(frozen=True) if mod is dataclasses else rec.record
+
+        class P:
+            a: int = 0
+
+            def __repr__(self):
+                return "mine"
+
+            def __eq__(self, other):
+                return True
+
+            def __hash__(self):
+                return 7
+
+        P.__annotations__ = {"a": "int"}
+        P = deco(P)
+        assert (repr(P(1)), P(1) == P(2), hash(P(3))) == ("mine", True, 7), mod
+        with pytest.raises(TypeError, match="Cannot overwrite attribute __setattr__"):
+            deco(type("Q", (), {"__annotations__": {"a": "int"}, "__setattr__": lambda self, n, v: None}))

@@ -28,10 +28,12 @@ if not __package__:  # run as a file: no site scan, find ourselves
         _file = posix.getcwd() + "/" + _file
     sys.path.insert(0, _file.rpartition("/")[0].rpartition("/")[0] or "/")
     # a venv's interpreter: do what site.venv() would (sys.prefix = the venv), minus .pth files,
-    # so its site-packages (pyelftools) and share/pyxis-hook (our schemas) are found
-    _exe = sys.executable if sys.executable.startswith("/") else posix.getcwd() + "/" + sys.executable
-    _venv = _exe.rpartition("/")[0].rpartition("/")[0]
-    if _mode(_venv + "/pyvenv.cfg") == 0o100000:
+    # so its site-packages (pyelftools) and share/pyxis-hook (our schemas) are found.  Only for an
+    # absolute interpreter path: an empty or relative one would make the answer depend on the
+    # working directory (the bundle, under runc), where a planted pyvenv.cfg could then choose
+    # the directories root imports from.
+    _venv = sys.executable.rpartition("/")[0].rpartition("/")[0] if sys.executable.startswith("/") else ""
+    if _venv and _mode(_venv + "/pyvenv.cfg") == 0o100000:
         sys.prefix = sys.exec_prefix = _venv
     # our dependencies (pyelftools, for a snapshot rebuild) stay reachable: this installation's
     # site-packages as plain directories, searched last; no .pth file is read or executed

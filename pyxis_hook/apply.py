@@ -347,22 +347,27 @@ def _in_child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner) -> dict:
     r, w = os.pipe2(os.O_CLOEXEC)
     pid = os.fork()
     if pid == 0:  # pragma: no cover - measured through the tests' results
-        os.close(r)
-        out: dict
+        # Whatever happens below, this process ends here: it must never return into the
+        # caller's code while it sits in the container's mount namespace as root.
+        status = 1
         try:
-            out = _child(plan, ns_fd, binds, gpu_dirs, exe_fd, owner)
-        except PyxisHookError as e:
-            out = {"error": str(e), "class": type(e).__name__}
-        except BaseException as e:  # noqa: BLE001 - a bug: log the traceback, report one line
-            log.error(f"apply: internal error\n{log.frames(e)}")  # no traceback module: nothing read here
-            out = {"error": f"internal error while applying the plan: {type(e).__name__}: {e}",
-                   "class": "ApplyError"}
-        try:
+            os.close(r)
+            out: dict
+            try:
+                out = _child(plan, ns_fd, binds, gpu_dirs, exe_fd, owner)
+            except PyxisHookError as e:
+                out = {"error": str(e), "class": type(e).__name__}
+            except BaseException as e:  # noqa: BLE001 - a bug: log the frames, report one line
+                log.error(f"apply: internal error\n{log.frames(e)}")  # no traceback module: nothing read here
+                out = {"error": f"internal error while applying the plan: {type(e).__name__}",
+                       "class": "ApplyError"}
+                out["error"] += f": {e}"
             data = marshal.dumps(out)  # our own process's dict of strings: no json import
             while data:
                 data = data[os.write(w, data):]
+            status = 0
         finally:
-            os._exit(0)
+            os._exit(status)
     os.close(w)
     chunks = []
     try:

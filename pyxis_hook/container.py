@@ -14,6 +14,7 @@ it) with a small ELF reader of its own: pyelftools is not on the hook's path.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import struct
@@ -121,9 +122,13 @@ def _compat_facts(rfs, machine: str):
 
     dfd = rfs.open(COMPAT_DIR, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        names = sorted(os.listdir(dfd))
-        if len(names) > MAX_ENTRIES:
-            return "", None, (), f"more than {MAX_ENTRIES} entries"
+        names = []
+        with os.scandir(dfd) as it:  # stops at the bound: a million entries are never all read
+            for entry in it:
+                names.append(entry.name)
+                if len(names) > MAX_ENTRIES:
+                    return "", None, (), f"more than {MAX_ENTRIES} entries"
+        names.sort()
         modes = {n: os.lstat(n, dir_fd=dfd).st_mode for n in names}
     finally:
         os.close(dfd)
@@ -141,16 +146,13 @@ def _compat_facts(rfs, machine: str):
         if not (want_note or indexed_by_ldconfig(name)):
             continue
         try:
-            fd = rfs.open(f"{COMPAT_DIR}/{name}", os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
-        except PathError:
-            continue  # dangling (or a loop): ldconfig skips it too
+            fd = rfs.open_regular(f"{COMPAT_DIR}/{name}")  # a device node is never opened for reading
+        except PathError as e:
+            if getattr(e, "errno", 0) == errno.EISDIR:  # a link to a directory
+                problem = problem or f"has a subdirectory {name}"
+            continue  # dangling, a loop, a FIFO or a device: ldconfig skips it too
         try:
             st = os.fstat(fd)
-            if stat.S_ISDIR(st.st_mode):
-                problem = problem or f"has a subdirectory {name}"
-                continue
-            if not stat.S_ISREG(st.st_mode):
-                continue
             try:
                 cls, soname, needed, note = read_elf_facts(fd, st.st_size, machine, want_note)
             except ElfFactsError as e:

@@ -394,8 +394,11 @@ def _note_of(rootfs: str, path: str) -> tuple[int, ...] | None:
     by the hook's own reader."""
     from pyxis_hook import container
 
+    from pyxis_hook.rootfs import RootFS
+
     try:
-        fd = os.open(resolve_in_root(rootfs, path), os.O_RDONLY | os.O_NONBLOCK)
+        with RootFS(rootfs) as rfs:  # through fds inside the root: a swapped link never reaches the host
+            fd = rfs.open_regular(path)
     except (OSError, PathError):
         return None
     try:

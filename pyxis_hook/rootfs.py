@@ -243,21 +243,39 @@ class RootFS:
                 return False
             raise
 
+    def open_regular(self, path: str) -> int:
+        """An O_RDONLY fd of the regular file at `path`; anything else is a RootPathError.
+
+        The image chooses what the name is, so it is opened O_PATH first and
+        only a regular file is opened for reading, as the same inode through
+        /proc/self/fd: a device node placed under a library's or a config
+        file's name (a watchdog, a tape) never has its driver's open() run by
+        root, and a FIFO never blocks.  Directories are EISDIR, so callers
+        can treat one as ldconfig does.
+        """
+        pfd = self.open(path, os.O_PATH)
+        try:
+            mode = os.fstat(pfd).st_mode
+            if stat.S_ISDIR(mode):
+                raise RootPathError(f"{path} (in {self.path}): is a directory", errno.EISDIR)
+            if not stat.S_ISREG(mode):
+                raise RootPathError(f"{path} (in {self.path}): not a regular file", errno.EINVAL)
+            try:
+                return os.open(f"/proc/self/fd/{pfd}", os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+            except OSError as e:
+                raise _err(path, self.path, e, "cannot open ") from None
+        finally:
+            os.close(pfd)
+
     def read_bytes(self, path: str, limit: int) -> bytes:
         """Read a regular file of the image, at most `limit` bytes; anything else is a RootPathError.
 
-        Why not open(): the image chooses what the name is.  O_NONBLOCK keeps a
-        FIFO from blocking the open, the regular-file check refuses FIFOs,
-        devices (/dev/zero would never end) and directories (EISDIR, so callers
-        can treat a directory as ldconfig does), and the cap bounds memory.
+        `open_regular` refuses FIFOs, devices (/dev/zero would never end) and
+        directories before anything is read; the cap bounds memory.
         """
-        fd = self.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+        fd = self.open_regular(path)
         try:
             st = os.fstat(fd)
-            if stat.S_ISDIR(st.st_mode):
-                raise RootPathError(f"{path} (in {self.path}): is a directory", errno.EISDIR)
-            if not stat.S_ISREG(st.st_mode):
-                raise RootPathError(f"{path} (in {self.path}): not a regular file", errno.EINVAL)
             if st.st_size > limit:
                 raise RootPathError(f"{path} (in {self.path}): larger than {limit} bytes", errno.EFBIG)
             chunks = []

@@ -82,3 +82,24 @@ def test_main_runs_as_a_file_by_relative_path_and_through_a_symlink(tmp_path):
         r = subprocess.run([sys.executable, "-I", "-S", *argv, "--version"], cwd=tmp_path, capture_output=True,
                            text=True)
         assert r.returncode == 0 and r.stdout.startswith("pyxis-hook "), (argv, r.stderr)
+
+
+def test_a_relative_or_empty_interpreter_path_never_picks_a_venv_from_the_working_directory(tmp_path):
+    """runc runs hooks in the bundle dir: a pyvenv.cfg planted above it must not choose root's imports."""
+    main = os.path.join(os.path.dirname(oci.__file__), "__main__.py")
+    (tmp_path / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (tmp_path / "b").mkdir()
+    (tmp_path / "bundle").mkdir()
+    code = ("import sys, runpy\n"
+            "before = sys.prefix\n"
+            "sys.executable = %r\n"
+            "sys.argv = ['m', '--version']\n"
+            "try:\n"
+            "    runpy.run_path(%r)\n"
+            "except SystemExit:\n"
+            "    pass\n"
+            "print(sys.prefix == before, any(p.startswith(%r) for p in sys.path))\n")
+    for exe in ("", "b/python3"):
+        r = subprocess.run([sys.executable, "-I", "-S", "-c", code % (exe, main, str(tmp_path))],
+                           cwd=tmp_path / "bundle", capture_output=True, text=True)
+        assert r.stdout.split()[-2:] == ["True", "False"], (exe, r.stdout, r.stderr)

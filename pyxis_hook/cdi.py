@@ -31,6 +31,13 @@ CDI_VERSION = "0.5.0"
 HOOK_STAGE = "createContainer"
 #: CDI containers must not be injected a second time by a hooks.d prestart hook
 VOID_ENV = "NVIDIA_VISIBLE_DEVICES=void"
+#: the update-ldcache hook's argument carrying the host driver version (CUDA forward compat), NVIDIA's name
+HOST_DRIVER_VERSION_FLAG = "--host-driver-version"
+#: what a driver version looks like (bounded: int() of the parts never meets Python's digit limit)
+_DRIVER_VERSION = re.compile(r"[0-9]{1,9}(?:\.[0-9]{1,9}){0,3}")
+#: the capabilities a CDI container's forward-compat decision is made for: the spec records a host
+#: driver version only when its libraries were planned with `compute` (`compat_driver_version`)
+CDI_COMPAT_CAPABILITIES = ("compute",)
 
 
 def cdi_facts(machine: str | None = None) -> ContainerFacts:
@@ -108,12 +115,14 @@ def _link_mounts(plan: Plan, have: set[str]) -> list[dict]:
 
 
 def plan_edits(plan: Plan, cmd, *, common: Plan | None = None, proc_hook: bool = False,
-               hooks: bool = True) -> dict:
+               hooks: bool = True, host_driver_version: str = "") -> dict:
     """CDI containerEdits for `plan`, minus what `common` already gives (None: nothing).
 
     The /proc/driver/nvidia hook belongs in the spec-wide edits only: it reads
     the GPUs from config.json's linux.devices, so one run covers every device
     requested, and a second run would stack a second tmpfs.
+    `host_driver_version` (see `compat_driver_version`) goes to the
+    update-ldcache hook, which then applies CUDA forward compat.
     """
     have_nodes = {d.path for d in common.devices} if common else set()
     have_mounts = {m.container_path for m in common.mounts} if common else set()
@@ -134,7 +143,8 @@ def plan_edits(plan: Plan, cmd, *, common: Plan | None = None, proc_hook: bool =
     if links:
         hook_list.append(_hook(cmd, "create-symlinks", [a for x in links for a in ("--link", x)]))
     if common is None and plan.ldcache.mode != "none":
-        args = [a for d in plan.ldcache.lib_dirs for a in ("--folder", d)]
+        args = [f"{HOST_DRIVER_VERSION_FLAG}={host_driver_version}"] if host_driver_version else []
+        args += [a for d in plan.ldcache.lib_dirs for a in ("--folder", d)]
         # merge mode needs each library's SONAME and cache flags: the planner's rows, carried in the spec
         args += [a for (d, name, soname, flags) in plan.ldcache.libs
                  for a in ("--lib", f"{d}/{name}::{soname}::{flags:#06x}")]
@@ -144,6 +154,24 @@ def plan_edits(plan: Plan, cmd, *, common: Plan | None = None, proc_hook: bool =
     if hook_list and hooks:
         edits["hooks"] = hook_list
     return edits
+
+
+def compat_driver_version(config, driver_version: str | None) -> str:
+    """The host driver version the spec hands its update-ldcache hook, or "" for no CUDA forward compat.
+
+    The hook runs when no driver can be asked (inside the container's mount
+    namespace, maybe long after `cdi generate`), so the version is recorded
+    in the spec, as NVIDIA's `enable-cuda-compat --host-driver-version=` is.
+    Recorded only when compat can apply: `cuda-compat = "ldconfig"` and the
+    spec's libraries are planned for `compute` (a CDI device carries no
+    capabilities: the spec's `default-capabilities` are the container's).
+    A version that is not dotted numbers is left out (compat then never applies).
+    """
+    if config.cuda_compat != "ldconfig" or "compute" not in config.default_capabilities:
+        return ""
+    if not driver_version or not _DRIVER_VERSION.fullmatch(driver_version):
+        return ""
+    return driver_version
 
 
 def device_names(host) -> list[tuple[str, str]]:
@@ -214,7 +242,9 @@ def generate_spec(config, *, python: str | None = None, machine: str | None = No
     if not devices:
         raise DriverError(f"no GPU under {config.proc_root}/driver/nvidia/gpus: a CDI spec needs at least one device")
     return {"cdiVersion": CDI_VERSION, "kind": kind, "devices": devices,
-            "containerEdits": plan_edits(common, cmd, proc_hook=common.proc_driver is not None, hooks=hooks)}
+            "containerEdits": plan_edits(common, cmd, proc_hook=common.proc_driver is not None, hooks=hooks,
+                                         host_driver_version=compat_driver_version(config,
+                                                                                   inventory.driver_version))}
 
 
 # ---------------------------------------------------------------- output
@@ -315,8 +345,16 @@ def parse_lib(text: str) -> tuple[str, str, str, int]:
 
 
 def hook_plan(step: str, bundle, config, *, links: tuple[str, ...] = (), folders: tuple[str, ...] = (),
-              libs: tuple[str, ...] = ()) -> Plan:
-    """The one-step Plan a CDI hook applies to `bundle` (an oci.Bundle)."""
+              libs: tuple[str, ...] = (), host_driver_version: str = "") -> Plan:
+    """The one-step Plan a CDI hook applies to `bundle` (an oci.Bundle).
+
+    update-ldcache with `host_driver_version` applies CUDA forward compat as
+    the prestart hook does: `plan.cuda_compat` on the image's
+    `container_facts` (read through RootFS fds) for CDI_COMPAT_CAPABILITIES,
+    and `ldcache_update(compat=...)` puts COMPAT_DIR in `first_dirs`.  The
+    pyxis.conf read now counts too: `cuda-compat = "disabled"` turns it off
+    without regenerating the spec.
+    """
     from pyxis_hook.errors import UsageError
     from pyxis_hook.plan import ProcDriverView, patch_params
 
@@ -329,13 +367,21 @@ def hook_plan(step: str, bundle, config, *, links: tuple[str, ...] = (), folders
             raise UsageError(f"--folder {bad[0]!r}: not an absolute path")
         from pyxis_hook.container import container_facts
 
-        from pyxis_hook.plan import ldcache_update
+        from pyxis_hook.plan import cuda_compat, ldcache_update
 
-        update, problems = ldcache_update(config, container_facts(rootfs), tuple(folders),
-                                          tuple(parse_lib(x) for x in libs))
+        if host_driver_version and not _DRIVER_VERSION.fullmatch(host_driver_version):
+            raise UsageError(f"{HOST_DRIVER_VERSION_FLAG} {host_driver_version!r}: expected a driver version "
+                             "such as 535.104.05")
+        rows = tuple(parse_lib(x) for x in libs)
+        facts = container_facts(rootfs)
+        use, note = False, ""
+        if host_driver_version:
+            use, note = cuda_compat(config, CDI_COMPAT_CAPABILITIES, facts, host_driver_version)
+        update, problems = ldcache_update(config, facts, tuple(folders), rows, compat=use)
         if problems:
             raise UsageError(problems[0])
-        return Plan(rootfs=rootfs, ldcache=replace(update, why="CDI update-ldcache hook"))
+        why = "CDI update-ldcache hook" + (f"; {update.why}" if use else "")
+        return Plan(rootfs=rootfs, ldcache=replace(update, why=why), notes=(note,) if note else ())
     if step == "proc-driver":
         from pyxis_hook import gpus as gpus_mod
         from pyxis_hook.hook import read_proc_driver_files
@@ -356,15 +402,19 @@ def hook_plan(step: str, bundle, config, *, links: tuple[str, ...] = (), folders
     raise UsageError(f"cdi hook {step!r}: expected one of {', '.join(HOOK_STEPS)}")
 
 
-def run_hook(step: str, stdin_bytes: bytes, config, *, links=(), folders=(), libs=()) -> None:
+def run_hook(step: str, stdin_bytes: bytes, config, *, links=(), folders=(), libs=(),
+             host_driver_version: str = "") -> None:
     """Read the state JSON, plan the step, apply it in the current mount namespace (the container's)."""
 
-    from pyxis_hook import oci
+    from pyxis_hook import log, oci
     from pyxis_hook.apply import apply_plan
 
     state = oci.parse_state(stdin_bytes, require_pid=False)
     bundle = oci.load_bundle(state.bundle)
-    plan = hook_plan(step, bundle, config, links=tuple(links), folders=tuple(folders), libs=tuple(libs))
+    plan = hook_plan(step, bundle, config, links=tuple(links), folders=tuple(folders), libs=tuple(libs),
+                     host_driver_version=host_driver_version)
+    for note in plan.notes:  # the cuda-compat decision, as the prestart hook logs it
+        log.info(f"container {state.id}: cdi hook {step}: {note}")
     if plan.empty and plan.ldcache.mode == "none":
         return
     # "self": createContainer hooks already run in the container's mount namespace, and the

@@ -153,18 +153,9 @@ def test_hook_hidden_from_help():
     assert "generate" in r.stdout and "hook" not in r.stdout.split("options")[0].replace("pyxis-hook", "")
 
 
-@pytest.mark.root
-@pytest.mark.parametrize("mode", ["merge", "ldconfig"])
-def test_hooks_create_links_and_refresh_ldcache(host, tmp_path, mode):
-    """Run the spec's hooks the way runc does (own mount namespace, state on stdin, cwd = rootfs)."""
-    conf = tmp_path / "mode.conf"
-    conf.write_text(host.conf.read_text() + f'ldcache = "{mode}"\n')
-    r = run_cli("cdi", "generate", conf=conf)
-    assert r.returncode == 0, r.stderr
-    spec = json.loads(r.stdout)
-    bundle = tmp_path / "bundle"
-    rootfs = fresh_rootfs(bundle / "rootfs")
-    make_bundle(bundle, env=(), args=("/bin/true",))
+def _run_spec_hooks(spec: dict, bundle: Path, rootfs: Path) -> None:
+    """Apply the spec-wide edits the way runc does: mounts (as copies), then each createContainer hook
+    in its own mount namespace, state on stdin, cwd = rootfs.  The proc-driver view is left out."""
     common = spec["containerEdits"]
     # what the runtime would do for the mounts: copy the files (the hooks do not care how they got there)
     for m in common["mounts"]:
@@ -179,6 +170,21 @@ def test_hooks_create_links_and_refresh_ldcache(host, tmp_path, mode):
         r = subprocess.run(["unshare", "-m", "--propagation", "private", *h["args"]], executable=None,
                            input=state_json(bundle, id="cdi-test"), capture_output=True, text=True, env=env, cwd=rootfs)
         assert r.returncode == 0, (h["args"], r.stderr)
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("mode", ["merge", "ldconfig"])
+def test_hooks_create_links_and_refresh_ldcache(host, tmp_path, mode):
+    """Run the spec's hooks the way runc does (own mount namespace, state on stdin, cwd = rootfs)."""
+    conf = tmp_path / "mode.conf"
+    conf.write_text(host.conf.read_text() + f'ldcache = "{mode}"\n')
+    r = run_cli("cdi", "generate", conf=conf)
+    assert r.returncode == 0, r.stderr
+    spec = json.loads(r.stdout)
+    bundle = tmp_path / "bundle"
+    rootfs = fresh_rootfs(bundle / "rootfs")
+    make_bundle(bundle, env=(), args=("/bin/true",))
+    _run_spec_hooks(spec, bundle, rootfs)
     link = rootfs / "usr/lib/x86_64-linux-gnu/libcuda.so.1"
     assert link.is_symlink() and os.readlink(link).startswith("libcuda.so.")
     # glibc's own tool reads the cache the hook's ldconfig wrote
@@ -339,3 +345,147 @@ def test_update_ldcache_hook_refuses_an_image_ldconfig(host, tmp_path):
     ok = hook_plan("update-ldcache", bundle, _replace(cfg, ldconfig="@/sbin/ldconfig"),
                    folders=("/usr/lib/x86_64-linux-gnu",))
     assert ok.ldcache.mode == "ldconfig" and ok.ldcache.ldconfig.startswith("/sbin/ldconfig")
+
+
+# ---------------------------------------------------------------- CUDA forward compat through the CDI hook
+
+COMPAT = "usr/local/cuda/compat"
+
+
+def _ldcache_hook(spec) -> dict:
+    return next(h for h in spec["containerEdits"]["hooks"] if h["args"][6] == "update-ldcache")
+
+
+def _compat_image(bundle_dir: Path, name: str = "libcuda.so.999.10.01", *, cuda: int = 12080) -> Path:
+    """A rootfs whose /usr/local/cuda/compat holds a fake forward-compat libcuda (SONAME libcuda.so.1)."""
+    from fixtures.fakedriver import CUDA_C, _lib
+
+    rootfs = fresh_rootfs(bundle_dir / "rootfs")
+    make_bundle(bundle_dir, env=(), args=("/bin/true",))
+    d = rootfs / COMPAT
+    d.mkdir(parents=True)
+    (d / name).write_bytes(_lib(CUDA_C % {"cuda": cuda}, "libcuda.so.1", name).read_bytes())
+    os.symlink(name, d / "libcuda.so.1")
+    return rootfs
+
+
+def test_spec_records_the_host_driver_version_for_compat(spec):
+    """NVIDIA's `--host-driver-version=` on our ldcache hook, first after the step; still a valid spec."""
+    args = _ldcache_hook(spec)["args"]
+    assert args[7] == f"--host-driver-version={DRIVER_VERSION}"
+    assert args.count(args[7]) == 1 and args[8] == "--folder"
+    assert not list(_validator().iter_errors(spec))
+    # only the spec-wide ldcache hook carries it: no device entry has hooks of its own
+    assert not any("hooks" in d["containerEdits"] for d in spec["devices"])
+
+
+@pytest.mark.parametrize("extra", ['cuda-compat = "disabled"\n', 'default-capabilities = ["utility"]\n'])
+def test_no_version_when_compat_cannot_apply(host, tmp_path, extra):
+    """cuda-compat = "disabled", or a spec planned without compute: the hook is never asked for compat."""
+    conf = tmp_path / "c.conf"
+    conf.write_text(host.conf.read_text() + extra)
+    r = run_cli("cdi", "generate", conf=conf)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert not list(_validator().iter_errors(doc))
+    hooks = doc["containerEdits"].get("hooks", [])
+    assert hooks and not any(a.startswith("--host-driver-version") for h in hooks for a in h["args"])
+
+
+def test_compat_driver_version_keeps_only_dotted_numbers():
+    from pyxis_hook.config import Config
+
+    cfg = Config()
+    assert cdi.compat_driver_version(cfg, "535.104.05") == "535.104.05"
+    for bad in (None, "", "535.*", "5" * 20, "535.104.05 ", "５３５.1", "1.2.3.4.5"):
+        assert cdi.compat_driver_version(cfg, bad) == "", bad
+    from pyxis_hook.record import replace as _replace
+
+    assert cdi.compat_driver_version(_replace(cfg, cuda_compat="disabled"), "535.104.05") == ""
+
+
+@pytest.mark.parametrize("mode", ["merge", "ldconfig"])
+def test_hook_plan_puts_a_newer_compat_dir_first(host, tmp_path, mode):
+    """The prestart hook's decision on the image's facts: a newer compat libcuda leads the cache update."""
+    from pyxis_hook import oci
+    from pyxis_hook.plan import COMPAT_DIR
+    from pyxis_hook.record import replace as _replace
+
+    _compat_image(tmp_path / "b")
+    bundle = oci.load_bundle(str(tmp_path / "b"))
+    cfg = _replace(load_config(str(host.conf)), ldcache=mode)
+    lib = "/usr/lib/x86_64-linux-gnu"
+    row = f"{lib}/libcuda.so.{DRIVER_VERSION}::libcuda.so.1::0x0303"
+    plan = cdi.hook_plan("update-ldcache", bundle, cfg, folders=(lib,), libs=(row,),
+                         host_driver_version=DRIVER_VERSION)
+    up = plan.ldcache
+    assert up.mode == mode and up.first_dirs == (COMPAT_DIR,) and up.lib_dirs == (COMPAT_DIR, lib)
+    if mode == "merge":
+        assert (COMPAT_DIR, "libcuda.so.999.10.01", "libcuda.so.1", 0x303) in up.libs
+        assert (lib, f"libcuda.so.{DRIVER_VERSION}", "libcuda.so.1", 0x303) in up.libs
+    assert len(plan.notes) == 1 and plan.notes[0].startswith(f"cuda-compat: {COMPAT_DIR} comes first")
+    # the same image without the version (an old spec, or --no-hooks never runs it): as before
+    plain = cdi.hook_plan("update-ldcache", bundle, cfg, folders=(lib,), libs=(row,))
+    assert plain.ldcache.first_dirs == () and plain.ldcache.lib_dirs == (lib,) and plain.notes == ()
+    # cuda-compat = "disabled" in the pyxis.conf the hook reads wins over the spec's version
+    off = cdi.hook_plan("update-ldcache", bundle, _replace(cfg, cuda_compat="disabled"), folders=(lib,),
+                        libs=(row,), host_driver_version=DRIVER_VERSION)
+    assert off.ldcache.first_dirs == () and "cuda-compat = 'disabled'" in off.notes[0]
+
+
+@pytest.mark.parametrize("name,version,why", [
+    ("libcuda.so.470.57.02", DRIVER_VERSION, "not newer than the host driver"),  # older compat
+    ("libcuda.so.999.10.01", "1000.1.1", "not newer than the host driver"),  # the host is newer
+])
+def test_hook_plan_leaves_an_older_compat_dir_out(host, tmp_path, name, version, why):
+    from pyxis_hook import oci
+
+    _compat_image(tmp_path / "b", name)
+    plan = cdi.hook_plan("update-ldcache", oci.load_bundle(str(tmp_path / "b")), load_config(str(host.conf)),
+                         folders=("/usr/lib/x86_64-linux-gnu",), host_driver_version=version)
+    assert plan.ldcache.first_dirs == () and "/usr/local/cuda/compat" not in plan.ldcache.lib_dirs
+    assert why in plan.notes[0]
+
+
+def test_hook_refuses_a_bad_host_driver_version(host, tmp_path):
+    from pyxis_hook import oci
+    from pyxis_hook.errors import UsageError
+
+    _compat_image(tmp_path / "b")
+    bundle = oci.load_bundle(str(tmp_path / "b"))
+    for bad in ("535.*", "x", "9" * 5000, "535..1"):
+        with pytest.raises(UsageError, match="--host-driver-version"):
+            cdi.hook_plan("update-ldcache", bundle, load_config(str(host.conf)),
+                          folders=("/usr/lib/x86_64-linux-gnu",), host_driver_version=bad)
+    r = run_cli("cdi", "hook", "update-ldcache", "--host-driver-version=535.*", "--folder", "/usr/lib",
+                conf=host.conf, input=state_json(tmp_path / "b", id="cdi-test"))
+    assert r.returncode != 0 and "--host-driver-version '535.*'" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("mode,compat", [("merge", "ldconfig"), ("ldconfig", "ldconfig"), ("merge", "disabled")])
+def test_spec_hooks_load_the_compat_libcuda(host, tmp_path, mode, compat):
+    """The generated spec's hooks on a compat image: glibc's ldconfig -p and the image's loader see the
+    compat libcuda first (cuDriverGetVersion of the compat copy, 12080), the host's (12020) after it."""
+    conf = tmp_path / "mode.conf"
+    conf.write_text(host.conf.read_text() + f'ldcache = "{mode}"\ncuda-compat = "{compat}"\n')
+    r = run_cli("cdi", "generate", conf=conf)
+    assert r.returncode == 0, r.stderr
+    spec = json.loads(r.stdout)
+    rootfs = _compat_image(tmp_path / "bundle")
+    log_file = host.base / "hook.log"
+    seen = log_file.stat().st_size if log_file.exists() else 0
+    _run_spec_hooks(spec, tmp_path / "bundle", rootfs)
+    out = subprocess.run(["/sbin/ldconfig", "-p", "-C", str(rootfs / "etc/ld.so.cache")],
+                         capture_output=True, text=True).stdout
+    lines = [x for x in out.splitlines() if "libcuda.so.1 " in x]
+    r = subprocess.run(["chroot", str(rootfs), "/usr/bin/gputest"], capture_output=True, text=True)
+    if compat == "ldconfig":
+        assert lines[0].endswith("=> /usr/local/cuda/compat/libcuda.so.1"), lines
+        assert any(x.endswith("/lib/x86_64-linux-gnu/libcuda.so.1") for x in lines[1:]), lines
+        assert "cuDriverGetVersion=12080 rc=0" in r.stdout, r.stdout + r.stderr
+        log = log_file.read_bytes()[seen:].decode()
+        assert "cdi hook update-ldcache: cuda-compat: /usr/local/cuda/compat comes first" in log
+    else:
+        assert not any("/usr/local/cuda/compat" in x for x in lines), lines
+        assert "cuDriverGetVersion=12020 rc=0" in r.stdout, r.stdout + r.stderr

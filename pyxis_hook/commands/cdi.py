@@ -2,7 +2,8 @@
 
 `generate` writes a CDI spec for this host (see `pyxis_hook.cdi`).  `hook`
 is what the spec's createContainer hooks run: `create-symlinks --link
-PATH::TARGET...`, `update-ldcache --folder DIR... --lib /DIR/NAME::SONAME::FLAGS...`,
+PATH::TARGET...`, `update-ldcache [--host-driver-version=V] --folder DIR... --lib /DIR/NAME::SONAME::FLAGS...`
+(with the version: CUDA forward compat, as the prestart hook applies it),
 `proc-driver`; each reads
 the state JSON on stdin like any OCI hook.  It is hidden from --help because
 nobody types it: the spec names it.
@@ -31,6 +32,8 @@ def add_arguments(parser) -> None:
     h.add_argument("--link", action="append", default=[], metavar="PATH::TARGET")
     h.add_argument("--folder", action="append", default=[], metavar="DIR")
     h.add_argument("--lib", action="append", default=[], metavar="/DIR/NAME::SONAME::FLAGS")
+    h.add_argument("--host-driver-version", default="", metavar="VERSION",
+                   help="update-ldcache: apply CUDA forward compat against this host driver version")
     # hide `hook` from the ACTION list in --help
     sub._choices_actions = [a for a in sub._choices_actions if a.dest != "hook"]
 
@@ -41,7 +44,7 @@ def run(args, config) -> int:
 
     if args.cdi_command == "hook":
         cdi.run_hook(args.step, sys.stdin.buffer.read(), config, links=args.link, folders=args.folder,
-                     libs=args.lib)
+                     libs=args.lib, host_driver_version=args.host_driver_version)
         return 0
     if args.cdi_command != "generate":
         raise UsageError("cdi: expected an action: generate")

@@ -235,6 +235,8 @@ def test_docs_name_every_hook_step_and_the_version():
     for step in cdi.HOOK_STEPS:
         assert f"cdi hook {step}" in text
     assert f"CDI `{cdi.CDI_VERSION}`" in text
+    assert f"{cdi.HOST_DRIVER_VERSION_FLAG}=" in text and "cdi.md#cuda-forward-compatibility" in \
+        (REPO / "docs/configuration.md").read_text()
     for page in ("podman.md", "cri-o.md", "apptainer.md"):
         assert "pyxis-hook cdi generate" in (REPO / "docs" / page).read_text()
 

@@ -203,7 +203,7 @@ def _mount_for(f: "DriverFile", facts: ContainerFacts) -> MountEdit | None:
 def _version(text: str) -> tuple[int, ...]:
     """'550.54.15' -> (550, 54, 15); () when it is not dotted numbers."""
     parts = text.split(".")
-    if not text or not all(p.isascii() and p.isdigit() for p in parts):
+    if not text or not all(p.isascii() and p.isdigit() and len(p) <= 9 for p in parts):  # int() of huge runs raises
         return ()
     return tuple(int(p) for p in parts)
 

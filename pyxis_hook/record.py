@@ -13,7 +13,8 @@ What a record is, exactly as `@dataclass(frozen=True)` would make it
 keyword, with defaults and default factories; `__repr__`
 `Name(field=value, ...)`; `__eq__` over the compared fields of the same
 class; `__hash__` over them; assignment and deletion raising
-FrozenInstanceError.  `record(frozen=False)` gives a mutable, unhashable
+FrozenInstanceError.  A method the class body defines itself is kept, as
+dataclasses keeps it.  `record(frozen=False)` gives a mutable, unhashable
 one.  `replace`, `asdict` and `fields` work as their dataclasses namesakes.
 `__post_init__`, when the class defines one, runs after the fields are set.
 Not supported (never needed here): InitVar, ClassVar, KW_ONLY, slots,

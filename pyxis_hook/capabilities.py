@@ -81,8 +81,11 @@ NEVER_INJECTED: tuple[str, ...] = (
     "nvidia-xconfig",
 )
 
-#: GSP firmware, for any capability; `{version}` is the full driver version
-FIRMWARE_DIR = "/lib/firmware/nvidia/{version}"
+#: GSP firmware, for any capability; `{version}` is the full driver version.  LNC and NCT look in
+#: /lib/firmware only; Debian 13's packages (merged-/usr) ship /usr/lib/firmware/nvidia/<version>,
+#: which a host reaches through /lib -> usr/lib but a tree without that link (`dpkg -x`) does not
+FIRMWARE_DIRS: tuple[str, ...] = ("/lib/firmware/nvidia/{version}", "/usr/lib/firmware/nvidia/{version}")
+FIRMWARE_DIR = FIRMWARE_DIRS[0]
 FIRMWARE_GLOB = "gsp*.bin"
 
 #: (capability, path inside the driver root) of daemon sockets (LNC lookup_ipcs)

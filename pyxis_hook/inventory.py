@@ -462,18 +462,28 @@ def _libraries(st: _State, cache, entries, kind: str, abi: int, elfclass: int, m
         infos[real] = info
         chosen.append(real)
 
-    # DT_NEEDED closure inside the driver, breadth first
+    # DT_NEEDED closure inside the driver, breadth first and per capability: a library that a
+    # capability's library needs serves that capability too, whatever list names it (550+:
+    # libnvidia-glcore/-eglcore, graphics, need libnvidia-gpucomp, which the lists file under
+    # compute; without it a graphics-only container cannot load libGLX_nvidia/libEGL_nvidia's core)
     flags_ok = (abi | 0x0003, abi | 0x0001)  # libc6 entries, then plain ELF ones
     have = {infos[p].soname or os.path.basename(p): p for p in chosen}
     have.update({os.path.basename(p): p for p in chosen})
-    queue = list(chosen)
+    for p in chosen:
+        by_path[p]["caps"] = {by_path[p]["cap"]: by_path[p]["source"]}
+    queue = [(p, by_path[p]["cap"]) for p in chosen]
     while queue:
-        p = queue.pop(0)
+        p, cap = queue.pop(0)
         info = infos[p]
         requirer = info.soname or os.path.basename(p)
-        cap = by_path[p]["cap"]
         for dep in info.needed:
-            if dep in have or dep in GLIBC_SONAMES:
+            if dep in GLIBC_SONAMES:
+                continue
+            if dep in have:
+                known = by_path.get(have[dep]) if have[dep] in infos else None
+                if known is not None and cap not in known["caps"]:
+                    known["caps"][cap] = f"needed-by:{requirer}"
+                    queue.append((have[dep], cap))
                 continue
             real = _lookup_dep(st, cache, dep, flags_ok, p)
             if real is not None and os.path.basename(real).endswith(suffix):
@@ -481,10 +491,11 @@ def _libraries(st: _State, cache, entries, kind: str, abi: int, elfclass: int, m
                 if dinfo is None or not _abi_note_ok(st, dinfo, real):
                     have[dep] = real
                     continue
-                by_path[real] = {"cap": cap, "keys": [dep], "source": f"needed-by:{requirer}"}
+                source = f"needed-by:{requirer}"
+                by_path[real] = {"cap": cap, "keys": [dep], "source": source, "caps": {cap: source}}
                 infos[real] = dinfo
                 chosen.append(real)
-                queue.append(real)
+                queue.append((real, cap))
                 have[dep] = real
                 have[os.path.basename(real)] = real
                 continue
@@ -496,16 +507,18 @@ def _libraries(st: _State, cache, entries, kind: str, abi: int, elfclass: int, m
             if real is None and re.match(VERSIONED_RE, dep) and dep.endswith(suffix):
                 st.warn(f"{dep}: needed by {requirer} but not found in the driver root")
 
+    # one record per (file, capability it serves); `Inventory.select` hands each host file out once
     for real in chosen:
         info = infos[real]
         item = by_path[real]
         base = os.path.basename(real)
         links = _links_for(base, info.soname, item["keys"])
-        st.files.append(DriverFile(
-            kind=kind, capability=item["cap"], path=_rel(st, real), host_path=real, name=base,
-            soname=info.soname, elfclass=elfclass, links=links, source=item["source"],
-            needed=tuple(info.needed),
-        ))
+        for cap, source in item["caps"].items():
+            st.files.append(DriverFile(
+                kind=kind, capability=cap, path=_rel(st, real), host_path=real, name=base,
+                soname=info.soname, elfclass=elfclass, links=links, source=source,
+                needed=tuple(info.needed),
+            ))
         st.sources.append(real)
 
 
@@ -633,14 +646,24 @@ def _files_in_root(st: _State, directory: str, pattern: str) -> list[tuple[str, 
 
 
 def _firmware(st: _State) -> None:
-    directory = caps.FIRMWARE_DIR.format(version=st.version)
-    hits = _files_in_root(st, directory, caps.FIRMWARE_GLOB)
-    for listed, real in hits:
-        st.files.append(DriverFile(kind="firmware", capability="utility", path=listed, host_path=real,
-                                   name=os.path.basename(listed), source="firmware"))
-        st.sources.append(real)
-    if not hits and (driver_major(st.version) or 0) >= 510:
-        st.warn(f"{st.root}{directory}: no GSP firmware (gsp*.bin)")
+    """GSP firmware, in /lib/firmware, else where merged-/usr packages put it (/usr/lib/firmware).
+
+    With /lib -> usr/lib both name the same files: each is listed once, under
+    the first directory (the one the kernel's loader searches).
+    """
+    seen: set[str] = set()
+    for template in caps.FIRMWARE_DIRS:
+        directory = template.format(version=st.version)
+        for listed, real in _files_in_root(st, directory, caps.FIRMWARE_GLOB):
+            if real in seen:
+                continue
+            seen.add(real)
+            st.files.append(DriverFile(kind="firmware", capability="utility", path=listed, host_path=real,
+                                       name=os.path.basename(listed), source="firmware"))
+            st.sources.append(real)
+    if not seen and (driver_major(st.version) or 0) >= 510:
+        first = caps.FIRMWARE_DIRS[0].format(version=st.version)
+        st.warn(f"{st.root}{first}: no GSP firmware (gsp*.bin)")
 
 
 def _ipc(st: _State, config) -> None:

@@ -1,4 +1,4 @@
-"""Inventory on the real NVIDIA user-space driver (Debian's 535 and tesla-470 packages), four layouts.
+"""Inventory on the real NVIDIA user-space driver (Debian 12's 535 and tesla-470, Debian 13's 550), four layouts.
 
 The trees come from tests/fixtures/realdriver.py (downloaded once into the
 cache, caches built by glibc's `ldconfig -r`).  In CI a failed download fails
@@ -20,7 +20,7 @@ from pyxis_hook.inventory import Inventory, discover
 
 pytestmark = [pytest.mark.realdriver, pytest.mark.slow]
 
-LINES = ("535", "470")
+LINES = ("535", "470", "550")
 
 
 def config_for(root: Path, layout: str, tmp_path: Path, host=None) -> Config:
@@ -70,11 +70,13 @@ def test_same_logical_set_in_every_layout(line, tmp_path):
     assert want <= reference
 
 
-def test_debian_layout_follows_alternatives_links(tmp_path):
-    inv = inventory("535", "debian", tmp_path)
+@pytest.mark.parametrize("line", ["535", "550"])
+def test_debian_layout_follows_alternatives_links(line, tmp_path):
+    inv = inventory(line, "debian", tmp_path)
+    v = realdriver.driver_version(line)
     cuda = next(f for f in inv.files if f.soname == "libcuda.so.1")
-    assert cuda.path == "/usr/lib/x86_64-linux-gnu/nvidia/current/libcuda.so.535.309.01"
-    assert ("libcuda.so.1", "libcuda.so.535.309.01") in cuda.links
+    assert cuda.path == f"/usr/lib/x86_64-linux-gnu/nvidia/current/libcuda.so.{v}"
+    assert ("libcuda.so.1", f"libcuda.so.{v}") in cuda.links
     smi = next(f for f in inv.files if f.kind == "bin" and f.name == "nvidia-smi")
     assert smi.path == "/usr/lib/nvidia/current/nvidia-smi"
 
@@ -107,9 +109,45 @@ def test_gsp_firmware_and_icd_files(tmp_path):
     assert not any(f.inject for f in inv.files if f.kind == "icd")
 
 
-def test_cuda_version_of_the_535_line(tmp_path):
-    inv = inventory("535", "installer", tmp_path)
-    assert inv.cuda_version == 12020
+@pytest.mark.parametrize("layout, listed_under", [
+    ("debian", "/lib/firmware"),       # merged-/usr trixie host: /lib -> usr/lib
+    ("rhel", "/lib/firmware"),         # merged-/usr too
+    ("installer", "/usr/lib/firmware"),  # the packaged location, no /lib link
+    ("prefix", "/usr/lib/firmware"),
+])
+def test_550_gsp_firmware_from_merged_usr_packages(layout, listed_under, tmp_path):
+    """trixie ships the GSP firmware in /usr/lib/firmware/nvidia/<ver>: found with or without /lib -> usr/lib."""
+    version = realdriver.driver_version("550")
+    inv = inventory("550", layout, tmp_path)
+    fw = sorted((f.path, f.host_path) for f in inv.files if f.kind == "firmware")
+    real = f"{inv.driver_root}/usr/lib/firmware/nvidia/{version}"
+    assert fw == [(f"{listed_under}/nvidia/{version}/gsp_{chip}.bin", f"{real}/gsp_{chip}.bin")
+                  for chip in ("ga10x", "tu10x")]
+    assert not any("no GSP firmware" in w for w in inv.warnings)
+
+
+@pytest.mark.parametrize("layout", realdriver.LAYOUTS)
+def test_550_libnvidia_gpucomp_serves_graphics_and_compute(layout, tmp_path):
+    """550's new DT_NEEDED chain: libnvidia-glcore/-eglcore (graphics) -> libnvidia-gpucomp (a compute-list library)."""
+    version = realdriver.driver_version("550")
+    inv = inventory("550", layout, tmp_path)
+    gpucomp = f"libnvidia-gpucomp.so.{version}"
+    for core in ("libnvidia-glcore.so", "libnvidia-eglcore.so"):
+        lib = next(f for f in inv.files if f.kind == "lib" and f.name == f"{core}.{version}")
+        assert gpucomp in lib.needed
+    recs = [f for f in inv.files if f.kind == "lib" and f.name == gpucomp]
+    assert {f.capability for f in recs} == {"compute", "graphics"}
+    assert len({f.host_path for f in recs}) == 1 and recs[0].soname == gpucomp
+    assert gpucomp in {f.name for f in inv.select(["graphics"])}
+    assert gpucomp in {f.name for f in inv.select(["compute"])}
+    assert not any(f.name == gpucomp for f in inv.select(["utility", "video"]))
+
+
+@pytest.mark.parametrize("line", LINES)
+def test_cuda_version_of_each_line(line, tmp_path):
+    """cuDriverGetVersion of the real libcuda: 535 = CUDA 12.2, 470 = 11.4, 550 = 12.4."""
+    for layout in ("installer", "debian"):
+        assert inventory(line, layout, tmp_path).cuda_version == realdriver.CUDA_VERSION[line]
 
 
 def _mixed_tree(tmp_path: Path) -> Path:

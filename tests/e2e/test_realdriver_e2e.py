@@ -1,8 +1,8 @@
-"""The hook with the REAL NVIDIA user-space driver (Debian's 535 and tesla-470 packages), with runc.
+"""The hook with the REAL NVIDIA user-space driver (Debian 12's 535 and tesla-470, Debian 13's 550), with runc.
 
 Inside the container the real libraries answer as on a GPU node whose
-kernel module is not loaded: cuDriverGetVersion = 12020 (535) / 11040 (470),
-cuInit = 100, nvmlInit_v2 = 9, nvidia-smi exits 9.
+kernel module is not loaded: cuDriverGetVersion = 12020 (535) / 11040 (470) /
+12040 (550), cuInit = 100, nvmlInit_v2 = 9, nvidia-smi exits 9.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import re
 import pytest
 
 from e2e.conftest import bundle_for, make_host, mount_table, run_container
-from fixtures.realdriver import BIN_DIRS, driver_version, require_driver_root
+from fixtures.realdriver import BIN_DIRS, CUDA_VERSION, driver_version, require_driver_root
+from fixtures.synth import build_exe
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root, pytest.mark.slow, pytest.mark.realdriver]
 
@@ -28,6 +29,10 @@ SCRIPT = ("ls /dev | grep nvidia | sort | tr '\\n' ' '; echo; /usr/bin/gputest; 
     ("535", "rhel", 12020),
     ("535", "prefix", 12020),
     ("470", "debian", 11040),
+    ("550", "debian", 12040),
+    ("550", "installer", 12040),
+    ("550", "rhel", 12040),
+    ("550", "prefix", 12040),
 ])
 def test_real_driver_in_runc(tmp_path, line, layout, cuda):
     root = require_driver_root(line, layout)
@@ -76,17 +81,55 @@ def test_real_driver_all_capabilities(tmp_path):
     assert "nvidia-modeset" in out  # display
 
 
-def test_real_driver_unpacked_without_ld_so_cache(tmp_path):
-    """driver-root = `dpkg -x` of the 535 packages (no ld.so.cache, no alternatives): the container still works."""
+@pytest.mark.parametrize("line", ["535", "550"])
+def test_real_driver_unpacked_without_ld_so_cache(tmp_path, line):
+    """driver-root = `dpkg -x` of the packages (no ld.so.cache, no alternatives, 550: no /lib link): still works."""
     from fixtures.realdriver import extract
 
-    root = extract("535")
+    require_driver_root(line, "debian")  # downloads, or fails in CI / skips elsewhere
+    root = extract(line)
     host = make_host(tmp_path, driver_root=root)
-    version = driver_version("535")
+    version = driver_version(line)
     with open(os.path.join(host.proc_root, "driver/nvidia/version"), "w") as f:
         f.write(f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {version}  Thu Jan  1 00:00:00 UTC 2026\n")
-    bundle = bundle_for(tmp_path, host, ("NVIDIA_VISIBLE_DEVICES=0",), "/usr/bin/gputest; nvidia-smi; echo smi-rc=$?")
-    r = run_container("runc", bundle, f"pyxis-real-unpacked-{os.getpid()}")
+    script = f"/usr/bin/gputest; nvidia-smi; echo smi-rc=$?; ls /usr/lib/firmware/nvidia/{version} /lib/firmware/nvidia/{version}"
+    bundle = bundle_for(tmp_path, host, ("NVIDIA_VISIBLE_DEVICES=0",), script)
+    r = run_container("runc", bundle, f"pyxis-real-unpacked-{line}-{os.getpid()}")
     assert r.rc == 0, r.stderr
-    assert "cuDriverGetVersion=12020 rc=0" in r.stdout and "nvmlInit_v2=9" in r.stdout
+    assert f"cuDriverGetVersion={CUDA_VERSION[line]} rc=0" in r.stdout and "nvmlInit_v2=9" in r.stdout
     assert "smi-rc=9" in r.stdout  # found in /usr/lib/nvidia/current, mounted at /usr/bin
+    assert "gsp_ga10x.bin" in r.stdout  # the image's /lib is a link to usr/lib: both names show it
+
+
+DLOPEN_C = r"""
+#include <dlfcn.h>
+#include <stdio.h>
+int main(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) {
+        void *h = dlopen(argv[i], RTLD_NOW);
+        if (h) printf("dlopen %s: ok\n", argv[i]); else printf("dlopen %s: %s\n", argv[i], dlerror());
+    }
+    return 0;
+}
+"""
+
+
+@pytest.mark.parametrize("layout", ["debian", "installer"])
+def test_550_graphics_only_loads_glcore_and_eglcore(tmp_path, layout):
+    """NVIDIA_DRIVER_CAPABILITIES=graphics: libnvidia-glcore/-eglcore load, so libnvidia-gpucomp (a compute-list
+    library they need since 545) came with graphics; libcuda did not."""
+    root = require_driver_root("550", layout)
+    host = make_host(tmp_path, driver_root=root)
+    host.write_conf(path=list(BIN_DIRS[layout]))
+    version = driver_version("550")
+    with open(os.path.join(host.proc_root, "driver/nvidia/version"), "w") as f:
+        f.write(f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {version}  Thu Jan  1 00:00:00 UTC 2026\n")
+    libs = " ".join(f"{stem}.{version}" for stem in ("libnvidia-glcore.so", "libnvidia-eglcore.so"))
+    script = f"/usr/bin/dlopentest {libs} libcuda.so.1; ldconfig -p | grep -c gpucomp"
+    bundle = bundle_for(tmp_path, host, ("NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=graphics"), script)
+    build_exe(bundle / "rootfs/usr/bin", "dlopentest", source=DLOPEN_C)
+    r = run_container("runc", bundle, f"pyxis-real-550-graphics-{layout}-{os.getpid()}")
+    assert r.rc == 0, r.stderr
+    for lib in libs.split():
+        assert f"dlopen {lib}: ok" in r.stdout, r.stdout
+    assert "dlopen libcuda.so.1: libcuda.so.1: cannot open shared object file" in r.stdout, r.stdout

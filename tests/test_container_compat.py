@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from fixtures.container import make_rootfs
 from fixtures.synth import build_exe, build_lib, m32_toolchain
 from pyxis_hook import container
-from pyxis_hook.container import compat_facts, container_facts
+from pyxis_hook.container import container_facts
 from pyxis_hook.plan import COMPAT_DIR
 
 LDCONFIG = shutil.which("ldconfig") or "/sbin/ldconfig"

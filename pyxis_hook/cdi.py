@@ -370,7 +370,8 @@ def hook_plan(step: str, bundle, config, *, links: tuple[str, ...] = (), folders
         from pyxis_hook.plan import cuda_compat, ldcache_update
 
         if host_driver_version and not _DRIVER_VERSION.fullmatch(host_driver_version):
-            raise UsageError(f"{HOST_DRIVER_VERSION_FLAG} {host_driver_version!r}: expected a driver version "
+            shown = host_driver_version if len(host_driver_version) <= 40 else host_driver_version[:40] + "..."
+            raise UsageError(f"{HOST_DRIVER_VERSION_FLAG} {shown!r}: expected a driver version "
                              "such as 535.104.05")
         rows = tuple(parse_lib(x) for x in libs)
         facts = container_facts(rootfs)

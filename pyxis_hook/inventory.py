@@ -148,6 +148,20 @@ class Inventory:
     def usable(self) -> bool:
         return not self.errors and self.driver_version is not None
 
+    def deps_for(self, capabilities) -> tuple[NonDriverDep, ...]:
+        """The non-driver dependencies of the libraries `capabilities` get, each (name, class) once.
+
+        A dependency of a library two capabilities share (550's libnvidia-gpucomp
+        serves compute and graphics) is recorded once per capability; a request
+        for either hears of it, a request for both hears of it once.
+        """
+        wanted = set(capabilities)
+        out: dict[tuple[str, int], NonDriverDep] = {}
+        for d in self.non_driver_deps:
+            if d.capability in wanted:
+                out.setdefault((d.name, d.elfclass), d)
+        return tuple(out.values())
+
     def select(self, capabilities, *, kinds=KINDS, include_uninjected: bool = False) -> tuple[DriverFile, ...]:
         """The files a request for `capabilities` gets, each host file once.
 
@@ -233,7 +247,7 @@ class _State:
     warnings: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
-    deps: dict[tuple[str, int], NonDriverDep] = field(default_factory=dict)
+    deps: dict[tuple[str, int, str], NonDriverDep] = field(default_factory=dict)
     sources: list[str] = field(default_factory=list)
     other_versions: set[str] = field(default_factory=set)
 
@@ -327,7 +341,7 @@ def discover(config, *, strict: bool = True, host: HostGpus | None = None) -> In
         host=host,
         files=tuple(st.files),
         missing=tuple(st.missing),
-        non_driver_deps=tuple(sorted(st.deps.values(), key=lambda d: (d.elfclass, d.name))),
+        non_driver_deps=tuple(sorted(st.deps.values(), key=lambda d: (d.elfclass, d.name, d.capability))),
         warnings=tuple(host.warnings) + tuple(st.warnings),
         errors=errors,
         driver_root=root,
@@ -499,10 +513,10 @@ def _libraries(st: _State, cache, entries, kind: str, abi: int, elfclass: int, m
                 have[dep] = real
                 have[os.path.basename(real)] = real
                 continue
-            key = (dep, elfclass)
+            key = (dep, elfclass, cap)  # per capability: a shared library's deps reach each one it serves
             old = st.deps.get(key)
             needed_by = tuple(sorted(set((old.needed_by if old else ()) + (requirer,))))
-            st.deps[key] = NonDriverDep(name=dep, needed_by=needed_by, capability=old.capability if old else cap,
+            st.deps[key] = NonDriverDep(name=dep, needed_by=needed_by, capability=cap,
                                         elfclass=elfclass, host_path=real)
             if real is None and re.match(VERSIONED_RE, dep) and dep.endswith(suffix):
                 st.warn(f"{dep}: needed by {requirer} but not found in the driver root")
@@ -648,16 +662,18 @@ def _files_in_root(st: _State, directory: str, pattern: str) -> list[tuple[str, 
 def _firmware(st: _State) -> None:
     """GSP firmware, in /lib/firmware, else where merged-/usr packages put it (/usr/lib/firmware).
 
-    With /lib -> usr/lib both name the same files: each is listed once, under
-    the first directory (the one the kernel's loader searches).
+    With /lib -> usr/lib both name the same files; with two real directories
+    the first one's copy wins (the kernel's loader searches /lib first).
+    Either way each firmware name is listed once, so a merged-/usr image
+    never gets two mounts stacked on one file.
     """
-    seen: set[str] = set()
+    seen: set[str] = set()  # file names
     for template in caps.FIRMWARE_DIRS:
         directory = template.format(version=st.version)
         for listed, real in _files_in_root(st, directory, caps.FIRMWARE_GLOB):
-            if real in seen:
+            if os.path.basename(listed) in seen:
                 continue
-            seen.add(real)
+            seen.add(os.path.basename(listed))
             st.files.append(DriverFile(kind="firmware", capability="utility", path=listed, host_path=real,
                                        name=os.path.basename(listed), source="firmware"))
             st.sources.append(real)

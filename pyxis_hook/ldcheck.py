@@ -785,7 +785,7 @@ def check_image(rootfs: str, env: Mapping[str, str], inventory, config, *, capab
         findings.extend(library_findings(rootfs, res, inventory.driver_version, facts, config, hook_compat))
         if source == "pid":
             findings.extend(_present_findings(rootfs, lib))
-    deps = [d for d in inventory.non_driver_deps if d.capability in caps and (d.elfclass == 64 or "compat32" in caps)]
+    deps = [d for d in inventory.deps_for(caps) if d.elfclass == 64 or "compat32" in caps]
     findings.extend(missing_dep_findings(rootfs, deps, setups, virtual))
     search_dirs = setups[64].ld_library_path + setups[64].system_dirs + tuple(
         sorted({os.path.dirname(e.value) for e in (image_cache.entries if image_cache else ())}))

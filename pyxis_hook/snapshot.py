@@ -29,7 +29,10 @@ import zlib
 from pyxis_hook import fastjson, log
 from pyxis_hook.errors import SnapshotError
 
-FORMAT = 1
+#: bumped whenever discovery records something else for the same driver files, so an upgrade
+#: rebuilds the snapshot instead of trusting the old result (2: per-capability DT_NEEDED closure,
+#: firmware also from /usr/lib/firmware)
+FORMAT = 2
 
 
 def config_key(config) -> dict:

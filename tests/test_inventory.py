@@ -410,3 +410,35 @@ def test_icd_and_firmware_links_resolved_inside_the_root(tmp_path):
     assert icd == {"/etc/vulkan/icd.d/nvidia_icd.json": str(root / "usr/share/nvidia/icd.json")}
     fwf = [f for f in inv.files if f.kind == "firmware"]
     assert [(f.path, f.host_path) for f in fwf] == [(f"/lib/firmware/nvidia/{V}/gsp_ga10x.bin", str(root / "blob.bin"))]
+
+
+def test_a_snapshot_written_by_an_older_discovery_is_rebuilt(tmp_path):
+    """Same driver files, same config, older FORMAT: after an upgrade the old result is not trusted
+    (format 1 lacked the per-capability closure, e.g. libnvidia-gpucomp for graphics on 550)."""
+    import json as json_mod
+
+    root = make_driver(tmp_path / "root", extra=False)
+    c = cfg(root)
+    good = load_or_build(c)
+    path = Path(snapshot.snapshot_path(c))
+    doc = json_mod.loads(path.read_bytes())
+    assert doc["format"] == snapshot.FORMAT
+    doc["format"] = snapshot.FORMAT - 1
+    doc["inventory"]["files"] = []  # what an older discovery might have found: must not be used
+    path.write_text(json_mod.dumps(doc))
+    with pytest.raises(Exception, match=f"format {snapshot.FORMAT - 1}, expected {snapshot.FORMAT}"):
+        snapshot.load(c)
+    assert load_or_build(c) == good
+
+
+def test_deps_for_reports_a_shared_librarys_dependency_once_to_either_capability():
+    from pyxis_hook.inventory import Inventory, NonDriverDep
+
+    inv = Inventory(driver_version=V, cuda_version=None, host=None, files=(), non_driver_deps=(
+        NonDriverDep("libzstd.so.1", ("libnvidia-gpucomp.so.550.1",), "compute", 64),
+        NonDriverDep("libzstd.so.1", ("libnvidia-gpucomp.so.550.1",), "graphics", 64),
+        NonDriverDep("libX11.so.6", ("libGLX_nvidia.so.0",), "graphics", 64)))
+    assert [d.name for d in inv.deps_for(("compute",))] == ["libzstd.so.1"]
+    assert [d.name for d in inv.deps_for(("graphics",))] == ["libzstd.so.1", "libX11.so.6"]
+    assert [d.name for d in inv.deps_for(("compute", "graphics"))] == ["libzstd.so.1", "libX11.so.6"]
+    assert inv.deps_for(("video",)) == ()

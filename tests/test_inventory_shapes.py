@@ -124,6 +124,17 @@ def test_merged_usr_firmware_listed_once_under_lib(tmp_path):
     assert fw == [(f"/lib/firmware/nvidia/{V}/gsp_ga10x.bin", str(root / f"usr/lib/firmware/nvidia/{V}/gsp_ga10x.bin"))]
 
 
+def test_firmware_in_two_real_dirs_is_listed_once_per_name(tmp_path):
+    """/lib/firmware and /usr/lib/firmware as two real dirs with the same files: the /lib copy only
+    (two mounts of one name would stack on one file in a merged-/usr image)."""
+    root = make_driver(tmp_path / "root")
+    (root / "usr/lib").mkdir(parents=True, exist_ok=True)
+    shutil.copytree(root / "lib/firmware", root / "usr/lib/firmware")
+    inv = discover(cfg(root))
+    fw = [(f.path, f.host_path) for f in inv.files if f.kind == "firmware"]
+    assert fw == [(f"/lib/firmware/nvidia/{V}/gsp_ga10x.bin", str(root / f"lib/firmware/nvidia/{V}/gsp_ga10x.bin"))]
+
+
 def test_no_firmware_anywhere_warns_about_lib_firmware(tmp_path):
     root = make_driver(tmp_path / "root")
     shutil.rmtree(root / "lib/firmware")
@@ -145,3 +156,18 @@ def test_firmware_outside_the_root_is_never_followed(tmp_path, where):
     (fw / "gsp_ga10x.bin").symlink_to(secret)  # absolute host path: missing inside the root
     inv = discover(cfg(root))
     assert not any(f.kind == "firmware" for f in inv.files)
+
+
+def test_a_shared_librarys_outside_dependency_reaches_every_capability_it_serves(tmp_path):
+    """gpucomp (compute, and graphics through glcore) needing a library the driver does not ship:
+    a graphics-only request hears of it too (list, ldcheck)."""
+    root = make_driver(tmp_path / "root", ldconfig=False)
+    d = root / LIB
+    build_lib(d, f"libnvidia-gpucomp.so.{V}", needed=("libzstd-fake.so.1",))
+    build_lib(d, f"libnvidia-glcore.so.{V}", needed=(f"libnvidia-tls.so.{V}", f"libnvidia-gpucomp.so.{V}"))
+    run_ldconfig(root)
+    inv = discover(cfg(root))
+    rows = sorted((x.name, x.capability) for x in inv.non_driver_deps if x.name == "libzstd-fake.so.1")
+    assert rows == [("libzstd-fake.so.1", "compute"), ("libzstd-fake.so.1", "graphics")]
+    for caps in (("graphics",), ("compute",), ("compute", "graphics")):
+        assert [x.name for x in inv.deps_for(caps)].count("libzstd-fake.so.1") == 1

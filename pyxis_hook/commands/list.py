@@ -48,7 +48,7 @@ def list_dict(inv, caps, gpus, migs, nodes, warnings) -> dict:
         "driver_root": inv.driver_root,
         "capabilities": list(caps),
         "files": [f.to_dict() for f in files],
-        "non_driver_deps": [d.to_dict() for d in inv.non_driver_deps if d.capability in caps],
+        "non_driver_deps": [d.to_dict() for d in inv.deps_for(caps)],
         "missing": [m for m in inv.missing if m.split(":")[0] in caps],
         "gpus": [{"index": g.index, "minor": g.minor, "uuid": g.uuid, "bus_id": g.bus_id, "model": g.model}
                  for g in gpus],

@@ -364,6 +364,17 @@ def _resolve(st: _State, path: str) -> str | None:
         return None
 
 
+def _mode_in_root(st: _State, path: str) -> tuple[str, int] | None:
+    """(host path, st_mode) of `path` resolved inside the driver root; None if it is not there."""
+    real = _resolve(st, path)
+    if real is None:
+        return None
+    try:
+        return real, os.stat(real).st_mode
+    except OSError:
+        return None
+
+
 def _rel(st: _State, host_path: str) -> str:
     return to_root_relative(st.root, host_path)
 
@@ -617,15 +628,10 @@ def _binaries(st: _State, config) -> None:
     for cap, names in caps.BINARIES:
         for name in names:
             for d in dirs:
-                real = _resolve(st, os.path.join(d, name))
-                if real is None:
+                hit = _mode_in_root(st, os.path.join(d, name))
+                if hit is None or not stat.S_ISREG(hit[1]) or not hit[1] & 0o111:
                     continue
-                try:
-                    s = os.stat(real)
-                except OSError:
-                    continue
-                if not stat.S_ISREG(s.st_mode) or not s.st_mode & 0o111:
-                    continue
+                real = hit[0]
                 st.files.append(DriverFile(kind="bin", capability=cap, path=_rel(st, real), host_path=real,
                                            name=name, source=f"path:{d}"))
                 st.sources.append(real)
@@ -685,14 +691,9 @@ def _firmware(st: _State) -> None:
 def _ipc(st: _State, config) -> None:
     """Daemon sockets and the MPS pipe dir, where they exist; absence is normal (no daemon)."""
     for cap, path in caps.IPC_SOCKETS:
-        real = _resolve(st, path)
-        if real is None:
-            continue
-        try:
-            s = os.stat(real)
-        except OSError:
-            continue
-        if stat.S_ISSOCK(s.st_mode):
+        hit = _mode_in_root(st, path)
+        if hit is not None and stat.S_ISSOCK(hit[1]):
+            real = hit[0]
             st.files.append(DriverFile(kind="ipc", capability=cap, path=_rel(st, real), host_path=real,
                                        name=os.path.basename(real), source=f"ipc:{path}"))
     real = _resolve(st, config.mps_pipe_dir)

@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from fixtures.forked import run_forked
 from fixtures.synth import build_lib
 from pyxis_hook import confined, kernel
+from pyxis_hook.apply import _NoImports
 from pyxis_hook.errors import ApplyError
 
 pytestmark = pytest.mark.root
@@ -257,27 +259,6 @@ PR_CAP_AMBIENT_RAISE = 2
 DAC, FOWNER = 1 << kernel.CAP_DAC_OVERRIDE, 1 << kernel.CAP_FOWNER
 
 
-def _forked(fn) -> str:
-    """fn() in a forked child (its capability changes stay there); its str result, or its error."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - child
-        os.close(r)
-        try:
-            out = "ok " + fn()
-        except BaseException as e:  # noqa: BLE001
-            out = f"error {type(e).__name__}: {e}"
-        os.write(w, out.encode())
-        os._exit(0)
-    os.close(w)
-    data = b""
-    while chunk := os.read(r, 65536):
-        data += chunk
-    os.close(r)
-    os.waitpid(pid, 0)
-    return data.decode()
-
-
 def _probe_fields(text: str) -> dict[str, int]:
     fields = dict(kv.split("=") for kv in text.split())
     return {k: int(v, 10 if k in ("nnp", "uid") else 16) for k, v in fields.items()}
@@ -305,9 +286,7 @@ def test_exec_holds_only_the_kept_caps(rootfs, tmp_path):
         finally:
             os.close(exe)
 
-    out = _forked(run)
-    assert out.startswith("ok "), out
-    got = _probe_fields(out[3:])
+    got = _probe_fields(run_forked(run))
     bounding = sum(1 << c for c in range(kernel.cap_last_cap() + 1) if kernel.capbset_has(c))
     keep = confined.KEEP_CAPS & prm & bounding
     assert keep == DAC | FOWNER  # this test machine's root has both
@@ -401,20 +380,13 @@ def test_confined_imports_nothing_at_run_time(rootfs, tmp_path):
 
     probe = _static(tmp_path, "capprobe", _CAP_PROBE)
 
-    class NoImports:
-        @staticmethod
-        def find_spec(name, path=None, target=None):
-            if name in sys.builtin_module_names:
-                return None
-            raise ImportError(f"import of {name} at run time")
-
     def run() -> str:
-        sys.meta_path.insert(0, NoImports)
+        sys.meta_path.insert(0, _NoImports)  # the guard apply's child runs under
         exe = confined.sealed_copy(str(probe))
         try:
             return confined.run_ldconfig(str(rootfs), exe, ["/" + LIBDIR])
         finally:
             os.close(exe)
 
-    out = _forked(run)
-    assert out.startswith("ok eff="), out
+    out = run_forked(run)
+    assert out.startswith("eff="), out

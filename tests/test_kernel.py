@@ -9,35 +9,12 @@ from __future__ import annotations
 import errno
 import os
 import threading
-import traceback
 
 import pytest
 
+from fixtures.forked import run_forked
 from pyxis_hook import kernel
 from pyxis_hook.errors import ApplyError
-
-
-def in_child(fn) -> None:
-    """Run fn() in a forked child; re-raise its failure here as one AssertionError."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(r)
-        msg = b"ok"
-        try:
-            fn()
-        except BaseException:  # noqa: BLE001
-            msg = traceback.format_exc().encode()
-        os.write(w, msg)
-        os._exit(0)
-    os.close(w)
-    out = b""
-    while chunk := os.read(r, 65536):
-        out += chunk
-    os.close(r)
-    _, status = os.waitpid(pid, 0)
-    # a child killed or exited before reporting has not passed
-    assert out == b"ok" and os.waitstatus_to_exitcode(status) == 0, (out.decode(), status)
 
 
 def test_errors_are_one_line_with_errno(tmp_path):
@@ -92,7 +69,7 @@ def test_unshare_mount_umount_setns(tmp_path):
         kernel.setns(home, kernel.CLONE_NEWNS)
         assert not any(line.split()[4] == str(d) for line in open("/proc/self/mountinfo"))
 
-    in_child(child)
+    run_forked(child)
     assert not any(line.split()[4] == str(d) for line in open("/proc/self/mountinfo"))
     with pytest.raises(kernel.SyscallError, match=f"umount {d}: Invalid argument"):
         kernel.umount2(str(d))
@@ -116,7 +93,7 @@ def test_setns_mount_ns_needs_a_single_thread():
             stop.set()
             t.join()
 
-    in_child(child)
+    run_forked(child)
 
 
 def _bind_case(tmp_path, body) -> None:
@@ -131,7 +108,7 @@ def _bind_case(tmp_path, body) -> None:
         kernel.mount(None, "/", None, kernel.MS_REC | kernel.MS_PRIVATE)
         body(src, tgt, os.open(src, os.O_PATH), os.open(tgt, os.O_PATH | os.O_NOFOLLOW))
 
-    in_child(child)
+    run_forked(child)
 
 
 def _options(tgt) -> set[str]:
@@ -197,7 +174,7 @@ def test_fsmount_tmpfs(tmp_path):
         with pytest.raises(kernel.SyscallError, match="fsconfig nonsense-key=1"):
             kernel.fsconfig_string(fs, "nonsense-key", "1")
 
-    in_child(child)
+    run_forked(child)
 
 
 def test_no_new_privs():
@@ -206,7 +183,7 @@ def test_no_new_privs():
         status = open("/proc/self/status").read()
         assert "NoNewPrivs:\t1" in status
 
-    in_child(child)
+    run_forked(child)
 
 
 def _status_caps() -> dict[str, int]:
@@ -257,7 +234,7 @@ def test_capset_bounding_drop_and_ambient_clear():
             kernel.capbset_drop(kernel.CAP_CHOWN)
         assert e.value.errno == errno.EPERM
 
-    in_child(child)
+    run_forked(child)
 
 
 def _header_nrs(path: str) -> dict[str, int]:

@@ -32,3 +32,18 @@ def pytest_collection_modifyitems(config, items):
 def cache_dir() -> Path:
     CACHE_DIR.mkdir(parents=True, exist_ok=True)
     return CACHE_DIR
+
+
+@pytest.fixture
+def no_hang():
+    """A blocked open or read (a FIFO opened without O_NONBLOCK) fails the test instead of hanging the suite."""
+    import signal
+
+    def boom(*_):
+        raise TimeoutError("blocked reading a file of the image")
+
+    old = signal.signal(signal.SIGALRM, boom)
+    signal.alarm(30)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)

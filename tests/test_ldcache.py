@@ -468,21 +468,6 @@ def conf_mode(request):
     return request.param
 
 
-@pytest.fixture
-def no_hang():
-    """Turn a blocked read (a FIFO opened without O_NONBLOCK) into a failure instead of a hung suite."""
-    import signal
-
-    def boom(*_):
-        raise TimeoutError("blocked reading ld.so.conf")
-
-    old = signal.signal(signal.SIGALRM, boom)
-    signal.alarm(20)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
-
-
 def test_ld_so_conf_rfs_mode_reads_the_same_tree(tmp_path):
     root = tmp_path / "root"
     write(root, "/etc/ld.so.conf", "/opt/a\ninclude /etc/ld.so.conf.d/*.conf etc.d/x.conf /etc/none\n/opt/z\n")

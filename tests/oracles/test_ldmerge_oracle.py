@@ -264,21 +264,6 @@ def test_preview_tells_plan_whether_merge_applies(tmp_path):
 # --- what the image holds is never more than a CannotMerge (apply then runs ldconfig) -----------
 
 
-@pytest.fixture
-def no_hang():
-    """A blocked open or read (a FIFO without O_NONBLOCK) fails the test instead of hanging the suite."""
-    import signal
-
-    def boom(*_):
-        raise TimeoutError("blocked reading the image")
-
-    old = signal.signal(signal.SIGALRM, boom)
-    signal.alarm(30)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
-
-
 @pytest.mark.parametrize("hostile", ["fifo", "device", "loop", "conf-loop"])
 def test_hostile_ld_so_conf_is_cannot_merge(tmp_path, no_hang, hostile):
     import stat

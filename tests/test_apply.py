@@ -811,3 +811,26 @@ def test_the_import_guard_lets_only_in_memory_modules_through():
     for name in ("xml", "json", "pyxis_hook.cdi"):
         with pytest.raises(ImportError, match=f"no import inside the container's mount namespace: {name}"):
             apply_mod._NoImports.find_spec(name)
+
+
+def test_the_child_ends_even_when_reporting_its_own_error_fails(world, monkeypatch, no_hang):
+    """A bug in the child's error handling must not send it back into the caller's code (it sits in the
+    container's mount namespace as root): it ends, and the parent reports that nothing came back."""
+    host, root, pid = world
+
+    def broken(*args, **kwargs):
+        raise KeyError("boom")
+
+    def frames_fails(exc):
+        raise RuntimeError("cannot format")
+
+    monkeypatch.setattr(apply_mod, "_child", broken)
+    monkeypatch.setattr(log, "frames", frames_fails)
+    parent = os.getpid()
+    with pytest.raises(ApplyError, match=r"died \(wait status 0x100\); nothing reported"):  # exit status 1
+        try:
+            apply_plan(_basic_plan(host, root), pid)
+        finally:
+            if os.getpid() != parent:  # the child came back into its caller: the bug this test is about
+                os._exit(99)
+    assert _mounts_under(pid, root) == {}

@@ -403,7 +403,6 @@ def build_plan(request: "Request", inventory: "Inventory", facts: ContainerFacts
     env: tuple[tuple[str, str], ...] = ()
     if request.cuda_visible_devices is not None and (request.gpus or request.mig_devices):
         env = (("CUDA_VISIBLE_DEVICES", request.cuda_visible_devices),)
-    notes.extend(f"warning: {w}" for w in request.warnings)
     return Plan(rootfs=facts.rootfs, devices=tuple(devices), mounts=tuple(mounts), symlinks=tuple(symlinks),
                 cgroup_rules=rules, cgroup_mode=cgroup_mode, proc_driver=proc_driver, ldcache=ldcache,
                 env=env, notes=tuple(notes), problems=tuple(problems))

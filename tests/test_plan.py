@@ -249,3 +249,10 @@ def test_prepare_is_bounded_by_the_hooks_device_cgroup(world, tmp_path, monkeypa
     assert prepare(cfg, bundle, confine=False).request.gpu_minors == (0, 1, 2, 3)
     monkeypatch.setattr(cgroup, "gpu_minors_allowed", lambda *a: frozenset({0, 1, 2, 3}))  # not confined
     assert prepare(cfg, bundle).request.gpu_minors == (0, 1, 2, 3)
+
+
+def test_each_request_warning_is_one_note(world):
+    """The request's reasons already carry its warnings: the plan does not add them again."""
+    _, plan = _plan(world, {"NVIDIA_VISIBLE_DEVICES": "0", "CUDA_VISIBLE_DEVICES": "7,9"})
+    warnings = [n for n in plan.notes if n.startswith("warning: ")]
+    assert warnings and len(warnings) == len(set(warnings))

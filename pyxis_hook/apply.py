@@ -43,7 +43,7 @@ import os
 import stat
 import sys
 
-from pyxis_hook import kernel, log
+from pyxis_hook import gpus, kernel, log
 from pyxis_hook.errors import ApplyError, PathError, PyxisHookError
 from pyxis_hook.plan import DEV_OPTIONS, PROC_OPTIONS, Plan
 from pyxis_hook.record import record
@@ -56,16 +56,6 @@ _FLAGS = {"ro": (kernel.MOUNT_ATTR_RDONLY, kernel.MS_RDONLY), "nosuid": (kernel.
 
 #: what a /proc/driver/nvidia file name in a plan may hold (no '/', checked again here: the plan is data)
 _NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.+-")
-_HEX = frozenset("0123456789abcdefABCDEF")
-
-
-def _is_proc_bus_id(bus: str) -> bool:
-    """procfs's form of a PCI id, `0000:06:00.0`: a 4-8 digit domain, 2-digit bus and device, function 0-7."""
-    head, dot, fn = bus.rpartition(".")
-    parts = head.split(":")
-    return (bool(dot) and len(fn) == 1 and fn in "01234567" and len(parts) == 3
-            and 4 <= len(parts[0]) <= 8 and len(parts[1]) == 2 and len(parts[2]) == 2
-            and _HEX.issuperset(parts[0] + parts[1] + parts[2]))
 
 
 @record
@@ -256,7 +246,7 @@ def _open_proc_sources(plan: Plan, fds: list[int], messages: list[str]) -> list[
         if not name or not _NAME_CHARS.issuperset(name) or name in (".", ".."):
             raise ApplyError(f"/proc/driver/nvidia: bad file name {name!r} in plan")
     for bus in view.gpu_dirs:
-        if not _is_proc_bus_id(bus):
+        if not gpus.is_full_bus_id(bus):  # a GPU dir name: hex, ':' and '.', never '/' or '..' 
             raise ApplyError(f"/proc/driver/nvidia: bad GPU bus id {bus!r} in plan")
     gpus_dir = f"{view.host_dir}/gpus"
     if view.gpu_dirs:

@@ -253,6 +253,11 @@ def parse_bus_id(text: str) -> tuple[int, int, int, int] | None:
     return int(dom or "0", 16), int(bus, 16), dev_i, int(fn)
 
 
+def is_full_bus_id(text: str) -> bool:
+    """A PCI id with its domain and nothing around it: `0000:06:00.0`, NVML's `00000000:06:00.0`."""
+    return text.count(":") == 2 and text == text.strip() and parse_bus_id(text) is not None
+
+
 def normalize_bus_id(text: str) -> str | None:
     """Canonical lower-case procfs form (`0000:06:00.0`); the 8-digit NVML form maps to it.
 
@@ -260,8 +265,11 @@ def normalize_bus_id(text: str) -> str | None:
     digits, exactly as the kernel prints them.  None when `text` is no PCI id.
     """
     parsed = parse_bus_id(text)
-    if parsed is None:
-        return None
+    return None if parsed is None else format_bus_id(parsed)
+
+
+def format_bus_id(parsed: tuple[int, int, int, int]) -> str:
+    """The procfs form of a parsed PCI id."""
     dom, bus, dev, fn = parsed
     return f"{dom:04x}:{bus:02x}:{dev:02x}.{fn:x}"
 
@@ -466,23 +474,21 @@ def _read_gpus(r: _Reader, gpus_dir: str) -> tuple[Gpu, ...]:
         if text is None:
             continue
         info = parse_information(text)
-        bus = normalize_bus_id(info.get("Bus Location", "")) or normalize_bus_id(name)
+        pci = parse_bus_id(info.get("Bus Location", "")) or parse_bus_id(name)
         minor_s = info.get("Device Minor", "")
-        if bus is None or not minor_s.isdigit():
+        if pci is None or not (minor_s.isascii() and minor_s.isdigit()):
             r.warnings.append(f"{path}: no usable 'Bus Location' or 'Device Minor'")
             continue
-        found.append((parse_bus_id(bus), Gpu(
-            index=None, minor=int(minor_s), uuid=info.get("GPU UUID") or None, bus_id=bus,
-            model=info.get("Model") or None, excluded=_truthy(info.get("GPU Excluded")), proc_name=name)))
-    found.sort(key=lambda t: t[0])
+        found.append((pci, name, int(minor_s), info))
+    found.sort(key=lambda t: t[0])  # the index is the rank in PCI order among the usable GPUs
     out = []
     index = 0
-    for _, g in found:
-        if g.excluded:
-            out.append(g)
-            continue
-        out.append(Gpu(index, g.minor, g.uuid, g.bus_id, g.model, False, g.proc_name))
-        index += 1
+    for pci, name, minor, info in found:
+        excluded = _truthy(info.get("GPU Excluded"))
+        out.append(Gpu(index=None if excluded else index, minor=minor, uuid=info.get("GPU UUID") or None,
+                       bus_id=format_bus_id(pci), model=info.get("Model") or None, excluded=excluded,
+                       proc_name=name))
+        index += 0 if excluded else 1
     return tuple(out)
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 from pyxis_hook import require
 from pyxis_hook.config import Config
 from pyxis_hook.errors import RequestError
-from pyxis_hook.gpus import Gpu, HostGpus, MigDevice, parse_bus_id
+from pyxis_hook.gpus import Gpu, HostGpus, MigDevice, is_full_bus_id
 from pyxis_hook.record import record
 
 #: typing.TYPE_CHECKING without importing typing (~3 ms on the hook's path)
@@ -53,11 +53,6 @@ _LEGACY_MIG = r"(?i)^MIG-(GPU-[0-9a-fA-F-]+)/([0-9]{1,9})/([0-9]{1,9})$"
 def _is_index(tok: str) -> bool:
     """1-9 ASCII digits (bounded: int() of a 5,000-digit token would raise, and nothing is that big)."""
     return 0 < len(tok) <= 9 and _DIGITS.issuperset(tok)
-
-
-def _is_pci(tok: str) -> bool:
-    """A PCI id with its domain, `0000:06:00.0` or NVML's `00000000:06:00.0`."""
-    return tok.count(":") == 2 and tok == tok.strip() and parse_bus_id(tok) is not None
 
 
 def _gpu_mig(tok: str) -> tuple[int, int] | None:
@@ -215,7 +210,7 @@ def _resolve_token(host: HostGpus, tok: str) -> Gpu | MigDevice:
     """One device token, tried in LNC's order: GPU UUID, PCI id, index, MIG UUID, <gpu>:<mig>."""
     if tok[:4].upper() == "GPU-":
         gpu = _find_gpu_uuid(host, tok)
-    elif _is_pci(tok):
+    elif is_full_bus_id(tok):
         gpu = host.gpu_by_bus_id(tok)
         if gpu is None:
             raise _unknown(tok, host)

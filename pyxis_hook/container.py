@@ -178,8 +178,10 @@ def _compat_facts(rfs, machine: str):
 
 
 def _is_versioned(name: str) -> bool:
-    """`libcuda.so.570.86.15`: ASCII digit runs (str.isdigit also takes '²', which int() refuses)."""
-    return all(p.isascii() and p.isdigit() for p in name[len("libcuda.so."):].split("."))
+    """`libcuda.so.570.86.15`: bounded ASCII digit runs (str.isdigit also takes '²', which int() refuses)."""
+    from pyxis_hook.require import is_dotted_number
+
+    return is_dotted_number(name[len("libcuda.so."):])
 
 
 #: e_machine of the machines ldconfig's flags are modelled for

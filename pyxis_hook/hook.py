@@ -80,7 +80,7 @@ def prepare(config: Config, bundle, *, state=None, check: bool = False, confine:
 
     inventory = inv_mod.load_or_build(config, strict=False)  # GPU facts are read fresh, not from the snapshot
     host = inventory.host
-    if "MIG-" in env.get(req.VISIBLE, "").upper() and any(m.uuid is None for m in host.mig_devices):
+    if req.names_mig_uuid(env) and any(m.uuid is None for m in host.mig_devices):
         inventory = with_mig_uuids(inventory)
         host = inventory.host
     allowed = None

@@ -202,10 +202,9 @@ def _mount_for(f: "DriverFile", facts: ContainerFacts) -> MountEdit | None:
 
 def _version(text: str) -> tuple[int, ...]:
     """'550.54.15' -> (550, 54, 15); () when it is not dotted numbers."""
-    parts = text.split(".")
-    if not text or not all(p.isascii() and p.isdigit() and len(p) <= 9 for p in parts):  # int() of huge runs raises
-        return ()
-    return tuple(int(p) for p in parts)
+    from pyxis_hook.require import is_dotted_number
+
+    return tuple(int(p) for p in text.split(".")) if is_dotted_number(text) else ()
 
 
 def cuda_compat(config: "Config", capabilities: "Iterable[str]", facts: ContainerFacts,

@@ -132,6 +132,15 @@ def split_tokens(value: str) -> list[str]:
     return [t.strip() for t in value.split(",") if t.strip()]
 
 
+def _is_mig_uuid(tok: str) -> bool:
+    return tok[:4].upper() == "MIG-"
+
+
+def names_mig_uuid(env: Mapping[str, str]) -> bool:
+    """True when NVIDIA_VISIBLE_DEVICES names a MIG device by UUID (`MIG-...`): only NVML knows those."""
+    return any(_is_mig_uuid(t) for t in split_tokens(env.get(VISIBLE, "")))
+
+
 # ----------------------------------------------------------------- host listing for errors
 
 
@@ -218,7 +227,7 @@ def _resolve_token(host: HostGpus, tok: str) -> Gpu | MigDevice:
         gpu = host.gpu_by_index(int(tok))
         if gpu is None:
             raise _unknown(tok, host, "indices count GPUs in PCI bus order, not /dev/nvidiaN minors")
-    elif tok[:4].upper() == "MIG-":
+    elif _is_mig_uuid(tok):
         return _find_mig_uuid(host, tok)
     elif (pair := _gpu_mig(tok)) is not None:
         return _find_gpu_mig(host, tok, *pair)

@@ -673,3 +673,12 @@ def test_huge_numbers_are_request_errors(env):
 def test_huge_cuda_visible_devices_is_a_warning():
     req = resolve({"NVIDIA_VISIBLE_DEVICES": "0", "CUDA_VISIBLE_DEVICES": BIG})
     assert any("will not exist in the container" in w for w in req.warnings)
+
+
+def test_names_mig_uuid_reads_tokens_not_substrings():
+    from pyxis_hook.request import names_mig_uuid
+
+    assert names_mig_uuid({"NVIDIA_VISIBLE_DEVICES": "0, mig-GPU-1/0/0"})
+    assert names_mig_uuid({"NVIDIA_VISIBLE_DEVICES": "MIG-4f1b2a3c-0000-0000-0000-000000000001"})
+    assert not names_mig_uuid({"NVIDIA_VISIBLE_DEVICES": "GPU-aaaa-MIG-like,0"})  # a GPU UUID, not a MIG one
+    assert not names_mig_uuid({})

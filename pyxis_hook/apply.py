@@ -153,10 +153,6 @@ def _host_ldconfig(plan: Plan) -> str:
     return plan.ldcache.ldconfig
 
 
-def _fallback_configured(plan: Plan) -> bool:
-    return bool(plan.ldcache.ldconfig)
-
-
 def _ldconfig_fd(plan: Plan, fds: list[int]) -> int | None:
     """The host ldconfig for the child: a sealed copy (mode ldconfig) or an O_RDONLY fd (merge's fallback).
 
@@ -167,7 +163,7 @@ def _ldconfig_fd(plan: Plan, fds: list[int]) -> int | None:
         from pyxis_hook import confined
 
         fd = confined.sealed_copy(_host_ldconfig(plan))
-    elif plan.ldcache.mode == "merge" and _fallback_configured(plan):
+    elif plan.ldcache.mode == "merge" and plan.ldcache.ldconfig:
         path = _host_ldconfig(plan)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY)

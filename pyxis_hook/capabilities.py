@@ -85,7 +85,6 @@ NEVER_INJECTED: tuple[str, ...] = (
 #: /lib/firmware only; Debian 13's packages (merged-/usr) ship /usr/lib/firmware/nvidia/<version>,
 #: which a host reaches through /lib -> usr/lib but a tree without that link (`dpkg -x`) does not
 FIRMWARE_DIRS: tuple[str, ...] = ("/lib/firmware/nvidia/{version}", "/usr/lib/firmware/nvidia/{version}")
-FIRMWARE_DIR = FIRMWARE_DIRS[0]
 FIRMWARE_GLOB = "gsp*.bin"
 
 #: (capability, path inside the driver root) of daemon sockets (LNC lookup_ipcs)

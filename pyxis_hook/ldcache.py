@@ -45,7 +45,6 @@ if TYPE_CHECKING:  # hints only: typing costs ~3 ms on the hook's path
 # --- flags (sysdeps/generic/ldconfig.h) -------------------------------------
 
 FLAG_TYPE_MASK = 0x00FF
-FLAG_LIBC4 = 0x0000
 FLAG_ELF = 0x0001
 FLAG_ELF_LIBC5 = 0x0002
 FLAG_ELF_LIBC6 = 0x0003
@@ -550,16 +549,6 @@ def entries_for_arch(cache: LdCache, abi: int, *, hwcaps_too: bool = False) -> t
     return tuple(e for e in cache.entries
                  if (e.flags & FLAG_ELF) and (e.flags & FLAG_REQUIRED_MASK) == abi
                  and (hwcaps_too or not e.is_hwcaps))
-
-
-# --- ld.so.conf (thin wrapper, parser in ldconf.py) -----------------------------
-
-
-def parse_ld_so_conf(root: str, conf: str = "/etc/ld.so.conf") -> tuple[str, ...]:
-    """The directories ld.so.conf inside `root` lists, in ldconfig's order (see ldconf.py)."""
-    from pyxis_hook.ldconf import read_ld_so_conf
-
-    return read_ld_so_conf(root, conf).dirs
 
 
 # --- writing -----------------------------------------------------------------

@@ -63,9 +63,6 @@ class State:
     #: (key, value) pairs in document order
     annotations: tuple[tuple[str, str], ...] = ()
 
-    def annotation_map(self) -> dict[str, str]:
-        return dict(self.annotations)
-
 
 def _load_json(data: bytes, what: str, error: type[OciError]) -> object:
     try:

@@ -37,7 +37,7 @@ def state(**fields) -> bytes:
 def test_state_runc_shape():
     s = parse_state(state(annotations={"a": "1"}))
     assert (s.oci_version, s.id, s.status, s.pid, s.bundle) == ("1.0.2", "c1", "creating", 4242, "/run/b")
-    assert s.annotation_map() == {"a": "1"}
+    assert s.annotations == (("a", "1"),)
 
 
 def test_state_crun_shape_with_extra_root_field():

@@ -283,7 +283,10 @@ def gpu_minors_allowed(proc_root: str, pid: int | str, candidates, nvidia_major:
     "Cannot tell" covers v2 (eBPF rules we do not decode), a process without
     a readable cgroup, and a devices hierarchy we cannot find or read.
     """
-    dc = read_devices_cgroup(proc_root, pid, mountinfo_pid)
+    cg = read_text(os.path.join(proc_root, str(pid), "cgroup"))
+    if cg is None or "devices" not in cg:  # no v1 devices controller: skip reading all of mountinfo
+        return None
+    dc = devices_cgroup(cg, read_text(os.path.join(proc_root, str(mountinfo_pid), "mountinfo")) or "")
     if dc is None or dc.controller != "v1" or dc.fs_path is None:
         return None
     text = read_text(os.path.join(dc.fs_path, "devices.list"))

@@ -46,7 +46,9 @@ def loads(text: str | bytes):
     start = len(text) - len(text.lstrip(_WHITESPACE))
     try:
         value, end = _json.make_scanner(_Decoder())(text, start)
-    except (StopIteration, ValueError):
+    except (StopIteration, ValueError, SystemError):
+        # SystemError: for an error inside an object the C scanner looks up json.decoder's
+        # JSONDecodeError, which is not imported here, and returns no exception at all
         return _slow(text)
     if text[end:].strip(_WHITESPACE):
         return _slow(text)  # "Extra data", in json's words

@@ -67,3 +67,24 @@ def test_reading_imports_neither_json_nor_re():
     root = os.path.dirname(os.path.dirname(pyxis_hook.__file__))
     r = subprocess.run([sys.executable, "-I", "-S", "-c", code % root], capture_output=True, text=True, check=True)
     assert r.stdout.split(" ", 1) == ["2.5", "[]\n"]
+
+
+def test_errors_inside_objects_are_jsons_own_in_a_process_without_json():
+    """The C scanner reports an error inside an object through json.decoder: where json was never
+    imported (the hook's path) that surfaced as SystemError, and a truncated snapshot was never rebuilt."""
+    import os
+
+    import pyxis_hook
+
+    root = os.path.dirname(os.path.dirname(pyxis_hook.__file__))
+    code = ("import sys; sys.path.insert(0, %r)\n"
+            "from pyxis_hook import fastjson\n"
+            "assert 'json' not in sys.modules\n"
+            "for doc in ('{\"id\":\"x\" \"pid\":1}', '{\"a\":1,}', '{\"a\":', '[1, {\"b\": [2,', '{\"k\": tru}'):\n"
+            "    try:\n"
+            "        fastjson.loads(doc)\n"
+            "    except ValueError as e:\n"
+            "        print(type(e).__name__)\n") % root
+    r = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["JSONDecodeError"] * 5

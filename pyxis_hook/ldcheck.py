@@ -27,6 +27,7 @@ import os
 import re
 from typing import Mapping
 
+from pyxis_hook.asks import is_legacy
 from pyxis_hook.errors import LdCacheError, PathError, RequestError, RequirementError
 from pyxis_hook.findings import Finding
 from pyxis_hook.plan import COMPAT_DIR, ContainerFacts, cuda_compat
@@ -703,12 +704,12 @@ def capabilities_for(env: Mapping[str, str], config, explicit: str | None) -> tu
     The request module decides, so a legacy CUDA_VERSION image gets every
     capability and an unknown one is an error here exactly as in the hook.
     """
-    from pyxis_hook import request, require
+    from pyxis_hook import request
 
     if explicit is not None:
         env = {**env, request.CAPABILITIES: explicit}
     try:
-        return tuple(request.capabilities(env, config, require.is_legacy(env), [])), []
+        return tuple(request.capabilities(env, config, is_legacy(env), [])), []
     except RequestError as e:
         return (), [Finding("error", "bad-capabilities", str(e),
                             "the hook refuses to start a container asking for a capability it does not know",

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 
 from pyxis_hook import require
+from pyxis_hook.asks import VISIBLE, is_legacy, split_tokens, void_reason
 from pyxis_hook.config import Config
 from pyxis_hook.errors import RequestError
 from pyxis_hook.gpus import Gpu, HostGpus, MigDevice, is_full_bus_id
@@ -35,7 +36,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # hints only: typing costs ~3 ms on the hook's path
     from typing import Mapping
 
-VISIBLE = "NVIDIA_VISIBLE_DEVICES"
 CAPABILITIES = "NVIDIA_DRIVER_CAPABILITIES"
 MIG_CONFIG = "NVIDIA_MIG_CONFIG_DEVICES"
 MIG_MONITOR = "NVIDIA_MIG_MONITOR_DEVICES"
@@ -125,11 +125,6 @@ class Request:
             "warnings": list(self.warnings),
             "reasons": list(self.reasons),
         }
-
-
-def split_tokens(value: str) -> list[str]:
-    """NCT's list split: on ',', whitespace trimmed, empty tokens dropped."""
-    return [t.strip() for t in value.split(",") if t.strip()]
 
 
 def _is_mig_uuid(tok: str) -> bool:
@@ -403,19 +398,8 @@ def void_request(env: Mapping[str, str]) -> Request | None:
     inventory or reading /proc (design.md: the hot path "exits at once when
     the container asked for no GPU").  `resolve_request` gives the same answer.
     """
-    legacy = require.is_legacy(env)
-    raw = env.get(VISIBLE)
-    if raw is None and legacy:
-        return None
-    tokens = split_tokens(raw or "")
-    if not tokens:
-        why = "unset" if raw is None else "empty"
-        return Request(void=True, mode="void", legacy=legacy,
-                       reasons=(f"{VISIBLE} is {why}: not a GPU container, nothing is injected",))
-    if "void" in tokens:
-        return Request(void=True, mode="void", legacy=legacy,
-                       reasons=(f"{VISIBLE}={raw}: 'void': not a GPU container, nothing is injected",))
-    return None
+    why = void_reason(env)
+    return None if why is None else Request(void=True, mode="void", legacy=is_legacy(env), reasons=(why,))
 
 
 def resolve_request(
@@ -438,7 +422,7 @@ def resolve_request(
     """
     reasons: list[str] = []
     warnings: list[str] = []
-    legacy = require.is_legacy(env)
+    legacy = is_legacy(env)
 
     void = void_request(env)
     if void is not None:

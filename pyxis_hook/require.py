@@ -104,10 +104,6 @@ def legacy_cuda_version(env: Mapping[str, str]) -> str | None:
     return f"{m.group(1)}.{m.group(2) or 0}"
 
 
-def is_legacy(env: Mapping[str, str]) -> bool:
-    return bool(env.get("CUDA_VERSION", "")) and not env.get("NVIDIA_REQUIRE_CUDA", "")
-
-
 def _invalid(variable: str, expression: str, term: str, why: str) -> RequirementError:
     return RequirementError(
         f"requirement error: invalid expression: {variable}={expression!r}: term {term!r}: {why}"

@@ -7,13 +7,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pyxis_hook.errors import PyxisHookError, RequirementError
+from pyxis_hook.asks import is_legacy
 from pyxis_hook.require import (
     DeviceFacts,
     HostFacts,
     Term,
     check_requirements,
     compare_versions,
-    is_legacy,
     legacy_cuda_version,
     parse_bool,
     parse_expression,

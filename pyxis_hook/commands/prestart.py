@@ -51,14 +51,13 @@ def certainly_void(data: bytes) -> bool:
     Issue 7 G4: a container that asks for no GPU must cost about a bare
     interpreter start, so this reads the state and config.json with `fastjson`
     and `posix` only (`oci.py`, `config.py`, `request.py`, `log.py` cost ~15 ms
-    of imports).  It is the same decision as `request.void_request` on the
-    bundle's last-wins env (NVIDIA_VISIBLE_DEVICES unset, empty or 'void',
-    and not a legacy CUDA image), which needs no configuration.  Anything
+    of imports).  The decision is `asks.void_reason`, the one `request.void_request`
+    makes, on the bundle's last-wins env; it needs no configuration.  Anything
     unexpected (bad JSON, a symlinked or huge config.json, an env entry
     without '=') returns False: the full path then decides and reports.
     """
     try:
-        from pyxis_hook import fastjson
+        from pyxis_hook import asks, fastjson
 
         if len(data) > _FAST_LIMIT:
             return False
@@ -85,12 +84,7 @@ def certainly_void(data: bytes) -> bool:
             env[name] = value
     except Exception:  # noqa: BLE001 — anything odd (incl. RecursionError on deep JSON): the full path decides
         return False
-    raw_visible = env.get("NVIDIA_VISIBLE_DEVICES")
-    legacy = bool(env.get("CUDA_VERSION", "")) and not env.get("NVIDIA_REQUIRE_CUDA", "")
-    if raw_visible is None:
-        return not legacy
-    tokens = [t.strip() for t in raw_visible.split(",") if t.strip()]
-    return not tokens or "void" in tokens
+    return asks.void_reason(env) is not None
 
 
 def main_fast() -> int:

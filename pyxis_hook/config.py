@@ -115,9 +115,10 @@ def load_config(explicit: str | None = None, environ: dict[str, str] | None = No
     path = find_config_path(explicit, environ)
     if path is None:
         return Config()
+    from pyxis_hook.rootfs import read_regular_path
+
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
+        raw = read_regular_path(path, 1 << 20)  # a FIFO or /dev/zero given as pyxis.conf: one line, no hang
     except OSError as e:
         raise ConfigError(f"{path}: cannot read configuration: {e.strerror}") from None
     return parse_config(raw, path)

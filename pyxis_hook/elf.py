@@ -141,8 +141,10 @@ def parse_header(raw: bytes, path: str) -> ElfHeader:
 
 def read_header(path: str) -> ElfHeader:
     """Read and decode the ELF header of `path` (one pread of 64 bytes)."""
+    from pyxis_hook.rootfs import open_regular_path
+
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = open_regular_path(path)  # a FIFO or device named like a library: refused, never opened
     except OSError as e:
         raise ElfError(f"{path}: cannot open: {e.strerror}") from None
     try:

@@ -337,11 +337,16 @@ def parse_cache(data: bytes, name: str = "<bytes>") -> LdCache:
     return LdCache(old, None, "old", name, "big" if r.bo == ">" else "little", old)
 
 
+#: larger than any real ld.so.cache (10,000 libraries: ~1 MB): a cap on what a hostile path can cost
+CACHE_LIMIT = 64 << 20
+
+
 def read_cache(path: str) -> LdCache:
-    """Read and parse the cache file at host path `path`."""
+    """Read and parse the cache file at host path `path` (a regular file only, at most CACHE_LIMIT)."""
+    from pyxis_hook.rootfs import read_regular_path
+
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        data = read_regular_path(path, CACHE_LIMIT)
     except OSError as e:
         raise LdCacheError(f"{path}: {e.strerror}") from None
     return parse_cache(data, path)

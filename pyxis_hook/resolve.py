@@ -374,8 +374,10 @@ class _Resolver:
             return "missing", None, None
         except OSError:
             return "missing", None, None
+        if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+            return "skip", None, None  # a FIFO or device under a library's name: never opened here
         try:
-            fd = os.open(host, os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(host, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
         except OSError:
             return "skip", None, None  # EACCES and friends: glibc notes it and keeps searching
         try:

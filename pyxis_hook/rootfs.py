@@ -92,6 +92,49 @@ def to_root_relative(root: str, host_path: str) -> str:
 _RACE_RETRIES = 8
 
 
+def open_regular_path(path: str) -> int:
+    """An O_RDONLY fd of the regular file at host path `path` (links followed); OSError for anything else.
+
+    For the paths a user or an image puts in front of a diagnostic command
+    (`ldcache --cache`, `ldd`, ldcheck on an image, pyxis.conf): the file is
+    opened O_PATH and fstat'ed first, so a FIFO never blocks, a device's
+    driver never sees an open(), and a directory is EISDIR; only then is the
+    same inode opened for reading, through /proc/self/fd.
+    """
+    pfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(pfd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, "Is a directory")
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        return os.open(f"/proc/self/fd/{pfd}", os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    finally:
+        os.close(pfd)
+
+
+def read_regular_path(path: str, limit: int) -> bytes:
+    """The bytes of the regular file at host path `path` (see `open_regular_path`), at most `limit`."""
+    return _read_capped(open_regular_path(path), limit)
+
+
+def _read_capped(fd: int, limit: int) -> bytes:
+    """All of open file `fd` (closed here), or OSError(EFBIG) past `limit` bytes: the cap bounds memory."""
+    try:
+        if os.fstat(fd).st_size > limit:
+            raise OSError(errno.EFBIG, f"larger than {limit} bytes")
+        chunks, left = [], limit + 1  # one byte more tells a file that grew past the cap
+        while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
+            chunks.append(chunk)
+            left -= len(chunk)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > limit:
+        raise OSError(errno.EFBIG, f"larger than {limit} bytes")
+    return data
+
+
 class RootPathError(PathError):
     """A PathError that keeps the errno, so callers can tell 'missing' from 'refused'."""
 
@@ -275,25 +318,11 @@ class RootFS:
         """
         fd = self.open_regular(path)
         try:
-            st = os.fstat(fd)
-            if st.st_size > limit:
-                raise RootPathError(f"{path} (in {self.path}): larger than {limit} bytes", errno.EFBIG)
-            chunks = []
-            left = limit + 1  # one byte more tells a file that grew past the cap
-            while left > 0:
-                chunk = os.read(fd, min(left, 1 << 20))
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                left -= len(chunk)
+            return _read_capped(fd, limit)
         except OSError as e:
+            if e.errno == errno.EFBIG:
+                raise RootPathError(f"{path} (in {self.path}): larger than {limit} bytes", errno.EFBIG) from None
             raise _err(path, self.path, e, "cannot read ") from None
-        finally:
-            os.close(fd)
-        data = b"".join(chunks)
-        if len(data) > limit:
-            raise RootPathError(f"{path} (in {self.path}): larger than {limit} bytes", errno.EFBIG)
-        return data
 
     def read_text(self, path: str, limit: int = 65536) -> str:
         """Read a small regular text file of the image; FIFOs, devices and huge files are refused."""

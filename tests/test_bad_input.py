@@ -57,3 +57,24 @@ def test_bad_input_is_one_line(conf, args, stdin, env, needle):
     # ldd words its errors as glibc's loader does ("FILE: error while loading shared libraries: ...")
     assert lines[0].startswith("pyxis-hook: error:") or (argv[0] == "ldd" and "error while loading" in lines[0])
     assert needle.format(**fmt) in lines[0], lines[0]
+
+
+def _one_line_error(r, needle: str) -> None:
+    assert r.returncode != 0, r.stdout
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+    assert needle in r.stderr, r.stderr
+
+
+def test_a_fifo_or_device_given_as_a_file_is_one_line_never_a_hang(tmp_path):
+    """ldcache --cache, ldd, ldcache --root and pyxis.conf: a FIFO is not opened for reading (it would
+    block for ever), /dev/zero is not read (it would never end)."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    _one_line_error(run_cli("ldcache", "--cache", str(fifo), timeout=20), "not a regular file")
+    _one_line_error(run_cli("ldcache", "--cache", "/dev/zero", timeout=20), "not a regular file")
+    _one_line_error(run_cli("ldd", str(fifo), timeout=20), "not a regular file")
+    _one_line_error(run_cli("info", conf=fifo, timeout=20), "not a regular file")
+    root = tmp_path / "root"
+    (root / "etc").mkdir(parents=True)
+    os.mkfifo(root / "etc/ld.so.cache")
+    _one_line_error(run_cli("ldcache", "--root", str(root), timeout=20), "not a regular file")

@@ -339,8 +339,8 @@ def parse_lib(text: str) -> tuple[str, str, str, int]:
     except ValueError:
         raise UsageError(f"--lib {text!r}: expected /DIR/NAME::SONAME::FLAGS") from None
     d, name = os.path.split(path)
-    if not path.startswith("/") or not name or not soname or "/" in soname:
-        raise UsageError(f"--lib {text!r}: expected /DIR/NAME::SONAME::FLAGS")
+    if not path.startswith("/") or not name or not soname or "/" in soname or not 0 <= value <= 0xFFFFFFFF:
+        raise UsageError(f"--lib {text!r}: expected /DIR/NAME::SONAME::FLAGS (flags a 32-bit cache flag value)")
     return (d, name, soname, value)
 
 

@@ -147,6 +147,9 @@ def parse_config(raw: bytes, path: str = "<string>") -> Config:
     problem = validate(data, load_schema("pyxis-conf.schema.json"))
     if problem:
         raise ConfigError(f"{path}: {problem}")
+    for key, value in data.items():  # a NUL would reach open()/exec() as "embedded null byte", naming nothing
+        if any(isinstance(v, str) and "\0" in v for v in (value if isinstance(value, list) else [value])):
+            raise ConfigError(f"{path}: key '{key}': contains a NUL byte")
     values = {}
     for key, value in data.items():
         name = key.replace("-", "_")

@@ -25,6 +25,7 @@ from fixtures.container import make_bundle
 from fixtures.oci_state import state_json
 from pyxis_hook import cdi
 from pyxis_hook.config import load_config
+from pyxis_hook.errors import UsageError
 
 SCHEMA_DIR = Path("/work/shared/upstream-schemas/cdi")
 REPO = Path(__file__).resolve().parent.parent
@@ -207,6 +208,9 @@ def test_hook_rejects_relative_link_and_bad_state(tmp_path):
     r = run_cli("cdi", "hook", "update-ldcache", "--lib", "/usr/lib/libx.so::libx.so.1", input=state_json(bundle, id="cdi-test"))
     assert r.returncode != 0 and "--lib '/usr/lib/libx.so::libx.so.1'" in r.stderr and "Traceback" not in r.stderr
     assert cdi.parse_lib("/usr/lib/libx.so.1.2::libx.so.1::0x0303") == ("/usr/lib", "libx.so.1.2", "libx.so.1", 0x303)
+    for flags in ("-1", "0x100000000"):  # a cache entry's flags are a 32-bit field
+        with pytest.raises(UsageError, match="32-bit cache flag"):
+            cdi.parse_lib(f"/usr/lib/libx.so.1.2::libx.so.1::{flags}")
     r = run_cli("cdi", "hook", "update-ldcache", "--folder", "/usr/lib", input="{not json")
     assert r.returncode != 0 and r.stderr.startswith("pyxis-hook: error:") and "Traceback" not in r.stderr
 

@@ -152,3 +152,9 @@ def test_string_checks_agree_with_re_search(value, pattern):
     from pyxis_hook.config import PATTERN_CHECKS
 
     assert PATTERN_CHECKS[pattern](value) == (re.search(pattern, value) is not None)
+
+
+def test_a_nul_byte_in_a_value_names_the_key():
+    for text, key in ((b'log-file = "/tmp/a\\u0000b"\n', "log-file"), (b'path = ["/bin", "/x\\u0000"]\n', "path")):
+        with pytest.raises(ConfigError, match=f"^p.conf: key '{key}': contains a NUL byte$"):
+            parse_config(text, "p.conf")

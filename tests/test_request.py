@@ -7,7 +7,7 @@ import random
 
 import jsonschema
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from fixtures.hosttree import fake_gpus, make_host_tree
@@ -538,12 +538,13 @@ def test_property_errors_are_one_line_and_typed(env, allowed, config, privileged
         jsonschema.validate(req.to_dict(), SCHEMA)
 
 
-@settings(max_examples=400, deadline=None)
-@given(ENVS | MOSTLY_VALID_ENVS, ALLOWED, CONFIGS)
-def test_property_never_outside_request_allocation_or_cgroup(env, allowed, config):
+def _check_within_bounds(env, allowed, config) -> str:
+    """The containment checks on one request; returns which branch ran, so tests can show it runs."""
     req = outcome(env, allowed, config)
-    if not isinstance(req, Request) or req.void:
-        return
+    if not isinstance(req, Request):
+        return "error"
+    if req.void:
+        return "void"
     minors = set(req.gpu_minors)
     if allowed is not None:
         assert minors <= allowed
@@ -562,6 +563,25 @@ def test_property_never_outside_request_allocation_or_cgroup(env, allowed, confi
         assert minors <= named
     if req.mode == "none":
         assert minors == set()
+    return f"checked:{req.mode}" + (":allocation" if req.allocation is not None else "")
+
+
+@settings(max_examples=400, deadline=None)
+@given(ENVS | MOSTLY_VALID_ENVS, ALLOWED, CONFIGS)
+def test_property_never_outside_request_allocation_or_cgroup(env, allowed, config):
+    event(_check_within_bounds(env, allowed, config))
+
+
+@pytest.mark.parametrize("env, allowed, expect", [
+    ({"NVIDIA_VISIBLE_DEVICES": "0,1"}, None, "checked:list"),
+    ({"NVIDIA_VISIBLE_DEVICES": "1"}, frozenset({1, 2}), "checked:list"),
+    ({"NVIDIA_VISIBLE_DEVICES": "all", "SLURM_STEP_GPUS": "1"}, None, "checked:all:allocation"),
+    ({"NVIDIA_VISIBLE_DEVICES": "all"}, frozenset({0}), "checked:all"),
+    ({"NVIDIA_VISIBLE_DEVICES": "none"}, None, "checked:none"),
+])
+def test_the_containment_checks_run_on_granted_requests(env, allowed, expect):
+    """The property above returns early for void and refused requests; these requests reach its checks."""
+    assert _check_within_bounds(env, allowed, CFG) == expect
 
 
 @settings(max_examples=300, deadline=None)

@@ -399,11 +399,12 @@ def _join(root: str, path: str) -> str:
 
 
 def discover_gpus(proc_root: str = "/proc", dev_root: str = "/", *, nvml: bool = False,
-                  nvml_library: str = "libnvidia-ml.so.1") -> HostGpus:
+                  nvml_library: str = "") -> HostGpus:
     """Read `<proc-root>/driver/nvidia`, `<proc-root>/devices` and `<dev-root>/dev` into a HostGpus.
 
-    With `nvml=True`, MIG device UUIDs are looked up through NVML
-    (`nvml_mig_uuids`); NVML's absence is a warning, not an error.
+    With `nvml=True`, MIG device UUIDs are looked up through the driver's
+    NVML at `nvml_library` (`nvml_mig_uuids`; a path, never a bare name that
+    this process's loader would look up); NVML's absence is a warning.
     """
     r = _Reader()
     nv = _join(proc_root, "driver/nvidia")
@@ -443,7 +444,7 @@ def discover_gpus(proc_root: str = "/proc", dev_root: str = "/", *, nvml: bool =
         mig_monitor = minor_map.get("monitor")
 
     imex = _read_imex(r, dev_root)
-    if nvml and mig_devices:
+    if nvml and mig_devices and nvml_library:
         mig_devices = _fill_mig_uuids(r, mig_devices, nvml_library)
 
     nodes = _check_nodes(gpus, majors, mig_devices, mig_config, mig_monitor, imex, dev_root)
@@ -647,7 +648,7 @@ def _fill_mig_uuids(r: _Reader, migs: tuple[MigDevice, ...], library: str) -> tu
     return tuple(out)
 
 
-def fill_mig_uuids(host: HostGpus, library: str = "libnvidia-ml.so.1") -> HostGpus:
+def fill_mig_uuids(host: HostGpus, library: str) -> HostGpus:
     """`host` with its MIG devices' UUIDs asked from NVML (procfs has none); a warning when NVML cannot say."""
     if not host.mig_devices or all(m.uuid for m in host.mig_devices):
         return host
@@ -656,7 +657,7 @@ def fill_mig_uuids(host: HostGpus, library: str = "libnvidia-ml.so.1") -> HostGp
     return replace(host, mig_devices=migs, warnings=host.warnings + tuple(r.warnings))
 
 
-def nvml_mig_uuids(library: str = "libnvidia-ml.so.1") -> tuple[dict[tuple[str, int, int], str], str | None]:
+def nvml_mig_uuids(library: str) -> tuple[dict[tuple[str, int, int], str], str | None]:
     """{(parent GPU UUID, gi, ci): MIG UUID} via NVML, and a reason when NVML could not answer.
 
     NVML (and ctypes) are loaded only here, only when asked: the hook path

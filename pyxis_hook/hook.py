@@ -52,8 +52,12 @@ def with_mig_uuids(inventory):
     """
     from pyxis_hook import gpus, inventory as inv_mod
 
-    lib = next((f.host_path for f in inventory.files if f.kind == "lib" and f.soname == "libnvidia-ml.so.1"),
-               "libnvidia-ml.so.1")
+    lib = next((f.host_path for f in inventory.files if f.kind == "lib" and f.soname == "libnvidia-ml.so.1"), None)
+    if lib is None:
+        # never a bare name: root's own loader would search LD_LIBRARY_PATH and the host's cache,
+        # and load whatever libnvidia-ml it finds there, not the driver root's
+        log.warning("MIG device UUIDs unknown: the driver has no libnvidia-ml.so.1 to ask")
+        return inventory
     return inv_mod.with_host(inventory, gpus.fill_mig_uuids(inventory.host, lib))
 
 

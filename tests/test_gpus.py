@@ -360,3 +360,18 @@ def test_fixture_params_and_nodes(tmp_path):
     assert sorted(os.path.basename(p) for p in tree.nodes_made) == sorted(
         ["nvidiactl", "nvidia0", "nvidia1", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"])
     assert tree.nodes_skipped is None
+
+
+def test_mig_uuids_are_asked_of_the_driver_roots_nvml_only(tmp_path, monkeypatch):
+    """Without a libnvidia-ml in the driver inventory the hook loads none (not one its own loader finds)."""
+    from pyxis_hook import hook
+    from pyxis_hook.inventory import Inventory
+
+    tree = make_host_tree(tmp_path, mig={0: {2: [0]}}, make_nodes=ROOT)
+    host = discover(tree)
+    inv = Inventory(driver_version="535.0", cuda_version=None, host=host, files=(), warnings=())
+    loaded = []
+    monkeypatch.setattr(gpus, "nvml_mig_uuids", lambda library: loaded.append(library) or ({}, "x"))
+    assert hook.with_mig_uuids(inv) is inv
+    assert loaded == []
+    assert host.mig_devices[0].uuid is None

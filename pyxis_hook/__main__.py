@@ -42,11 +42,11 @@ if not __package__:  # run as a file: no site scan, find ourselves
         if _d not in sys.path and _mode(_d) == 0o040000:
             sys.path.append(_d)
 
-if sys.argv[1:] in (["prestart"], ["createRuntime"]):  # the runtime's call: not even cli.py
-    from pyxis_hook.commands.prestart import main_fast
+from pyxis_hook.commands.prestart import dispatch_fast  # noqa: E402 — the runtime's call: not even cli.py
 
-    sys.exit(main_fast())
+_rc = dispatch_fast(sys.argv[1:])
+if _rc is None:
+    from pyxis_hook.cli import main
 
-from pyxis_hook.cli import main  # noqa: E402
-
-sys.exit(main())
+    _rc = main()
+sys.exit(_rc)

@@ -29,21 +29,16 @@ COMMANDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
 }
 
 
-def _fast_path(argv: list[str]) -> int | None:
-    """`prestart`/`createRuntime` without options skips argparse entirely."""
-    if len(argv) == 1 and argv[0] in ("prestart", "createRuntime"):
-        from pyxis_hook.commands import prestart
-
-        return prestart.main_fast()
-    return None
-
-
 def build_parser():
     import argparse
+
+    from pyxis_hook.errors import EXIT_CODES
 
     parser = argparse.ArgumentParser(
         prog="pyxis-hook",
         description="OCI runtime hook that gives containers the host's NVIDIA GPUs.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="exit status:\n" + "".join(f"  {code:<4}{meaning}\n" for code, meaning in EXIT_CODES),
     )
     parser.add_argument("--version", action="version", version=f"pyxis-hook {__version__}")
     parser.add_argument("--config", metavar="PATH", help="pyxis.conf to use (default: $PYXIS_HOOK_CONFIG, "
@@ -62,33 +57,25 @@ def build_parser():
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    fast = _fast_path(argv)
+    from pyxis_hook.commands import prestart
+
+    fast = prestart.dispatch_fast(argv)
     if fast is not None:
         return fast
-    from pyxis_hook import log
-    from pyxis_hook.errors import PyxisHookError
+    from pyxis_hook import errors, log
 
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "_module", None):
         parser.print_help(sys.stderr)
-        return 2
+        return errors.USAGE
     try:
         from pyxis_hook.config import load_config
 
         config = load_config(args.config)
         log.configure(config.log_file, config.log_level, "debug" if args.debug else "warning")
         return int(args._module.run(args, config) or 0)
-    except PyxisHookError as e:
-        log.error(str(e))
-        sys.stderr.write(f"pyxis-hook: error: {e}\n")
-        return e.exit_code
-    except BrokenPipeError:
-        return 1
-    except KeyboardInterrupt:
-        return 130
-    except Exception as e:  # a bug: one line for the user, the traceback in the log
-        log.exception(f"internal error in {args.command}")
-        where = f"traceback in {log.log_path()}" if log.log_path() else "set log-file in pyxis.conf for the traceback"
-        sys.stderr.write(f"pyxis-hook: error: internal error: {type(e).__name__}: {e} ({where})\n")
-        return 1
+    except BaseException as e:  # noqa: BLE001 — the one ladder words it; SystemExit passes through
+        if isinstance(e, SystemExit):
+            raise
+        return errors.report(e, args.command)

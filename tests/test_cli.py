@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 from fixtures.cli import run_cli, write_conf
-from pyxis_hook import cli, log
+from pyxis_hook import cli, errors, log
 from pyxis_hook.commands import info
 
 
@@ -21,7 +24,7 @@ def test_internal_error_is_one_line_and_the_traceback_goes_to_the_log(tmp_path, 
     finally:
         log.close()
     err = capsys.readouterr().err
-    assert rc == 1
+    assert rc == errors.INTERNAL == 70
     assert err.count("\n") == 1 and "Traceback" not in err
     assert f"internal error: RuntimeError: simulated bug (traceback in {logfile})" in err
     text = logfile.read_text()
@@ -32,7 +35,7 @@ def test_internal_error_without_log_file_says_how_to_get_one(tmp_path, monkeypat
     conf = tmp_path / "pyxis.conf"
     conf.write_text("")
     monkeypatch.setattr(info, "run", lambda args, config: 1 / 0)
-    assert cli.main(["--config", str(conf), "info"]) == 1
+    assert cli.main(["--config", str(conf), "info"]) == errors.INTERNAL
     err = capsys.readouterr().err
     assert "ZeroDivisionError" in err and "set log-file in pyxis.conf" in err and err.count("\n") == 1
 
@@ -82,5 +85,35 @@ def test_interrupt_and_broken_pipe_exit_codes(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(info, "run", raising(KeyboardInterrupt()))
     assert cli.main(["--config", str(conf), "info"]) == 130
     monkeypatch.setattr(info, "run", raising(BrokenPipeError()))
-    assert cli.main(["--config", str(conf), "info"]) == 1
+    assert cli.main(["--config", str(conf), "info"]) == errors.FAILED
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_exit_codes_tell_usage_config_failure_and_findings_apart(tmp_path):
+    """A script can tell "the check found problems" (1) from bad usage (2), a failure (3) and a bug (70)."""
+    from fixtures.container import make_bundle
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    conf = write_conf(tmp_path / "pyxis.conf", driver_root=empty, proc_root=empty, dev_root=empty,
+                      snapshot_dir=tmp_path / "snap")
+    bundle = make_bundle(tmp_path / "b", env=("NVIDIA_VISIBLE_DEVICES=all",))
+    assert run_cli("plan", "--bundle", str(bundle), conf=conf).returncode == errors.FINDINGS
+    assert run_cli("plan", "--no-such-option", conf=conf).returncode == errors.USAGE
+    bad = tmp_path / "bad.conf"
+    bad.write_text("log-level = 7\n")
+    r = run_cli("plan", "--bundle", str(bundle), conf=bad)
+    assert r.returncode == errors.USAGE and r.stderr.startswith("pyxis-hook: error: ")
+    r = run_cli("plan", "--bundle", str(tmp_path / "missing"), conf=conf)
+    assert r.returncode == errors.FAILED and r.stderr.count("\n") == 1
+
+
+def test_the_exit_code_table_is_in_help_and_the_troubleshooting_guide():
+    import subprocess
+
+    text = subprocess.run([sys.executable, "-m", "pyxis_hook", "--help"], capture_output=True, text=True).stdout
+    guide = (Path(__file__).resolve().parent.parent / "docs" / "troubleshooting.md").read_text()
+    assert len({code for code, _ in errors.EXIT_CODES}) == len(errors.EXIT_CODES)
+    for code, meaning in errors.EXIT_CODES:
+        assert f"  {code:<4}{meaning}" in text
+        assert f"| {code} | {meaning} |" in guide

@@ -13,7 +13,7 @@ import pytest
 from fixtures.container import make_bundle
 from fixtures.fakedriver import make_fake_driver
 from fixtures.hosttree import fake_gpus, make_host_tree
-from pyxis_hook import gpus, inventory, oci
+from pyxis_hook import errors, gpus, inventory, oci
 from pyxis_hook.config import Config
 from pyxis_hook.hook import prepare, read_proc_driver_files
 from pyxis_hook.plan import ContainerFacts, build_plan, patch_params
@@ -193,7 +193,7 @@ def test_plan_cli_text_json_and_errors(world, tmp_path):
     validate(json.loads(r.stdout), "plan.schema.json")
     # --env adds after process.env: the last duplicate wins
     r = subprocess.run(run + ["--env", "NVIDIA_VISIBLE_DEVICES=9"], capture_output=True, text=True)
-    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "9" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == errors.FAILED and r.stderr.count("\n") == 1 and "9" in r.stderr and "Traceback" not in r.stderr
     r = subprocess.run(run[:-1] + [str(tmp_path / "nope")], capture_output=True, text=True)
     assert r.returncode != 0 and "config.json" in r.stderr and r.stderr.count("\n") == 1
 

@@ -15,6 +15,8 @@ def add_arguments(parser) -> None:
 
 
 def run(args, config) -> int:
+    from pyxis_hook.errors import FINDINGS, OK
+
     from pyxis_hook import doctor
     from pyxis_hook.findings import format_findings, has_errors
 
@@ -23,4 +25,4 @@ def run(args, config) -> int:
         sys.stdout.write(json.dumps(doctor.report_dict(config, findings), indent=2) + "\n")
     else:
         sys.stdout.write(f"pyxis-hook doctor (configuration: {config.source})\n" + format_findings(findings))
-    return 1 if has_errors(findings) else 0
+    return FINDINGS if has_errors(findings) else OK

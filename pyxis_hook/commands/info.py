@@ -75,6 +75,7 @@ def format_text(inv) -> str:
 
 
 def run(args, config) -> int:
+    from pyxis_hook.errors import FINDINGS, OK, error_line
     from pyxis_hook.inventory import discover
 
     inv = discover(config, strict=False)
@@ -83,5 +84,5 @@ def run(args, config) -> int:
     else:
         sys.stdout.write(format_text(inv))
     for e in inv.errors:
-        sys.stderr.write(f"pyxis-hook: error: {e}\n")
-    return 0 if inv.driver_version is not None and not inv.errors else 1
+        error_line(str(e))
+    return OK if inv.driver_version is not None and not inv.errors else FINDINGS

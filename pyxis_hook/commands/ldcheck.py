@@ -68,6 +68,7 @@ def _target(args, config) -> tuple[str, dict[str, str], str]:
 
 def run(args, config) -> int:
     from pyxis_hook import ldcheck
+    from pyxis_hook.errors import FINDINGS, OK
     from pyxis_hook.findings import has_errors
     from pyxis_hook.inventory import discover
 
@@ -78,4 +79,4 @@ def run(args, config) -> int:
         sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
     else:
         sys.stdout.write(ldcheck.format_text(report))
-    return 1 if has_errors(report.findings) else 0
+    return FINDINGS if has_errors(report.findings) else OK

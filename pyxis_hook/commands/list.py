@@ -92,18 +92,18 @@ def format_text(doc: dict) -> str:
 
 
 def run(args, config) -> int:
-    from pyxis_hook.errors import PyxisHookError
+    from pyxis_hook.errors import FINDINGS, OK, PyxisHookError, error_line
     from pyxis_hook.inventory import discover
 
     inv = discover(config, strict=False)
-    rc = 0 if inv.usable else 1
+    rc = OK if inv.usable else FINDINGS
     try:
         caps, gpus, migs, nodes, warnings = _selection(args, config, inv)
     except PyxisHookError as e:
-        sys.stderr.write(f"pyxis-hook: error: {e}\n")
+        error_line(str(e))
         return e.exit_code
     doc = list_dict(inv, caps, gpus, migs, nodes, warnings)
     sys.stdout.write(json.dumps(doc, indent=2) + "\n" if args.json else format_text(doc))
     for e in inv.errors:
-        sys.stderr.write(f"pyxis-hook: error: {e}\n")
+        error_line(str(e))
     return rc

@@ -90,7 +90,7 @@ def run(args, config) -> int:
     from pyxis_hook.record import replace
 
     from pyxis_hook import oci
-    from pyxis_hook.errors import UsageError
+    from pyxis_hook.errors import FINDINGS, OK, UsageError
     from pyxis_hook.hook import prepare
 
     bundle = oci.load_bundle(args.bundle)
@@ -106,4 +106,4 @@ def run(args, config) -> int:
         sys.stdout.write(json.dumps(to_json(prepared), indent=2) + "\n")
     else:
         sys.stdout.write(render(prepared))
-    return 1 if prepared.plan.problems else 0
+    return FINDINGS if prepared.plan.problems else OK

@@ -87,6 +87,17 @@ def certainly_void(data: bytes) -> bool:
     return asks.void_reason(env) is not None
 
 
+def dispatch_fast(argv: list[str]) -> int | None:
+    """The runtime's call, `prestart`/`createRuntime` without options: run it without argparse.
+
+    The one place that decides the fast path (`__main__.py` run as a file and
+    `cli.main` both ask it); None for every other command line.
+    """
+    if len(argv) == 1 and argv[0] in ("prestart", "createRuntime"):
+        return main_fast()
+    return None
+
+
 def main_fast() -> int:
     """Entry without argparse (the runtime calls `pyxis-hook prestart` with no options)."""
     try:
@@ -95,8 +106,7 @@ def main_fast() -> int:
         data = b""  # the full path reports the missing state
     if certainly_void(data):
         return 0
-    from pyxis_hook import log
-    from pyxis_hook.errors import PyxisHookError
+    from pyxis_hook import errors, log
 
     try:
         from pyxis_hook.config import load_config
@@ -104,12 +114,5 @@ def main_fast() -> int:
         config = load_config(None)
         log.configure(config.log_file, config.log_level, "error")
         return execute(config, data)
-    except PyxisHookError as e:
-        log.error(str(e))
-        sys.stderr.write(f"pyxis-hook: error: {e}\n")
-        return e.exit_code
-    except Exception as e:  # a bug: one line for the runtime, the traceback in the log
-        log.exception("internal error in prestart")
-        where = f"traceback in {log.log_path()}" if log.log_path() else "set log-file in pyxis.conf for the traceback"
-        sys.stderr.write(f"pyxis-hook: error: internal error: {type(e).__name__}: {e} ({where})\n")
-        return 1
+    except Exception as e:  # noqa: BLE001 — one line for the runtime, the traceback in the log
+        return errors.report(e, "prestart")

@@ -219,7 +219,7 @@ def compat_rows(rootfs: str, facts: ContainerFacts) -> tuple[tuple[str, str, str
 
 
 def loader_of(elfclass: int, machine: str | None = None) -> tuple[int, str | None, str | None]:
-    """(ELF e_machine, PT_INTERP, AT_PLATFORM) of the container's loader for a class on this machine.
+    """(ELF e_machine, PT_INTERP, the kernel's AT_PLATFORM) of the container's loader for a class on this machine.
 
     From `inventory.ARCHES` (which e_machine the driver's libraries of each
     class have here) and resolve's per-(class, machine) loader tables; None
@@ -253,8 +253,8 @@ def search_setup(rootfs: str, elfclass: int, ld_library_path: str, cache) -> Sea
         if interp is None:
             raise PathError(f"no {elfclass}-bit loader for ELF machine {machine}")
         env = resolve.loader_env_for_root(rootfs, elfclass=elfclass, machine=machine, interp=interp,
-                                          inhibit_cache=True, platform=platform, cwd="/")
-        dirs, hwcaps, legacy = env.system_dirs, env.hwcaps, env.legacy_subdirs
+                                          inhibit_cache=True, cwd="/")
+        dirs, hwcaps, legacy, platform = env.system_dirs, env.hwcaps, env.legacy_subdirs, env.platform
     except (PathError, OSError):
         dirs = _fallback_dirs(elfclass)
         hwcaps, legacy = (), ()

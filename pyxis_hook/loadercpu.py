@@ -31,8 +31,6 @@ same condition that makes glibc call a feature not usable.  Everything but
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 from pyxis_hook.record import record
 
 #: glibc feature name -> the /proc/cpuinfo flag the kernel prints for it (LZCNT is "abm", SSE3 "pni")
@@ -63,6 +61,13 @@ ZHAOXIN_NO_AVX = ((6, 0x0F), (6, 0x19), (7, 0x1B), (7, 0x3B))
 
 #: AT_PLATFORM the kernel passes to 64-bit and to 32-bit x86 processes
 KERNEL_PLATFORM_64, KERNEL_PLATFORM_32 = "x86_64", "i686"
+
+#: bits of a legacy ld.so.cache entry's hwcap word (dl-procinfo.c, dl-hwcap.h): hwcap names from bit 0,
+#: platforms from bit 48 (_DL_FIRST_PLATFORM), "tls" bit 63; ldconfig < 2.37 sets them for such subdirs
+HWCAP_BITS = {"sse2": 0, "x86_64": 1, "avx512_1": 2}
+PLATFORM_BITS = {"i586": 48, "i686": 49, "haswell": 50, "xeon_phi": 51}
+PLATFORM_MASK = 0xF << 48
+TLS_BIT = 1 << 63
 
 
 @record
@@ -110,15 +115,20 @@ def _int(text: str | None) -> int:
     return int(text) if text and text.isdigit() else 0
 
 
-@lru_cache(maxsize=None)
+_HOST: dict[str, Cpu] = {}
+
+
 def host_cpu(path: str = "/proc/cpuinfo") -> Cpu:
-    """This machine's CPU; an unreadable cpuinfo is a CPU without features (the kernel's platform, no levels)."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read(1 << 16)  # the first processor's block is all that is read
-    except OSError:
-        return Cpu()
-    return parse_cpuinfo(data.decode("ascii", "replace"))
+    """This machine's CPU, read once; an unreadable cpuinfo is a CPU without features (the kernel's platform)."""
+    cpu = _HOST.get(path)
+    if cpu is None:
+        try:
+            with open(path, "rb") as f:
+                data = f.read(1 << 16)  # the first processor's block is all that is read
+        except OSError:
+            data = b""
+        cpu = _HOST[path] = parse_cpuinfo(data.decode("ascii", "replace"))
+    return cpu
 
 
 def usable(cpu: Cpu) -> frozenset:
@@ -182,3 +192,23 @@ def legacy_subdirs(hwcap_names: tuple[str, ...], platform: str | None) -> tuple[
         if sub not in out:
             out.append(sub)
     return tuple(out)
+
+
+def legacy_cache_ok(hwcap_names: tuple[str, ...], platform: str | None):
+    """Which legacy ld.so.cache entries a glibc < 2.37 loader takes: a predicate on the entry's hwcap word.
+
+    `search_cache` (elf/dl-cache.c) skips an entry with a hwcap bit outside
+    the loader's masked hwcap bits, its platform bits and "tls", and one
+    whose platform bits are not exactly the loader's platform (a platform
+    glibc has no bit for, like "x86_64", matches no entry with one).
+    """
+    allowed = PLATFORM_MASK | TLS_BIT
+    for name in hwcap_names:
+        allowed |= 1 << HWCAP_BITS[name]
+    wanted = 1 << PLATFORM_BITS[platform] if platform in PLATFORM_BITS else -1
+
+    def ok(hwcap: int) -> bool:
+        platform_bits = hwcap & PLATFORM_MASK
+        return not hwcap & ~allowed and (not platform_bits or platform_bits == wanted)
+
+    return ok

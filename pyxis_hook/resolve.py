@@ -66,6 +66,8 @@ class LoaderEnv:
     `rtld` is the loader's own path (None: the object's PT_INTERP, else glibc's
     default for its class); it is "already loaded" for every search.
     `cwd` is where relative search dirs (an empty RPATH element) start.
+    `legacy_cache_ok` says which legacy hwcap cache entries a loader before
+    glibc 2.37 takes (None: none, as from 2.37 on); `cache` applies it.
     """
 
     root: str = "/"
@@ -79,6 +81,7 @@ class LoaderEnv:
     rtld: str | None = None
     cwd: str = "/"
     glibc_version: tuple[int, int] | None = None
+    legacy_cache_ok: Callable[[int], bool] | None = None
 
 
 @record
@@ -217,8 +220,12 @@ def _heuristic_system_dirs(root: str, interp: str) -> tuple[str, ...]:
     return tuple(dirs)
 
 
-def cache_lookup_for(cache, *, hwcaps: tuple[str, ...] = ()) -> CacheLookup:
-    """Adapt a `pyxis_hook.ldcache.LdCache` to the resolver's CacheLookup (flags per class/machine)."""
+def cache_lookup_for(cache, *, hwcaps: tuple[str, ...] = (), legacy_ok=None) -> CacheLookup:
+    """Adapt a `pyxis_hook.ldcache.LdCache` to the resolver's CacheLookup (flags per class/machine).
+
+    `hwcaps` and `legacy_ok` are `ldcache.lookup`'s: the glibc-hwcaps subdirs and
+    the legacy hwcap entries (glibc < 2.37) the loader takes.
+    """
     from pyxis_hook import ldcache
 
     flags_by_arch = {arch: ldcache.LOADER_FLAGS[name] for arch, name in CACHE_LOADER.items()}
@@ -227,7 +234,7 @@ def cache_lookup_for(cache, *, hwcaps: tuple[str, ...] = ()) -> CacheLookup:
         ok = flags_by_arch.get((elfclass, machine))
         if ok is None:
             return ()
-        return tuple(e.value for e in ldcache.lookup(cache, name, ok, hwcaps=hwcaps))
+        return tuple(e.value for e in ldcache.lookup(cache, name, ok, hwcaps=hwcaps, legacy_ok=legacy_ok))
 
     return lookup
 
@@ -270,20 +277,23 @@ def loader_env_for_root(
     if hwcaps is None:
         hwcaps = seen.hwcaps if seen else ()
     legacy: tuple[str, ...] = ()
+    legacy_ok = None
     if version is not None and version < (2, 37) and seen is not None:
         legacy = loadercpu.legacy_subdirs(seen.hwcap_names, platform)
+        legacy_ok = loadercpu.legacy_cache_ok(seen.hwcap_names, platform)
     cache = None
     if not inhibit_cache:
         from pyxis_hook import ldcache
 
         try:
-            cache = cache_lookup_for(ldcache.read_cache(resolve_in_root(root, cache_path)), hwcaps=hwcaps)
+            cache = cache_lookup_for(ldcache.read_cache(resolve_in_root(root, cache_path)), hwcaps=hwcaps,
+                                     legacy_ok=legacy_ok)
         except (LdCacheError, OSError):
             cache = None
     return LoaderEnv(root=root, cache=cache, system_dirs=tuple(dirs), ld_library_path=ld_library_path,
                      hwcaps=tuple(hwcaps), legacy_subdirs=legacy, lib_token=dirs[0].lstrip("/") if dirs else "lib",
                      platform=platform, rtld=rtld, cwd=cwd if cwd is not None else (os.getcwd() if root == "/" else "/"),
-                     glibc_version=version)
+                     glibc_version=version, legacy_cache_ok=legacy_ok)
 
 
 # --------------------------------------------------------------------- the search

@@ -10,13 +10,17 @@ the real loader on whatever CPU the tests run on.
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
+from fixtures.glibcroot import make_glibc_root
 from fixtures.synth import build_exe, build_lib
 from pyxis_hook import loadercpu
-from pyxis_hook.loadercpu import Cpu, i386_loader, legacy_subdirs, parse_cpuinfo, x86_64_loader
+from pyxis_hook.loadercpu import Cpu, i386_loader, legacy_cache_ok, legacy_subdirs, parse_cpuinfo, x86_64_loader
 from pyxis_hook.resolve import EM_386, EM_X86_64, format_ldd, loader_env_for_root, resolve_tree
 
 BASE = "fpu cx8 cmov mmx fxsr sse sse2 lm"
@@ -153,3 +157,44 @@ def test_loader_env_takes_hwcaps_from_the_cpu():
     env32 = loader_env_for_root("/", elfclass=32, machine=EM_386, cpu=intel, inhibit_cache=True)
     assert (env32.platform, env32.hwcaps) == ("i686", ())
     assert loader_env_for_root("/", machine=EM_X86_64, cpu=Cpu(), inhibit_cache=True).hwcaps == ()
+
+
+def test_legacy_cache_ok_follows_search_cache():
+    """The hwcap words ldconfig 2.36 writes for tls/, xeon_phi/, haswell/, i686/, avx512_1/, x86_64/ subdirs."""
+    words = {"tls": 1 << 63, "xeon_phi": 1 << 51, "haswell": 1 << 50, "i686": 1 << 49, "avx512_1": 0x4,
+             "x86_64": 0x2, "haswell/x86_64": (1 << 50) | 0x2}
+
+    def taken(seen):
+        ok = legacy_cache_ok(seen.hwcap_names, seen.platform)
+        return {sub for sub, word in words.items() if ok(word)}
+
+    assert taken(x86_64_loader(parse_cpuinfo(CPUS["intel-xeon-avx512"][0]))) == {
+        "tls", "haswell", "avx512_1", "x86_64", "haswell/x86_64"}
+    assert taken(x86_64_loader(parse_cpuinfo(CPUS["intel-xeon-phi"][0]))) == {"tls", "xeon_phi", "x86_64"}
+    assert taken(x86_64_loader(parse_cpuinfo(CPUS["amd-zen4"][0]))) == {"tls", "x86_64"}
+    assert taken(i386_loader(parse_cpuinfo(CPUS["amd-zen4"][0]))) == {"tls", "i686"}
+
+
+@pytest.fixture(scope="module")
+def legacy_root(tmp_path_factory) -> Path:
+    """A glibc root whose ld.so.cache (ldconfig -r) has legacy hwcap entries for one library."""
+    if shutil.which("ldconfig") is None and not os.path.exists("/sbin/ldconfig"):
+        pytest.skip("needs ldconfig")
+    r = tmp_path_factory.mktemp("legacy-root")
+    make_glibc_root(r)
+    (r / "etc/ld.so.conf").write_text("/opt/leg/lib\n")
+    for sub in ("", "x86_64", "haswell", "xeon_phi", "avx512_1"):
+        build_lib(r / "opt/leg/lib" / sub, "libleg.so.1")
+    build_exe(r / "bin", "app", needed=("libleg.so.1",))
+    subprocess.run([shutil.which("ldconfig") or "/sbin/ldconfig", "-r", str(r)], check=True, capture_output=True)
+    return r
+
+
+@pytest.mark.parametrize("name,sub", [("intel-xeon-avx512", "haswell"), ("intel-xeon-phi", "xeon_phi"),
+                                      ("amd-zen4", "x86_64")])
+def test_cache_lookup_takes_the_legacy_entry_the_cpu_allows(legacy_root, name, sub):
+    env = loader_env_for_root(str(legacy_root), cpu=parse_cpuinfo(CPUS[name][0]))
+    lines = format_ldd(resolve_tree(env, "/bin/app")).splitlines()
+    if env.glibc_version >= (2, 37):
+        sub = ""  # ldconfig writes no legacy entries, the loader takes none
+    assert f"\tlibleg.so.1 => /opt/leg/lib/{sub + '/' if sub else ''}libleg.so.1" in lines

@@ -231,7 +231,7 @@ def rootfs(tmp_path_factory) -> Path:
         pytest.skip("needs ldconfig")
     r = tmp_path_factory.mktemp("ldd-root")
     lib = make_glibc_root(r)
-    (r / "etc/ld.so.conf").write_text("/opt/foo/lib\n/opt/hw/lib\n/opt/link\n")
+    (r / "etc/ld.so.conf").write_text("/opt/foo/lib\n/opt/hw/lib\n/opt/link\n/opt/leg/lib\n/opt/leg2/lib\n")
     # libfoo: only the versioned file, SONAME link removed after ldconfig -X (cache points at a missing file)
     build_lib(r / "opt/foo/lib", "libfoo.so.1", filename="libfoo.so.1.0")
     build_lib(r / "opt/foo/lib", "libbar.so.1")
@@ -244,7 +244,14 @@ def rootfs(tmp_path_factory) -> Path:
     (r / "opt/real").mkdir(parents=True)
     build_lib(r / "opt/real", "libsym.so.1")
     os.symlink("/opt/real", r / "opt/link")
-    build_exe(r / "bin", "app", needed=("libfoo.so.1", "libbar.so.1", "libq.so.1", "libsym.so.1"))
+    # legacy hwcap cache entries (ldconfig < 2.37 indexes platform/hwcap/tls subdirs): a loader before 2.37
+    # takes the first one its CPU allows; the platform and avx512_1 ones depend on the CPU (loadercpu)
+    for sub in ("", "x86_64", "haswell", "xeon_phi", "avx512_1", "i686"):
+        build_lib(r / "opt/leg/lib" / sub, "libleg.so.1")
+    for sub in ("", "tls"):
+        build_lib(r / "opt/leg2/lib" / sub, "libleg2.so.1")
+    build_exe(r / "bin", "app", needed=("libfoo.so.1", "libbar.so.1", "libq.so.1", "libsym.so.1", "libleg.so.1",
+                                        "libleg2.so.1"))
     shutil.copy2(r / "bin/app", r / "bin/app-nodeflib")
     or_flags_1(r / "bin/app-nodeflib", DF_1_NODEFLIB)
     subprocess.run([shutil.which("ldconfig") or "/sbin/ldconfig", "-r", str(r), "-X"], check=True, capture_output=True)
@@ -260,6 +267,8 @@ def test_rootfs_against_chroot(rootfs, exe, inhibit):
         # the cache says /opt/foo/lib/libfoo.so.1, which -X never created: fall through to the system dir
         assert "\tlibfoo.so.1 => /lib/x86_64-linux-gnu/libfoo.so.1" in lines
         assert "\tlibsym.so.1 => /opt/link/libsym.so.1" in lines
+        if loader_env_for_root(str(rootfs)).glibc_version < (2, 37):
+            assert "\tlibleg2.so.1 => /opt/leg2/lib/tls/libleg2.so.1" in lines
     if exe == "/bin/app-nodeflib" and not inhibit:
         assert "\tlibc.so.6 => not found" in lines  # cache hit in a system dir dropped, system dirs skipped
 

@@ -49,10 +49,11 @@ _WARM: list[bool] = []
 def warm_podman() -> None:
     """One container without hooks or devices, once per test run, before any host mount table is measured.
 
-    podman's first run on a machine leaves mounts of its own behind for good
-    (the /run/netns bind mount its network namespaces live under, a private
-    bind mount of its storage dir); made here, they are in every `before`
-    table, so `podman_run` can still demand an unchanged table after each run.
+    podman's first run on a machine leaves a mount of its own behind for good:
+    the /run/netns bind mount its network namespaces live under.  Made here,
+    it is in every `before` table, so `podman_run` can still demand an
+    unchanged table after each run.  (The private bind mount of its storage
+    dir is made and removed by each podman command: no table sees it.)
     """
     if _WARM:
         return

@@ -466,6 +466,7 @@ def lookup(
     hwcaps: Iterable[str] = (),
     isa_levels: int | None = None,
     default_id: int | None = None,
+    legacy_ok=None,
 ) -> tuple[CacheEntry, ...]:
     """Look `name` up the way ld.so's `search_cache` (elf/dl-cache.c) does.
 
@@ -480,7 +481,8 @@ def lookup(
     tuple: not in the cache, the loader goes on to the system dirs); any
     further elements are the other acceptable entries under that key, in
     cache order, for explanations.  Legacy (pre-2.33 hwcap bitmask) entries
-    are skipped, as glibc >= 2.37 does.
+    are skipped, as glibc >= 2.37 does, unless `legacy_ok` (a loader before
+    2.37: `loadercpu.legacy_cache_ok`) accepts their hwcap word.
     """
     ok = (flags_ok,) if isinstance(flags_ok, int) else tuple(flags_ok)
     default = max(ok) if default_id is None else default_id
@@ -497,7 +499,7 @@ def lookup(
             last = middle
             while last + 1 < len(entries) and libcmp(name, entries[last + 1].key) == 0:
                 last += 1
-            return _pick(entries[first:last + 1], ok, default, prio, isa_levels)
+            return _pick(entries[first:last + 1], ok, default, prio, isa_levels, legacy_ok)
         if cmp < 0:
             left = middle + 1
         else:
@@ -505,7 +507,7 @@ def lookup(
     return ()
 
 
-def _pick(candidates, ok, default, prio, isa_levels) -> tuple[CacheEntry, ...]:
+def _pick(candidates, ok, default, prio, isa_levels, legacy_ok=None) -> tuple[CacheEntry, ...]:
     best: CacheEntry | None = None
     best_prio = 0
     usable = []
@@ -516,8 +518,8 @@ def _pick(candidates, ok, default, prio, isa_levels) -> tuple[CacheEntry, ...]:
         named = e.is_hwcaps
         if named and isa_levels is not None and not (isa_levels >> e.isa_level) & 1:
             continue
-        if not named and e.hwcap:
-            continue  # legacy hwcap entry
+        if not named and e.hwcap and (legacy_ok is None or not legacy_ok(e.hwcap)):
+            continue  # legacy hwcap entry this loader does not take
         if named and prio.get(e.loader_hwcap_name or "", 0) == 0:
             continue
         usable.append(e)

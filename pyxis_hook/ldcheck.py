@@ -117,6 +117,7 @@ class SearchSetup:
     system_dirs: tuple[str, ...]
     subdirs: tuple[str, ...] = ("",)
     hwcaps: tuple[str, ...] = ()
+    legacy_cache_ok: object | None = None  # which legacy hwcap cache entries (glibc < 2.37) it takes
 
 
 @record
@@ -219,7 +220,7 @@ def compat_rows(rootfs: str, facts: ContainerFacts) -> tuple[tuple[str, str, str
 
 
 def loader_of(elfclass: int, machine: str | None = None) -> tuple[int, str | None, str | None]:
-    """(ELF e_machine, PT_INTERP, AT_PLATFORM) of the container's loader for a class on this machine.
+    """(ELF e_machine, PT_INTERP, the kernel's AT_PLATFORM) of the container's loader for a class on this machine.
 
     From `inventory.ARCHES` (which e_machine the driver's libraries of each
     class have here) and resolve's per-(class, machine) loader tables; None
@@ -253,11 +254,12 @@ def search_setup(rootfs: str, elfclass: int, ld_library_path: str, cache) -> Sea
         if interp is None:
             raise PathError(f"no {elfclass}-bit loader for ELF machine {machine}")
         env = resolve.loader_env_for_root(rootfs, elfclass=elfclass, machine=machine, interp=interp,
-                                          inhibit_cache=True, platform=platform, cwd="/")
-        dirs, hwcaps, legacy = env.system_dirs, env.hwcaps, env.legacy_subdirs
+                                          inhibit_cache=True, cwd="/")
+        dirs, hwcaps, legacy, platform = env.system_dirs, env.hwcaps, env.legacy_subdirs, env.platform
+        legacy_ok = env.legacy_cache_ok
     except (PathError, OSError):
         dirs = _fallback_dirs(elfclass)
-        hwcaps, legacy = (), ()
+        hwcaps, legacy, legacy_ok = (), (), None
     subdirs = tuple(f"glibc-hwcaps/{h}" for h in hwcaps) + tuple(legacy) + ("",)
     lib_token = dirs[0].lstrip("/") if dirs else "lib"
     llp = []
@@ -266,7 +268,7 @@ def search_setup(rootfs: str, elfclass: int, ld_library_path: str, cache) -> Sea
         expanded = resolve.expand_dst(d, None, lib_token, platform) if "$" in d else d
         if expanded is not None:
             llp.append(expanded or ".")
-    return SearchSetup(elfclass, machine, tuple(llp), cache, tuple(dirs), subdirs, tuple(hwcaps))
+    return SearchSetup(elfclass, machine, tuple(llp), cache, tuple(dirs), subdirs, tuple(hwcaps), legacy_ok)
 
 
 def _candidates(setup: SearchSetup, name: str):
@@ -276,7 +278,8 @@ def _candidates(setup: SearchSetup, name: str):
         for sub in setup.subdirs:
             yield _join(d, sub, name), "LD_LIBRARY_PATH"
     if setup.cache is not None:
-        hit = ldcache.lookup(setup.cache, name, cache_flags(setup.elfclass), hwcaps=setup.hwcaps)
+        hit = ldcache.lookup(setup.cache, name, cache_flags(setup.elfclass), hwcaps=setup.hwcaps,
+                             legacy_ok=setup.legacy_cache_ok)
         if hit:
             yield hit[0].value, "ld.so.cache"
     for d in setup.system_dirs:

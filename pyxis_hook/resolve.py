@@ -1,7 +1,7 @@
 """Where glibc's ld.so would find each DT_NEEDED library of an object, inside a root.
 
 This follows `elf/dl-load.c` (`_dl_map_object`, `open_path`, `open_verify`)
-and `elf/dl-deps.c` as described in shared/docs/loader.md §1-§3:
+and `elf/dl-deps.c`:
 
 * breadth-first over DT_NEEDED, deduplicated by name / SONAME / file identity
   (the interpreter counts as loaded);
@@ -10,7 +10,8 @@ and `elf/dl-deps.c` as described in shared/docs/loader.md §1-§3:
   LD_LIBRARY_PATH, the loader's own DT_RUNPATH, ld.so.cache, the system dirs
   (the last two filtered by DF_1_NODEFLIB);
 * every search dir is tried through its glibc-hwcaps (and, before glibc 2.37,
-  legacy hwcap) subdirectories first;
+  legacy hwcap) subdirectories first; which ones, and what $PLATFORM is,
+  depends on the CPU as glibc sees it (`loadercpu`);
 * a candidate of the wrong class or machine is skipped, one with a bad header
   or too short makes the whole load fail (what `ldcheck` calls fatal shadowing).
 
@@ -29,6 +30,7 @@ import stat
 import struct
 from typing import Callable
 
+from pyxis_hook import loadercpu
 from pyxis_hook.elf import EHDR_SIZE, ET_DYN, ET_EXEC, PHDR_SIZE, ElfInfo, parse_header, read_elf
 from pyxis_hook.errors import ElfError, LdCacheError, PathError
 from pyxis_hook.record import record
@@ -48,19 +50,9 @@ DEFAULT_RTLD = {(64, EM_X86_64): "/lib64/ld-linux-x86-64.so.2", (32, EM_386): "/
 CACHE_LOADER = {(64, EM_X86_64): "x86_64", (32, EM_386): "i386", (64, EM_AARCH64): "aarch64",
                 (32, EM_X86_64): "x32"}
 
-#: AT_PLATFORM per machine (x86-64 reports "x86_64", i386 "i686")
+#: the kernel's AT_PLATFORM per machine (x86-64 reports "x86_64", i386 "i686"); glibc overrides it on
+#: some x86 CPUs (`loadercpu`)
 DEFAULT_PLATFORM = {EM_X86_64: "x86_64", EM_386: "i686", EM_AARCH64: "aarch64"}
-
-#: glibc-hwcaps subdirectories, most preferred first (sysdeps/x86_64/dl-hwcaps-subdirs.c)
-#: legacy hwcap subdirs glibc 2.36 on x86-64 searched after glibc-hwcaps (measured, LD_DEBUG=libs); gone in 2.37
-X86_64_LEGACY_SUBDIRS_236 = ("tls/x86_64/x86_64", "tls/x86_64", "tls", "x86_64/x86_64", "x86_64")
-
-#: cpuinfo flags required per x86-64 ISA level (x86-64 psABI; glibc sysdeps/x86/get-isa-level.h)
-_ISA_FLAGS = {
-    "x86-64-v2": ("cx16", "lahf_lm", "popcnt", "sse4_1", "sse4_2", "ssse3"),
-    "x86-64-v3": ("avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave"),
-    "x86-64-v4": ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"),
-}
 
 #: LIBC_ABI_MAX for ELFOSABI_GNU objects (glibc abi-tags: DEFAULT, UNIQUE, IFUNC, ABSOLUTE)
 _LIBC_ABI_MAX = 4
@@ -74,6 +66,8 @@ class LoaderEnv:
     `rtld` is the loader's own path (None: the object's PT_INTERP, else glibc's
     default for its class); it is "already loaded" for every search.
     `cwd` is where relative search dirs (an empty RPATH element) start.
+    `legacy_cache_ok` says which legacy hwcap cache entries a loader before
+    glibc 2.37 takes (None: none, as from 2.37 on); `cache` applies it.
     """
 
     root: str = "/"
@@ -87,6 +81,7 @@ class LoaderEnv:
     rtld: str | None = None
     cwd: str = "/"
     glibc_version: tuple[int, int] | None = None
+    legacy_cache_ok: Callable[[int], bool] | None = None
 
 
 @record
@@ -167,25 +162,16 @@ def _fillin(elements: tuple[str, ...], origin: str | None, env: LoaderEnv) -> tu
 # --------------------------------------------------------------------- per-root defaults
 
 def detect_hwcaps(cpuinfo: str = "/proc/cpuinfo") -> tuple[str, ...]:
-    """glibc-hwcaps subdirs this CPU supports, most preferred first (x86-64 only; else none).
+    """glibc-hwcaps subdirs the x86-64 loader supports on this CPU, most preferred first."""
+    return loadercpu.x86_64_loader(loadercpu.host_cpu(cpuinfo)).hwcaps
 
-    Levels are cumulative, as glibc requires: v3 needs v2, v4 needs v3.
-    """
-    try:
-        with open(cpuinfo, encoding="ascii", errors="replace") as f:
-            text = f.read()
-    except OSError:
-        return ()
-    m = re.search(r"^flags\s*:(.*)$", text, re.M)
-    if not m:
-        return ()
-    flags = set(m.group(1).split())
-    supported: list[str] = []
-    for level in ("x86-64-v2", "x86-64-v3", "x86-64-v4"):
-        if not all(f in flags for f in _ISA_FLAGS[level]):
-            break
-        supported.append(level)
-    return tuple(reversed(supported))
+
+def loader_cpu(machine: int, cpu: loadercpu.Cpu | None = None) -> loadercpu.LoaderCpu | None:
+    """What the loader for ELF `machine` makes of `cpu` (default: this machine's); None off x86."""
+    if machine not in (EM_X86_64, EM_386):
+        return None
+    cpu = loadercpu.host_cpu() if cpu is None else cpu
+    return loadercpu.x86_64_loader(cpu) if machine == EM_X86_64 else loadercpu.i386_loader(cpu)
 
 
 _DIRS_RE = re.compile(rb"(?:/[\x21-\x7e]*/\x00){1,16}")
@@ -234,8 +220,12 @@ def _heuristic_system_dirs(root: str, interp: str) -> tuple[str, ...]:
     return tuple(dirs)
 
 
-def cache_lookup_for(cache, *, hwcaps: tuple[str, ...] = ()) -> CacheLookup:
-    """Adapt a `pyxis_hook.ldcache.LdCache` to the resolver's CacheLookup (flags per class/machine)."""
+def cache_lookup_for(cache, *, hwcaps: tuple[str, ...] = (), legacy_ok=None) -> CacheLookup:
+    """Adapt a `pyxis_hook.ldcache.LdCache` to the resolver's CacheLookup (flags per class/machine).
+
+    `hwcaps` and `legacy_ok` are `ldcache.lookup`'s: the glibc-hwcaps subdirs and
+    the legacy hwcap entries (glibc < 2.37) the loader takes.
+    """
     from pyxis_hook import ldcache
 
     flags_by_arch = {arch: ldcache.LOADER_FLAGS[name] for arch, name in CACHE_LOADER.items()}
@@ -244,7 +234,7 @@ def cache_lookup_for(cache, *, hwcaps: tuple[str, ...] = ()) -> CacheLookup:
         ok = flags_by_arch.get((elfclass, machine))
         if ok is None:
             return ()
-        return tuple(e.value for e in ldcache.lookup(cache, name, ok, hwcaps=hwcaps))
+        return tuple(e.value for e in ldcache.lookup(cache, name, ok, hwcaps=hwcaps, legacy_ok=legacy_ok))
 
     return lookup
 
@@ -263,41 +253,47 @@ def loader_env_for_root(
     cache_path: str = "/etc/ld.so.cache",
     rtld: str | None = None,
     cwd: str | None = None,
+    cpu: loadercpu.Cpu | None = None,
 ) -> LoaderEnv:
     """The loader of `root` as ld.so would behave there: its compiled-in dirs, $LIB, hwcaps, cache.
 
     `elfclass`/`machine` are those of the objects to resolve (the loader's own);
     `interp` is the root-relative PT_INTERP whose ld.so decides the system dirs
     and glibc version (legacy hwcap subdirs before 2.37), default glibc's path
-    for that class.  `hwcaps` defaults to what this CPU supports (/proc/cpuinfo;
-    x86-64 only), `platform` to AT_PLATFORM for the machine.  A missing or
-    unreadable cache is treated as no cache, as ld.so does.
+    for that class.  `hwcaps`, `platform` and the legacy subdirs default to
+    what that loader makes of `cpu` (default: this machine's, from
+    /proc/cpuinfo; see `loadercpu`), else to the kernel's AT_PLATFORM.  A
+    missing or unreadable cache is treated as no cache, as ld.so does.
     """
     root = os.path.normpath(os.path.abspath(root))
     if interp is None:
         interp = DEFAULT_RTLD.get((elfclass, machine), "/lib64/ld-linux-x86-64.so.2")
+    seen = loader_cpu(machine, cpu)
     if platform is None:
-        platform = DEFAULT_PLATFORM.get(machine)
+        platform = seen.platform if seen else DEFAULT_PLATFORM.get(machine)
     ldso_host = resolve_in_root(root, interp)
     found_dirs, version = inspect_ldso(ldso_host)
     dirs = system_dirs or found_dirs or _heuristic_system_dirs(root, interp)
     if hwcaps is None:
-        hwcaps = detect_hwcaps() if (elfclass, machine) == (64, EM_X86_64) else ()
+        hwcaps = seen.hwcaps if seen else ()
     legacy: tuple[str, ...] = ()
-    if version is not None and version < (2, 37) and platform == "x86_64":
-        legacy = X86_64_LEGACY_SUBDIRS_236
+    legacy_ok = None
+    if version is not None and version < (2, 37) and seen is not None:
+        legacy = loadercpu.legacy_subdirs(seen.hwcap_names, platform)
+        legacy_ok = loadercpu.legacy_cache_ok(seen.hwcap_names, platform)
     cache = None
     if not inhibit_cache:
         from pyxis_hook import ldcache
 
         try:
-            cache = cache_lookup_for(ldcache.read_cache(resolve_in_root(root, cache_path)), hwcaps=hwcaps)
+            cache = cache_lookup_for(ldcache.read_cache(resolve_in_root(root, cache_path)), hwcaps=hwcaps,
+                                     legacy_ok=legacy_ok)
         except (LdCacheError, OSError):
             cache = None
     return LoaderEnv(root=root, cache=cache, system_dirs=tuple(dirs), ld_library_path=ld_library_path,
                      hwcaps=tuple(hwcaps), legacy_subdirs=legacy, lib_token=dirs[0].lstrip("/") if dirs else "lib",
                      platform=platform, rtld=rtld, cwd=cwd if cwd is not None else (os.getcwd() if root == "/" else "/"),
-                     glibc_version=version)
+                     glibc_version=version, legacy_cache_ok=legacy_ok)
 
 
 # --------------------------------------------------------------------- the search

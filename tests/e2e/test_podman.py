@@ -15,6 +15,7 @@ import resource
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -36,13 +37,44 @@ def _ulimits() -> list[str]:
     return ["--ulimit", f"nofile={n}:{n}", "--ulimit", f"nproc={p}:{p}"]
 
 
+def _podman_cmd(hooks_dir: Path, rootfs: Path, *opts: str, script: str) -> list[str]:
+    return ["podman", "--runtime", "runc", "--cgroup-manager=cgroupfs", "--events-backend=file",
+            "--hooks-dir", str(hooks_dir), "run", "--rm", *_ulimits(), *opts, "--rootfs", str(rootfs),
+            "/bin/sh", "-c", script]
+
+
+_WARM: list[bool] = []
+
+
+def warm_podman() -> None:
+    """One container without hooks or devices, once per test run, before any host mount table is measured.
+
+    podman's first run on a machine leaves a mount of its own behind for good:
+    the /run/netns bind mount its network namespaces live under.  Made here,
+    it is in every `before` table, so `podman_run` can still demand an
+    unchanged table after each run.  (The private bind mount of its storage
+    dir is made and removed by each podman command: no table sees it.)
+    """
+    if _WARM:
+        return
+    base = Path(tempfile.mkdtemp(prefix="pyxis-podman-warm-"))
+    try:
+        (base / "hooks").mkdir()
+        r = subprocess.run(_podman_cmd(base / "hooks", fresh_rootfs(base / "rootfs"), script="true"),
+                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+        assert r.returncode == 0, f"podman without hooks fails: {r.stderr}"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    _WARM.append(True)
+
+
 def podman_run(hooks_dir: Path, rootfs: Path, *opts: str, script: str = PROBE) -> subprocess.CompletedProcess:
+    """Run a container; the host's mount table must be the same afterwards (nothing the hook did leaked)."""
     hooks_dir.mkdir(exist_ok=True)
-    cmd = ["podman", "--runtime", "runc", "--cgroup-manager=cgroupfs", "--events-backend=file",
-           "--hooks-dir", str(hooks_dir), "run", "--rm", *_ulimits(), *opts, "--rootfs", str(rootfs),
-           "/bin/sh", "-c", script]
+    warm_podman()
     before = mount_table()
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    r = subprocess.run(_podman_cmd(hooks_dir, rootfs, *opts, script=script), capture_output=True, text=True,
+                       timeout=60, stdin=subprocess.DEVNULL)
     assert mount_table() == before, "host mount table changed"
     return r
 

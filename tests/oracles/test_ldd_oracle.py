@@ -3,8 +3,8 @@
 (a) hundreds of this machine's libraries and executables, resolved with the host's cache;
 (b) synthetic trees under /tmp with absolute RPATH/RUNPATH, so glibc's ld.so can run
     on them directly with root '/': RPATH chain vs RUNPATH, --library-path, --inhibit-cache,
-    $ORIGIN/$LIB/$PLATFORM, hwcaps shadowing, a wrong-class lib skipped, a 7-byte lib that
-    makes the load fail;
+    $ORIGIN/$LIB/$PLATFORM, hwcaps and legacy platform dir shadowing, a wrong-class lib
+    skipped, a 7-byte lib that makes the load fail;
 (c) as root: a tiny rootfs with its own ld.so.cache built by `ldconfig -r`, compared with
     `chroot ROOT ld.so --list`, for cache-only behaviour (missing SONAME link after
     `ldconfig -X`, glibc-hwcaps cache entries, DF_1_NODEFLIB) and in-root symlinks.
@@ -132,7 +132,8 @@ def tree(tmp_path_factory) -> Path:
     # $ORIGIN, ${ORIGIN}, $ORIGINAL (literal), $LIB, $PLATFORM
     build_lib(t / "olib", "libo.so.1")
     build_lib(t / "lib/x86_64-linux-gnu", "libl.so.1")
-    build_lib(t / "plat/x86_64", "libp.so.1")
+    for platform in ("x86_64", "haswell", "xeon_phi"):  # the kernel's and glibc's Intel platforms
+        build_lib(t / "plat" / platform, "libp.so.1")
     build_exe(t / "bin", "exe-dst", needed=("libo.so.1", "libl.so.1", "libp.so.1"),
               runpath=f"$ORIGINAL/x:${{ORIGIN}}/../olib:$ORIGIN/../$LIB:{T}/plat/$PLATFORM")
     # hwcaps shadowing: glibc-hwcaps/x86-64-v2 and the legacy tls/ dir before the dir itself
@@ -140,7 +141,11 @@ def tree(tmp_path_factory) -> Path:
     build_lib(t / "hw/glibc-hwcaps/x86-64-v2", "libh.so.1")
     build_lib(t / "hw2", "libh2.so.1")
     build_lib(t / "hw2/tls", "libh2.so.1")
-    build_exe(t / "bin", "exe-hw", needed=("libh.so.1", "libh2.so.1"), runpath=f"{T}/hw:{T}/hw2")
+    # legacy platform and hwcap subdirs (glibc < 2.37): which one wins depends on the CPU
+    for sub in ("", "x86_64", "haswell", "xeon_phi", "avx512_1/x86_64"):
+        build_lib(t / "hw3" / sub, "libh3.so.1")
+    build_exe(t / "bin", "exe-hw", needed=("libh.so.1", "libh2.so.1", "libh3.so.1"),
+              runpath=f"{T}/hw:{T}/hw2:{T}/hw3")
     # wrong class earlier in the path: skipped
     build_lib(t / "m32", "libw.so.1", m32=True)
     build_lib(t / "m64", "libw.so.1")
@@ -175,12 +180,16 @@ def test_rules_the_oracle_confirms(tree):
     assert f"\tlibw.so.1 => {T}/m64/libw.so.1" in assert_same(f"{T}/bin/exe-class")
     lines = assert_same(f"{T}/bin/exe-dst")
     assert f"\tlibl.so.1 => {T}/bin/../lib/x86_64-linux-gnu/libl.so.1" in lines
-    assert f"\tlibp.so.1 => {T}/plat/x86_64/libp.so.1" in lines
+    host = loader_env_for_root("/")  # $PLATFORM: "haswell" on Intel CPUs with AVX2, "x86_64" on AMD
+    assert f"\tlibp.so.1 => {T}/plat/{host.platform}/libp.so.1" in lines
     hw = assert_same(f"{T}/bin/exe-hw")
     if "x86-64-v2" in detect_hwcaps():
         assert f"\tlibh.so.1 => {T}/hw/glibc-hwcaps/x86-64-v2/libh.so.1" in hw
-    if loader_env_for_root("/").glibc_version < (2, 37):
+    if host.glibc_version < (2, 37):
         assert f"\tlibh2.so.1 => {T}/hw2/tls/libh2.so.1" in hw
+        assert f"\tlibh3.so.1 => {T}/hw3/{host.platform}/libh3.so.1" in hw
+    else:
+        assert f"\tlibh3.so.1 => {T}/hw3/libh3.so.1" in hw
     rc, _, err = ours(f"{T}/bin/exe-corrupt")
     assert rc == 127 and f"{T}/bad/libk.so.1: file too short" in err
     assert assert_same(f"{T}/bin/exe-missing").count("\tlibmissing.so.9 => not found") == 2
@@ -222,7 +231,7 @@ def rootfs(tmp_path_factory) -> Path:
         pytest.skip("needs ldconfig")
     r = tmp_path_factory.mktemp("ldd-root")
     lib = make_glibc_root(r)
-    (r / "etc/ld.so.conf").write_text("/opt/foo/lib\n/opt/hw/lib\n/opt/link\n")
+    (r / "etc/ld.so.conf").write_text("/opt/foo/lib\n/opt/hw/lib\n/opt/link\n/opt/leg/lib\n/opt/leg2/lib\n")
     # libfoo: only the versioned file, SONAME link removed after ldconfig -X (cache points at a missing file)
     build_lib(r / "opt/foo/lib", "libfoo.so.1", filename="libfoo.so.1.0")
     build_lib(r / "opt/foo/lib", "libbar.so.1")
@@ -235,7 +244,14 @@ def rootfs(tmp_path_factory) -> Path:
     (r / "opt/real").mkdir(parents=True)
     build_lib(r / "opt/real", "libsym.so.1")
     os.symlink("/opt/real", r / "opt/link")
-    build_exe(r / "bin", "app", needed=("libfoo.so.1", "libbar.so.1", "libq.so.1", "libsym.so.1"))
+    # legacy hwcap cache entries (ldconfig < 2.37 indexes platform/hwcap/tls subdirs): a loader before 2.37
+    # takes the first one its CPU allows; the platform and avx512_1 ones depend on the CPU (loadercpu)
+    for sub in ("", "x86_64", "haswell", "xeon_phi", "avx512_1", "i686"):
+        build_lib(r / "opt/leg/lib" / sub, "libleg.so.1")
+    for sub in ("", "tls"):
+        build_lib(r / "opt/leg2/lib" / sub, "libleg2.so.1")
+    build_exe(r / "bin", "app", needed=("libfoo.so.1", "libbar.so.1", "libq.so.1", "libsym.so.1", "libleg.so.1",
+                                        "libleg2.so.1"))
     shutil.copy2(r / "bin/app", r / "bin/app-nodeflib")
     or_flags_1(r / "bin/app-nodeflib", DF_1_NODEFLIB)
     subprocess.run([shutil.which("ldconfig") or "/sbin/ldconfig", "-r", str(r), "-X"], check=True, capture_output=True)
@@ -251,6 +267,8 @@ def test_rootfs_against_chroot(rootfs, exe, inhibit):
         # the cache says /opt/foo/lib/libfoo.so.1, which -X never created: fall through to the system dir
         assert "\tlibfoo.so.1 => /lib/x86_64-linux-gnu/libfoo.so.1" in lines
         assert "\tlibsym.so.1 => /opt/link/libsym.so.1" in lines
+        if loader_env_for_root(str(rootfs)).glibc_version < (2, 37):
+            assert "\tlibleg2.so.1 => /opt/leg2/lib/tls/libleg2.so.1" in lines
     if exe == "/bin/app-nodeflib" and not inhibit:
         assert "\tlibc.so.6 => not found" in lines  # cache hit in a system dir dropped, system dirs skipped
 

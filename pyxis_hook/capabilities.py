@@ -63,7 +63,7 @@ LIBRARY_PREFIXES: tuple[tuple[str, tuple[str, ...]], ...] = (
     )),
 )
 
-#: capability -> binaries, first hit on the configured PATH inside the driver root
+#: capability -> binaries, first hit on `path`, the vendor dirs, then the libraries' <prefix>/bin (inventory._bin_dirs)
 BINARIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("utility", ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nv-fabricmanager")),
     ("compute", ("nvidia-cuda-mps-control", "nvidia-cuda-mps-server")),

@@ -11,11 +11,18 @@ already confines the container).
 
 enroot's rules, kept on purpose so a site can swap hooks without surprises:
 - the file is read from its last line up and a variable already in the
-  hook's own environment is not overridden (the user's `--env` and Pyxis'
-  environment win over the image, the last definition in the file wins over
-  earlier ones);
+  hook's own environment is not overridden (the environment `enroot start`
+  runs in, which under Pyxis is the job's, wins over the file; in the file,
+  which holds the image's environment, then environ.d, then `enroot start
+  --env`, the last definition wins over earlier ones);
 - `NVIDIA_VISIBLE_DEVICES` unset means `void` (even for legacy CUDA images);
 - `NVIDIA_DRIVER_CAPABILITIES` unset or empty means `utility`.
+
+What the hook honoured is written back to the file (`honoured_env`): enroot
+gives the container exactly the file (enroot-switchroot's `--envfile`, the
+last definition winning), and Pyxis then copies the container's environment
+over the job's, so without it a job's `NVIDIA_VISIBLE_DEVICES=void` that the
+hook obeyed would reach the task as the image's `all`.
 """
 
 from __future__ import annotations
@@ -67,6 +74,23 @@ def container_env(file_env: tuple[tuple[str, str], ...], own: Mapping[str, str])
     return env
 
 
+def honoured_env(file_env: tuple[tuple[str, str], ...], own: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """The `NVIDIA_*` values taken from the hook's own environment that the file does not end with.
+
+    Appended to ENROOT_ENVIRON so the program sees the request the hook
+    honoured.  A value with a newline would be read back as two lines (a
+    second variable): refused, before anything is applied.
+    """
+    last = dict(file_env)
+    out = []
+    for key, value in own.items():
+        if key.startswith("NVIDIA_") and last.get(key) != value:
+            if "\n" in value:
+                raise UsageError(f"{key}: a value with a newline cannot be written to ENROOT_ENVIRON")
+            out.append((key, value))
+    return tuple(out)
+
+
 def enroot_facts(environ: Mapping[str, str]) -> tuple[int, str, str]:
     """(pid, rootfs, environ file) from the hook's environment; one-line errors naming the variable."""
     missing = [v for v in ("ENROOT_PID", "ENROOT_ROOTFS", "ENROOT_ENVIRON") if not environ.get(v)]
@@ -106,19 +130,22 @@ def run_enroot_hook(config, environ: Mapping[str, str]):
     from pyxis_hook import log
 
     pid, rootfs, environ_path = enroot_facts(environ)
-    env = container_env(read_environ(environ_path), environ)
+    file_env = read_environ(environ_path)
+    env = container_env(file_env, environ)
+    honoured = honoured_env(file_env, environ)
     from pyxis_hook.hook import prepare
 
     config = replace(config, no_cgroups=True)
     prepared = prepare(config, synthetic_bundle(rootfs, env), check=True)
     if prepared.request.void:
         log.debug(f"enroot container {pid}: {prepared.request.reasons[0]}")
+        append_environ(environ_path, honoured)
         return None
     from pyxis_hook.apply import apply_plan
 
     plan, request = prepared.plan, prepared.request
     log.info(f"enroot container {pid}: {len(plan.devices)} devices, {len(plan.mounts)} mounts")
-    result = apply_plan(plan, pid, config)
-    if request.allocation is not None:
-        append_environ(environ_path, plan.env)
-    return result
+    # written before the mounts: a failed write leaves nothing mounted, and a failed apply makes
+    # enroot refuse the container, whose environment file is then never read
+    append_environ(environ_path, honoured + (plan.env if request.allocation is not None else ()))
+    return apply_plan(plan, pid, config)

@@ -614,16 +614,22 @@ VENDOR_BIN_DIRS = ("/usr/lib/nvidia/current", "/usr/lib/nvidia")
 
 
 def _bin_dirs(st: _State, config) -> list[str]:
-    """config.path first (what LNC searches), then the vendor dirs, each flavour of /usr/lib/nvidia."""
+    """config.path first (what LNC searches), then the vendor dirs, each flavour of /usr/lib/nvidia,
+    then `<prefix>/bin` and `<prefix>/sbin` of the dirs the driver's libraries were found in
+    (a prefix install's binaries are on no default path; bindirs.py)."""
+    from pyxis_hook.bindirs import prefix_bin_dirs
+
     extra = list(VENDOR_BIN_DIRS)
     top = _resolve(st, "/usr/lib/nvidia")
     if top and os.path.isdir(top):
         extra += [f"/usr/lib/nvidia/{n}" for n in sorted(os.listdir(top)) if n != "current"]
+    extra += prefix_bin_dirs(os.path.dirname(f.path) for f in st.files if f.kind in ("lib", "lib32"))
     return list(dict.fromkeys([*config.path, *extra]))
 
 
 def _binaries(st: _State, config) -> None:
-    """First hit of each binary on `config.path` (then the vendor dirs), each dir taken inside the driver root."""
+    """First hit of each binary on `config.path`, then the vendor and library-prefix dirs (`_bin_dirs`),
+    each dir taken inside the driver root: only a regular executable there counts."""
     dirs = _bin_dirs(st, config)
     for cap, names in caps.BINARIES:
         for name in names:

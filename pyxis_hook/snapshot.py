@@ -31,8 +31,8 @@ from pyxis_hook.errors import SnapshotError
 
 #: bumped whenever discovery records something else for the same driver files, so an upgrade
 #: rebuilds the snapshot instead of trusting the old result (2: per-capability DT_NEEDED closure,
-#: firmware also from /usr/lib/firmware)
-FORMAT = 2
+#: firmware also from /usr/lib/firmware; 3: binaries also in the driver libraries' <prefix>/bin)
+FORMAT = 3
 
 
 def config_key(config) -> dict:

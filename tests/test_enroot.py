@@ -47,6 +47,19 @@ def test_precedence_like_98_nvidia_sh():
     assert env["NVIDIA_VISIBLE_DEVICES"] == "2" and "HOME" not in env and env["SLURM_STEP_GPUS"] == "2,3"
 
 
+def test_honoured_env_is_what_the_hook_took_over_the_file():
+    file_env = (("NVIDIA_VISIBLE_DEVICES", "void"), ("NVIDIA_VISIBLE_DEVICES", "all"),
+                ("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"))
+    own = {"NVIDIA_VISIBLE_DEVICES": "void", "NVIDIA_DRIVER_CAPABILITIES": "compute,utility",
+           "NVIDIA_REQUIRE_CUDA": "cuda>=12.0", "CUDA_VISIBLE_DEVICES": "1", "HOME": "/root"}
+    # the file ends with `all`: the job's `void` is written; an equal value and non-NVIDIA_ variables are not
+    assert enroot.honoured_env(file_env, own) == (("NVIDIA_VISIBLE_DEVICES", "void"),
+                                                  ("NVIDIA_REQUIRE_CUDA", "cuda>=12.0"))
+    assert enroot.honoured_env(file_env, {}) == ()
+    with pytest.raises(UsageError, match="^NVIDIA_VISIBLE_DEVICES: a value with a newline cannot be written"):
+        enroot.honoured_env(file_env, {"NVIDIA_VISIBLE_DEVICES": "0\nLD_PRELOAD=/x.so"})
+
+
 def test_defaults_void_and_utility():
     env = enroot.container_env((("CUDA_VERSION", "11.0"),), {})
     assert env["NVIDIA_VISIBLE_DEVICES"] == "void"  # even for a legacy CUDA image, as enroot does
@@ -174,6 +187,23 @@ def test_own_nvidia_variable_wins_and_default_capability_is_utility(setup):
     out = c.sh(PROBE)
     assert set(out.splitlines()[0].split()) == {"nvidia1", "nvidiactl"}  # utility only: no uvm
     assert "libcuda.so.1: cannot open shared object file" in out  # no compute capability
+    assert env_file.read_text() == "NVIDIA_VISIBLE_DEVICES=all\nNVIDIA_VISIBLE_DEVICES=1\n"  # what was honoured
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("value", ["void", "none"])
+def test_job_value_honoured_reaches_the_program(setup, value):
+    """Pyxis runs enroot with the job's environment and afterwards gives the task the container's: the
+    job's `void`/`none` that the hook obeyed over the image's `all` is what the container's environment
+    file (what enroot-switchroot loads, the last definition winning) ends with."""
+    host, shim, c, tmp = setup
+    env_file = _environ(tmp, ["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=compute,utility"])
+    r = c.hook(shim, env_file, {"NVIDIA_VISIBLE_DEVICES": value})
+    assert r.returncode == 0, r.stderr
+    assert {n for n in c.sh("ls /dev").split() if n.startswith("nvidia")} == \
+        (set() if value == "void" else {"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"})
+    assert dict(enroot.parse_environ(env_file.read_text()))["NVIDIA_VISIBLE_DEVICES"] == value
+    assert env_file.read_text().splitlines()[-1] == f"NVIDIA_VISIBLE_DEVICES={value}"
 
 
 @pytest.mark.root
@@ -192,6 +222,17 @@ def test_error_is_one_line_and_nothing_left(setup):
     r = c.hook(shim, env_file, {})
     assert r.returncode != 0 and r.stderr.count("\n") == 1 and "pyxis-hook: error:" in r.stderr
     assert c.sh("ls /dev | grep -c nvidia").strip() == "0"
+
+
+@pytest.mark.root
+def test_value_with_newline_refused_before_anything_is_applied(setup):
+    host, shim, c, tmp = setup
+    env_file = _environ(tmp, ["NVIDIA_VISIBLE_DEVICES=all"])
+    r = c.hook(shim, env_file, {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_REQUIRE_X": "a\nLD_PRELOAD=/x.so"})
+    assert r.returncode != 0 and r.stderr.count("\n") == 1
+    assert "NVIDIA_REQUIRE_X: a value with a newline cannot be written to ENROOT_ENVIRON" in r.stderr
+    assert c.sh("ls /dev | grep -c nvidia").strip() == "0"
+    assert env_file.read_text() == "NVIDIA_VISIBLE_DEVICES=all\n"
 
 
 def test_documented_shim_matches_generated():

@@ -442,3 +442,39 @@ def test_deps_for_reports_a_shared_librarys_dependency_once_to_either_capability
     assert [d.name for d in inv.deps_for(("graphics",))] == ["libzstd.so.1", "libX11.so.6"]
     assert [d.name for d in inv.deps_for(("compute", "graphics"))] == ["libzstd.so.1", "libX11.so.6"]
     assert inv.deps_for(("video",)) == ()
+
+
+def test_binaries_of_a_prefix_install_found_next_to_its_libraries(tmp_path):
+    """A driver under /opt/nvidia (libraries known only through ld.so.conf.d): with the default `path`
+    its binaries are found in <prefix>/bin and <prefix>/sbin; only regular executables inside the root."""
+    root = make_driver(tmp_path / "root", extra=False, libdir="opt/nvidia/lib64")
+    for sub, name in (("bin", "nvidia-smi"), ("sbin", "nvidia-cuda-mps-control")):
+        (root / "opt/nvidia" / sub).mkdir(parents=True, exist_ok=True)
+        os.rename(root / "usr/bin" / name, root / "opt/nvidia" / sub / name)
+    host_exe = tmp_path / "host-persistenced"
+    host_exe.write_text("#!/bin/sh\n")
+    host_exe.chmod(0o755)
+    (root / "opt/nvidia/bin/nvidia-persistenced").symlink_to(host_exe)  # a host path: resolved inside the root
+    (root / "opt/nvidia/bin/nvidia-debugdump").write_text("not executable\n")
+    (root / "opt/nvidia/sbin/nv-fabricmanager").mkdir()
+    inv = discover(cfg(root))
+    assert Config().path == cfg(root).path  # nothing configured
+    bins = {f.name: (f.capability, f.path, f.host_path, f.source) for f in inv.files if f.kind == "bin"}
+    assert bins == {
+        "nvidia-smi": ("utility", "/opt/nvidia/bin/nvidia-smi", str(root / "opt/nvidia/bin/nvidia-smi"),
+                       "path:/opt/nvidia/bin"),
+        "nvidia-cuda-mps-control": ("compute", "/opt/nvidia/sbin/nvidia-cuda-mps-control",
+                                    str(root / "opt/nvidia/sbin/nvidia-cuda-mps-control"), "path:/opt/nvidia/sbin"),
+    }
+
+
+def test_a_binary_on_path_wins_over_the_library_prefix(tmp_path):
+    """`path` and the vendor dirs come first; the prefix of the library dirs only adds where they find nothing."""
+    root = make_driver(tmp_path / "root", extra=False, libdir="opt/nvidia/lib64")
+    (root / "opt/nvidia/bin").mkdir(parents=True)
+    for name in ("nvidia-smi", "nvidia-debugdump"):
+        (root / "opt/nvidia/bin" / name).write_text("#!/bin/sh\nexit 9\n")
+        (root / "opt/nvidia/bin" / name).chmod(0o755)
+    bins = {f.name: f.path for f in discover(cfg(root)).files if f.kind == "bin"}
+    assert bins == {"nvidia-smi": "/usr/bin/nvidia-smi", "nvidia-cuda-mps-control": "/usr/bin/nvidia-cuda-mps-control",
+                    "nvidia-debugdump": "/opt/nvidia/bin/nvidia-debugdump"}

@@ -23,11 +23,11 @@ pytestmark = [pytest.mark.realdriver, pytest.mark.slow]
 LINES = ("535", "470", "550")
 
 
-def config_for(root: Path, layout: str, tmp_path: Path, host=None) -> Config:
+def config_for(root: Path, tmp_path: Path, host=None) -> Config:
     return replace(Config(), driver_root=str(root),
                    proc_root=str(host.proc_root) if host else str(tmp_path / "no-proc"),
                    dev_root=str(host.dev_root) if host else str(tmp_path / "no-dev"),
-                   path=realdriver.BIN_DIRS[layout], snapshot_dir=str(tmp_path / "snap"))
+                   snapshot_dir=str(tmp_path / "snap"))
 
 
 _cache: dict[tuple[str, str], Inventory] = {}
@@ -36,7 +36,7 @@ _cache: dict[tuple[str, str], Inventory] = {}
 def inventory(line: str, layout: str, tmp_path: Path) -> Inventory:
     if (line, layout) not in _cache:
         root = realdriver.require_driver_root(line, layout)
-        _cache[(line, layout)] = discover(config_for(root, layout, tmp_path))
+        _cache[(line, layout)] = discover(config_for(root, tmp_path))
     return _cache[(line, layout)]
 
 
@@ -79,6 +79,19 @@ def test_debian_layout_follows_alternatives_links(line, tmp_path):
     assert ("libcuda.so.1", f"libcuda.so.{v}") in cuda.links
     smi = next(f for f in inv.files if f.kind == "bin" and f.name == "nvidia-smi")
     assert smi.path == "/usr/lib/nvidia/current/nvidia-smi"
+
+
+@pytest.mark.parametrize("line", LINES)
+def test_prefix_layout_binaries_found_without_configuration(line, tmp_path):
+    """/usr/local/nvidia, known only through ld.so.conf.d: the default `path` lacks its bin dir, yet
+    nvidia-smi and the MPS binaries are found there, next to the libraries."""
+    assert "/usr/local/nvidia/bin" not in Config().path
+    inv = inventory(line, "prefix", tmp_path)
+    bins = {f.name: f.path for f in inv.files if f.kind == "bin"}
+    assert bins["nvidia-smi"] == "/usr/local/nvidia/bin/nvidia-smi"
+    assert bins == {name: f"/usr/local/nvidia/bin/{name}" for name in bins}
+    assert {f.name for f in inv.files if f.kind == "bin"} == \
+        {f.name for f in inventory(line, "debian", tmp_path).files if f.kind == "bin"}
 
 
 @pytest.mark.parametrize("line", LINES)
@@ -189,7 +202,7 @@ def test_leftover_other_version_is_skipped_with_kernel_module(tmp_path):
     root = _mixed_tree(tmp_path)
     v535, v470 = realdriver.driver_version("535"), realdriver.driver_version("470")
     host = hosttree.make_host_tree(tmp_path / "host", driver_version=v535, make_nodes=False)
-    inv = discover(config_for(root, "installer", tmp_path, host))
+    inv = discover(config_for(root, tmp_path, host))
     assert inv.driver_version == v535 and inv.version_source == "procfs"
     assert not any(v470 in f.name for f in inv.files)
     assert v470 in inv.other_versions
@@ -199,7 +212,7 @@ def test_leftover_other_version_is_skipped_with_kernel_module(tmp_path):
 
 def test_two_versions_without_kernel_module_follow_libcuda_so_1(tmp_path):
     root = _mixed_tree(tmp_path)
-    inv = discover(config_for(root, "installer", tmp_path))
+    inv = discover(config_for(root, tmp_path))
     assert _loader_choice(root, "libcuda.so.1").endswith(inv.driver_version)
     assert all(f.name.endswith(inv.driver_version) for f in inv.files if f.kind == "lib")
     assert any("several driver versions" in w for w in inv.warnings)
@@ -223,7 +236,7 @@ def test_dpkg_x_tree_without_ld_so_cache_is_indexed_by_scanning(line, tmp_path):
     """`dpkg -x` of the packages, ldconfig never run, no alternatives links: the same libraries are found."""
     tree = realdriver.extract(line)
     assert not (tree / "etc/ld.so.cache").exists()
-    inv = discover(config_for(tree, "debian", tmp_path))
+    inv = discover(config_for(tree, tmp_path))
     assert logical(inv) == logical(inventory(line, "debian", tmp_path))  # nvidia-smi: /usr/lib/nvidia/<flavour>
     assert inv.driver_version == realdriver.driver_version(line)
     assert any("indexed the driver libraries by scanning" in w for w in inv.warnings)
@@ -238,7 +251,7 @@ def test_scanned_tree_snapshot_goes_stale_when_a_library_is_added(tmp_path):
 
     root = make_fake_driver(tmp_path / "drv", version="535.216.03")
     (root / "etc/ld.so.cache").unlink()
-    cfg = config_for(root, "installer", tmp_path)
+    cfg = config_for(root, tmp_path)
     inv = snapshot.load_or_build(cfg, strict=False)
     assert inv.usable and snapshot.load(cfg).driver_version == "535.216.03"
     (root / "usr/lib/x86_64-linux-gnu/libnvidia-extra.so.535.216.03").write_bytes(b"\x7fELF")
@@ -257,7 +270,7 @@ def test_stale_host_cache_without_driver_entries_is_completed_by_scanning(tmp_pa
 
     cache = ldcache.read_cache(str(tree / "etc/ld.so.cache"))
     assert not any(e.key.startswith("libcuda.so") for e in cache.entries)
-    inv = discover(config_for(tree, "debian", tmp_path))
+    inv = discover(config_for(tree, tmp_path))
     assert any(f.soname == "libcuda.so.1" for f in inv.files)
     assert any("lists no NVIDIA driver library" in w for w in inv.warnings)
 
@@ -271,7 +284,7 @@ def test_scan_survives_a_looping_soname_link(tmp_path):
     lib = root / "usr/lib/x86_64-linux-gnu"
     (lib / "libcuda.so.1").unlink()
     (lib / "libcuda.so.1").symlink_to("libcuda.so.1")  # loops
-    inv = discover(config_for(root, "installer", tmp_path))
+    inv = discover(config_for(root, tmp_path))
     assert any(f.soname == "libcuda.so.1" and f.host_path.endswith("libcuda.so.535.216.03") for f in inv.files)
 
 

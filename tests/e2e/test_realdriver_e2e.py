@@ -13,14 +13,14 @@ import re
 import pytest
 
 from e2e.conftest import bundle_for, make_host, mount_table, run_container
-from fixtures.realdriver import BIN_DIRS, CUDA_VERSION, driver_version, require_driver_root
+from fixtures.realdriver import CUDA_VERSION, driver_version, require_driver_root
 from fixtures.synth import build_exe
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root, pytest.mark.slow, pytest.mark.realdriver]
 
 SCRIPT = ("ls /dev | grep nvidia | sort | tr '\\n' ' '; echo; /usr/bin/gputest; "
           "ldconfig -p | grep -E 'libcuda.so.1|libnvidia-ml.so.1' | sort; "
-          "nvidia-smi; echo smi-rc=$?")
+          "command -v nvidia-smi; nvidia-smi; echo smi-rc=$?")
 
 
 @pytest.mark.parametrize("line, layout, cuda", [
@@ -29,6 +29,7 @@ SCRIPT = ("ls /dev | grep nvidia | sort | tr '\\n' ' '; echo; /usr/bin/gputest; 
     ("535", "rhel", 12020),
     ("535", "prefix", 12020),
     ("470", "debian", 11040),
+    ("470", "prefix", 11040),
     ("550", "debian", 12040),
     ("550", "installer", 12040),
     ("550", "rhel", 12040),
@@ -36,8 +37,7 @@ SCRIPT = ("ls /dev | grep nvidia | sort | tr '\\n' ' '; echo; /usr/bin/gputest; 
 ])
 def test_real_driver_in_runc(tmp_path, line, layout, cuda):
     root = require_driver_root(line, layout)
-    host = make_host(tmp_path, driver_root=root)
-    host.write_conf(path=list(BIN_DIRS[layout]))  # a site with a prefix install names its bin dir
+    host = make_host(tmp_path, driver_root=root)  # default `path`: a prefix install's bin dir is not on it
     # the fake host's procfs must report the same driver as the files
     version = driver_version(line)
     with open(os.path.join(host.proc_root, "driver/nvidia/version"), "w") as f:
@@ -54,6 +54,8 @@ def test_real_driver_in_runc(tmp_path, line, layout, cuda):
     assert "nvmlInit_v2=9" in r.stdout
     # /lib is a link to usr/lib in the image: glibc's ldconfig records the first name it scans
     assert re.search(r"\tlibcuda\.so\.1 \(libc6,x86-64\) => (/usr)?/lib/x86_64-linux-gnu/libcuda\.so\.1\n", r.stdout)
+    # whatever the host dir (/usr/local/nvidia/bin for a prefix), nvidia-smi is on the container's PATH
+    assert "\n/usr/bin/nvidia-smi\n" in r.stdout, r.stdout
     assert "couldn't communicate with the NVIDIA driver" in r.stdout and "smi-rc=9" in r.stdout
 
 
@@ -120,7 +122,6 @@ def test_550_graphics_only_loads_glcore_and_eglcore(tmp_path, layout):
     library they need since 545) came with graphics; libcuda did not."""
     root = require_driver_root("550", layout)
     host = make_host(tmp_path, driver_root=root)
-    host.write_conf(path=list(BIN_DIRS[layout]))
     version = driver_version("550")
     with open(os.path.join(host.proc_root, "driver/nvidia/version"), "w") as f:
         f.write(f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {version}  Thu Jan  1 00:00:00 UTC 2026\n")

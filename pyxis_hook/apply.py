@@ -82,6 +82,7 @@ class _Bind:
     options: tuple[str, ...]
     host_path: str
     tree: int = -1
+    covers: str = ""  # the plan's warning for a bind over a file of the image (MountEdit.covers)
 
 
 def apply_plan(plan: Plan, pid: int | str, config=None, *, proc: str = "/proc") -> ApplyResult:
@@ -127,7 +128,10 @@ def apply_plan(plan: Plan, pid: int | str, config=None, *, proc: str = "/proc") 
         for fd in fds:
             os.close(fd)
         for m in messages:
-            log.info(m)
+            if m.startswith("warning: "):
+                log.warning(m[len("warning: "):])
+            else:
+                log.info(m)
     return ApplyResult(tuple(result["mounted"]), tuple(result["symlinks"]), tuple(messages))
 
 
@@ -192,7 +196,8 @@ def _open_sources(plan: Plan, fds: list[int]) -> list[_Bind]:
             raise ApplyError(f"mount of {m.host_path}: unknown kind {m.kind!r}")
         if not want(st.st_mode):
             raise ApplyError(f"unexpected source file mode for {m.host_path}: not a {m.kind}")
-        binds.append(_Bind(m.container_path, fd, "dir" if m.kind == "dir" else "file", m.options, m.host_path))
+        binds.append(_Bind(m.container_path, fd, "dir" if m.kind == "dir" else "file", m.options, m.host_path,
+                           covers=m.covers))
     return binds
 
 
@@ -441,6 +446,8 @@ def _child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner) -> dict:
                 finally:
                     entry.close()
                 mounted.append(b.container_path)
+                if b.covers:
+                    messages.append("warning: " + b.covers)
             for s in plan.symlinks:
                 try:
                     if rfs.symlink(s.container_path, s.target):
@@ -671,3 +678,24 @@ def _run_ldconfig(plan: Plan, rfs: RootFS, exe_fd: int, messages: list[str]) -> 
     messages.append(f"ld.so.cache: ldconfig ran for {', '.join(dirs) or '(configured dirs)'}")
     for line in warnings.strip().splitlines()[-5:]:
         messages.append(f"ldconfig: {line}")
+    _relink(plan, rfs, messages)
+
+
+def _relink(plan: Plan, rfs: RootFS, messages: list[str]) -> None:
+    """Put back the plan's links that ldconfig pointed elsewhere.
+
+    glibc's ldconfig points a SONAME link at the file of that SONAME with
+    the greatest version in the dir (`search_dir`, `create_links`): an
+    image's own copy of a newer driver line beside the injected file wins
+    there, and the container would load a library that does not match the
+    host's kernel module.  The cache names `dir/SONAME` either way, so the
+    link decides.  A link that could not be made before (a file of the
+    image appeared) was already reported.
+    """
+    for s in plan.symlinks:
+        try:
+            if rfs.symlink(s.container_path, s.target):
+                messages.append(f"{s.container_path}: ldconfig pointed it elsewhere; set back to {s.target}")
+        except RootPathError as e:
+            if e.errno != errno.EEXIST:
+                raise

@@ -20,7 +20,8 @@ import stat
 import struct
 
 from pyxis_hook.errors import ElfError, PathError
-from pyxis_hook.plan import COMPAT_DIR, ContainerFacts
+from pyxis_hook.plan import COMPAT_DIR, ContainerFacts, link_paths
+from pyxis_hook.record import replace
 from pyxis_hook.rootfs import try_resolve_in_root
 
 #: machine -> (Debian multiarch triplet, 32-bit companion triplet or None)
@@ -41,8 +42,12 @@ def _isdir(rootfs: str, path: str) -> bool:
     return host is not None and os.path.isdir(host)
 
 
-def container_facts(rootfs: str, *, machine: str | None = None) -> ContainerFacts:
-    """Inspect `rootfs` (a host path) and return where libraries, 32-bit libraries and binaries go."""
+def container_facts(rootfs: str, *, machine: str | None = None, files=()) -> ContainerFacts:
+    """Inspect `rootfs` (a host path) and return where libraries, 32-bit libraries and binaries go.
+
+    `files` are the driver files the container gets (`Inventory.select`): what
+    the image holds at their links' paths becomes `link_occupants`.
+    """
     machine = machine or os.uname().machine  # not `platform` (hook path imports)
     triplet, triplet32 = TRIPLETS.get(machine, (f"{machine}-linux-gnu", None))
     debian_like = _exists(rootfs, "/etc/debian_version")
@@ -58,7 +63,7 @@ def container_facts(rootfs: str, *, machine: str | None = None) -> ContainerFact
         else:
             lib32_dir = ""
     libcuda, drivers, libs, problem = compat_facts(rootfs, machine) if _isdir(rootfs, COMPAT_DIR) else ("", None, (), "")
-    return ContainerFacts(
+    facts = ContainerFacts(
         rootfs=rootfs,
         lib_dir=lib_dir,
         lib32_dir=lib32_dir,
@@ -69,6 +74,51 @@ def container_facts(rootfs: str, *, machine: str | None = None) -> ContainerFact
         compat_libs=libs,
         compat_problem=problem,
     )
+    if not files:
+        return facts
+    return replace(facts, link_occupants=link_occupants(rootfs, link_paths(files, facts)))
+
+
+def link_occupants(rootfs: str, paths) -> tuple[tuple[str, str], ...]:
+    """What the image holds at container `paths`, other than nothing or a symlink: (path, what).
+
+    `what` is "regular file", "directory" or "special file" (a device, FIFO
+    or socket).  Each parent dir is opened through `RootFS` (inside the
+    root: a symlinked dir is followed there, never out of it) and the name
+    is lstat'ed relative to it, so nothing at the name is opened or
+    followed.  A dir that cannot be opened (missing: apply creates it)
+    holds nothing; apply reports whatever else is wrong with it.
+    """
+    from pyxis_hook.rootfs import RootFS
+
+    out = []
+    dirs: dict[str, int] = {}
+    try:
+        with RootFS(rootfs) as rfs:
+            try:
+                for path in paths:
+                    d, name = os.path.split(path)
+                    if d not in dirs:
+                        try:
+                            dirs[d] = rfs.open(d, os.O_PATH | os.O_DIRECTORY)
+                        except (PathError, OSError):
+                            dirs[d] = -1
+                    if dirs[d] < 0:
+                        continue
+                    try:
+                        mode = os.stat(name, dir_fd=dirs[d], follow_symlinks=False).st_mode
+                    except OSError:
+                        continue
+                    if not stat.S_ISLNK(mode):
+                        out.append((path, "regular file" if stat.S_ISREG(mode)
+                                    else "directory" if stat.S_ISDIR(mode) else "special file"))
+            finally:
+                for fd in dirs.values():
+                    if fd >= 0:
+                        os.close(fd)
+    except (PathError, OSError):
+        return ()
+    return tuple(out)
 
 
 # ------------------------------------------------------------------ CUDA forward compat

@@ -102,7 +102,8 @@ def prepare(config: Config, bundle, *, state=None, check: bool = False, confine:
         cuda = format_cuda_version(inventory.cuda_version)
     request = req.resolve_request(env, annotations, host, config, allowed, cuda_version=cuda,
                                   privileged=bundle.privileged)
-    facts = container_facts(bundle.rootfs)
+    # what the image holds where the libraries' links go decides link or cover (plan.link_edit)
+    facts = container_facts(bundle.rootfs, files=inventory.select(request.capabilities))
     plan = build_plan(request, inventory, facts, config, proc_files=read_proc_driver_files(config.proc_root))
     for note in plan.notes:
         log.debug(note)

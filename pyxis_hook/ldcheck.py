@@ -59,7 +59,8 @@ CUDART_PREFIX = "libcudart.so."
 @record
 class InjectedLib:
     """A driver library as the container gets it: `container_path` (the versioned file) and
-    `names`, every name it answers to in that directory (file, SONAME link, extra links)."""
+    `names`, every name it answers to in that directory (file, SONAME link, extra links);
+    `covered`: the image's own files the hook covers with it there (`plan.link_edit`)."""
 
     soname: str
     container_path: str
@@ -68,6 +69,7 @@ class InjectedLib:
     elfclass: int
     capability: str
     needed: tuple[str, ...] = ()
+    covered: tuple[str, ...] = ()
 
 
 @record
@@ -144,15 +146,29 @@ class LdcheckReport:
 
 def injected_libs(inventory, capabilities, facts) -> tuple[InjectedLib, ...]:
     """The libraries `inventory.select(capabilities)` puts into the container described by `facts`
-    (lib -> facts.lib_dir/name, lib32 -> facts.lib32_dir/name, as plan.build_plan places them)."""
+    (lib -> facts.lib_dir/name, lib32 -> facts.lib32_dir/name, as plan.build_plan places them).
+
+    Each link name answers with the host's file exactly when the hook's own
+    `plan.link_edit` makes it (a symlink, or a bind over the image's file);
+    a directory of the image there stays the image's.
+    """
+    from pyxis_hook.plan import MountEdit, link_edit
+
     out = []
     for f in inventory.select(capabilities, kinds=("lib", "lib32")):
         d = facts.lib_dir if f.kind == "lib" else facts.lib32_dir
         if not d or not f.soname:
             continue
-        names = tuple(dict.fromkeys([f.name, f.soname, *(link for link, _ in f.links)]))
-        out.append(InjectedLib(f.soname, f"{d}/{f.name}", names, f.host_path,
-                               f.elfclass or (64 if f.kind == "lib" else 32), f.capability, tuple(f.needed)))
+        names, covered = [f.name], []
+        for link, target in f.links:
+            edit, _note = link_edit(f"{d}/{link}", target, f, facts)
+            if edit is not None:
+                names.append(link)
+            if isinstance(edit, MountEdit):
+                covered.append(edit.container_path)
+        out.append(InjectedLib(f.soname, f"{d}/{f.name}", tuple(dict.fromkeys(names)), f.host_path,
+                               f.elfclass or (64 if f.kind == "lib" else 32), f.capability, tuple(f.needed),
+                               tuple(covered)))
     return tuple(out)
 
 
@@ -497,6 +513,16 @@ def library_findings(rootfs: str, res: Resolution, driver_version: str | None, f
     return out
 
 
+def covered_findings(lib: InjectedLib) -> list[Finding]:
+    """The image's own files at `lib`'s link paths, which the hook covers with the host's file."""
+    return [Finding(
+        "warning", "image-file-covered",
+        f"{path} is the image's own file; the hook covers it with the host's {lib.host_path}",
+        "the user-space driver must match the host's kernel module: the image's copy (often of another "
+        "driver version) would fail with 'Driver/library version mismatch'",
+        f"delete {path} from the image (the hook injects the host's driver)") for path in lib.covered]
+
+
 def missing_dep_findings(rootfs: str, deps, setups: Mapping[int, SearchSetup],
                          virtual: Mapping[tuple[str, str], InjectedLib]) -> list[Finding]:
     """Non-driver DT_NEEDED of injected libraries (GLX's libX11.so.6) that the image lacks."""
@@ -755,7 +781,7 @@ def check_image(rootfs: str, env: Mapping[str, str], inventory, config, *, capab
             findings.append(Finding("error", "no-driver", e, "there is no driver library to inject or check",
                                     "run `pyxis-hook doctor` on the host"))
     if facts is None:
-        facts = container_facts(rootfs)
+        facts = container_facts(rootfs, files=inventory.select(caps))
     libs = injected_libs(inventory, caps, facts)
     if "compat32" in caps and not facts.lib32_dir and any(f.kind == "lib32" for f in inventory.files):
         findings.append(Finding("warning", "no-lib32-dir", "the image has no 32-bit library directory",
@@ -784,6 +810,7 @@ def check_image(rootfs: str, env: Mapping[str, str], inventory, config, *, capab
 
     results = []
     for lib in libs:
+        findings.extend(covered_findings(lib))
         res = resolve_soname(rootfs, lib.soname, setups[lib.elfclass], virtual)
         results.append(res)
         findings.extend(library_findings(rootfs, res, inventory.driver_version, facts, config, hook_compat))

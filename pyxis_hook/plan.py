@@ -52,6 +52,9 @@ class MountEdit:
     options: tuple[str, ...] = LIB_OPTIONS
     capability: str = ""
     why: str = ""
+    #: a bind over a file of the image (`link_edit`): the warning that names it, which apply logs
+    #: when it mounts; "" for every other bind
+    covers: str = ""
 
 
 @record
@@ -123,6 +126,9 @@ class ContainerFacts:
     compat_libs: tuple[tuple[str, str, int], ...] = ()
     #: why COMPAT_DIR cannot be indexed without ldconfig ("" when it can): merge then runs ldconfig
     compat_problem: str = ""
+    #: what the image holds at the paths of the injected libraries' links (`link_paths`), when it is
+    #: neither nothing nor a symlink: (container path, "regular file" | "directory" | "special file")
+    link_occupants: tuple[tuple[str, str], ...] = ()
 
 
 @record
@@ -198,6 +204,45 @@ def _mount_for(f: "DriverFile", facts: ContainerFacts) -> MountEdit | None:
         return MountEdit(f.host_path, f.path, kind, IPC_OPTIONS, f.capability, f.source)
     # firmware and ICD files keep their path
     return MountEdit(f.host_path, f.path, "file", LIB_OPTIONS, f.capability, f.source)
+
+
+def _lib_dir(f: "DriverFile", facts: ContainerFacts) -> str:
+    """The container dir a library lands in ("" for a 32-bit one in an image without a 32-bit dir)."""
+    return facts.lib_dir if f.kind == "lib" else facts.lib32_dir if f.kind == "lib32" else ""
+
+
+def link_paths(files: "Iterable[DriverFile]", facts: ContainerFacts) -> tuple[str, ...]:
+    """The container paths of the links `build_plan` makes next to `files`: what the facts must look at."""
+    return tuple(f"{d}/{link}" for f in files if (d := _lib_dir(f, facts)) for link, _ in f.links)
+
+
+def link_edit(path: str, target: str, f: "DriverFile",
+              facts: ContainerFacts) -> tuple[SymlinkEdit | MountEdit | None, str]:
+    """How the host's library `f` answers at `path` (its SONAME, `.so` or extra link), and a note.
+
+    The one decision `build_plan` and `ldcheck` share.  The user-space
+    driver must match the host's kernel module, so an image's own file at
+    a driver library's link path (a `COPY` of another host's libraries, an
+    unpacked runfile) is never right on this host: the host's file must
+    win there, or NVML and CUDA fail with "Driver/library version
+    mismatch".  Nothing there, or a symlink of the image: our symlink
+    (replacing the image's).  A file of the image (`facts.link_occupants`):
+    a read-only bind of the host's file over it, which reads, writes and
+    follows nothing of the image, with a warning naming it.  A directory:
+    nothing can go there (None), said in a warning.  Only the driver's
+    own link names in the injection dir are decided here: the image's CUDA
+    toolkit libraries and its COMPAT_DIR are never touched.
+    """
+    occupant = dict(facts.link_occupants).get(path)
+    if occupant is None:
+        return SymlinkEdit(path, target), ""
+    if occupant == "directory":
+        return None, (f"warning: {path}: a directory of the image is there: the host's {f.name} "
+                      "cannot be linked there (skipped)")
+    note = (f"{path}: the image's own {occupant} is covered by the host's {f.host_path} "
+            "(a driver library must match the host's kernel module)")
+    return MountEdit(f.host_path, path, "file", LIB_OPTIONS, f.capability, f.source, covers=note), \
+        "warning: " + note
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -360,7 +405,14 @@ def build_plan(request: "Request", inventory: "Inventory", facts: ContainerFacts
         if f.kind in ("lib", "lib32"):
             d = os.path.dirname(m.container_path)
             for link, target in f.links:
-                symlinks.append(SymlinkEdit(f"{d}/{link}", target))
+                edit, note = link_edit(f"{d}/{link}", target, f, facts)
+                if note:
+                    notes.append(note)
+                if isinstance(edit, SymlinkEdit):
+                    symlinks.append(edit)
+                elif edit is not None and edit.container_path not in seen_targets:
+                    seen_targets.add(edit.container_path)
+                    mounts.append(edit)
             if f.soname:
                 cache_libs.append((d, f, f.soname))
     if request.mode == "none":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -324,6 +325,49 @@ def test_symlink_over_an_image_file_is_left_alone(world):
     assert any(f"symlink {LIBDIR}/libcuda.so not created: a file of the image is there" in m for m in res.messages)
     assert not stub.is_symlink() and stub.read_text() == "stub from the image\n"
     assert f"{LIBDIR}/libcuda.so.535.104.05" in res.mounted
+
+
+def test_cover_bind_over_an_image_file_warns_once(world, mount_api, monkeypatch):
+    """The plan's bind over the image's own libnvidia-ml.so.1: the container reads the host's file, the image's
+    file is never written, one warning is logged; a second hook run neither stacks the mount nor warns again."""
+    host, root, pid = world
+    image_copy = root / LIBDIR.lstrip("/") / "libnvidia-ml.so.1"
+    image_copy.write_bytes(b"another driver's NVML\n")
+    warned = []
+    monkeypatch.setattr(log, "warning", warned.append)
+    src = str(host / "lib/libnvidia-ml.so.535.104.05")
+    note = f"{LIBDIR}/libnvidia-ml.so.1: the image's own regular file is covered by the host's {src}"
+    plan = Plan(rootfs=str(root), mounts=(MountEdit(src, f"{LIBDIR}/libnvidia-ml.so.1", covers=note),))
+    res = apply_plan(plan, pid)
+    assert res.mounted == (f"{LIBDIR}/libnvidia-ml.so.1",)
+    assert warned == [note] and "warning: " + note in res.messages
+    r = _inside(pid, "cmp", str(image_copy), src)
+    assert r.returncode == 0, r.stderr
+    assert image_copy.read_bytes() == b"another driver's NVML\n"  # the host's view: the image's file as it was
+    assert "Read-only file system" in _inside(pid, "sh", "-c", f"echo x >> {image_copy}").stderr
+    res = apply_plan(plan, pid)
+    assert res.mounted == () and warned == [note]
+    assert any("not mounted again" in m for m in res.messages)
+
+
+def test_ldconfig_does_not_repoint_the_plans_links(world, mount_api):
+    """glibc's ldconfig points a SONAME link at the newest file of that SONAME in the dir: an image's own copy of
+    a newer driver there must not take the link the plan made to the host's library."""
+    host, root, pid = world
+    d = root / LIBDIR.lstrip("/")
+    newer = build_lib(host / "image", "libnvidia-ml.so.1", filename="libnvidia-ml.so.999.1.1")
+    shutil.copyfile(newer, d / newer.name)
+    (d / "libnvidia-ml.so.1").symlink_to(newer.name)  # the image's own link to its copy
+    plan = Plan(rootfs=str(root),
+                mounts=(MountEdit(str(host / "lib/libnvidia-ml.so.535.104.05"), f"{LIBDIR}/libnvidia-ml.so.535.104.05"),),
+                symlinks=(SymlinkEdit(f"{LIBDIR}/libnvidia-ml.so.1", "libnvidia-ml.so.535.104.05"),),
+                ldcache=LdcacheUpdate("ldconfig", "/sbin/ldconfig", (LIBDIR,)))
+    res = apply_plan(plan, pid)
+    assert os.readlink(d / "libnvidia-ml.so.1") == "libnvidia-ml.so.535.104.05"
+    assert any("ldconfig pointed it elsewhere" in m for m in res.messages), res.messages
+    out = _inside(pid, "ldconfig", "-p", "-C", str(root / "etc/ld.so.cache")).stdout
+    assert f"libnvidia-ml.so.1 (libc6,x86-64) => {LIBDIR}/libnvidia-ml.so.1" in out
+    assert (d / newer.name).read_bytes() == newer.read_bytes()
 
 
 def test_proc_driver_view(world, mount_api):

@@ -166,6 +166,25 @@ def test_bundled_libnvidia_ml_shadows_the_host_one(host, image):
     assert "version mismatch" in f.why
 
 
+def test_image_copy_at_the_soname_path_is_covered_by_the_host_file(host, image):
+    """A regular libnvidia-ml.so.1 of the image in the injection dir, in its cache (via /lib -> usr/lib): the hook
+    binds the host's file over it (plan.link_edit), so it resolves to the host's file, with a warning naming it.
+    A directory at libcuda.so.1 cannot be covered: the loader meets the image's directory."""
+    put_lib(image, LIBDIR, "libnvidia-ml.so.1")
+    (image / LIBDIR / "libcuda.so.1").mkdir()
+    subprocess.run(["ldconfig", "-r", str(image)], check=True)
+    r = check(host, image)
+    nvml = next(x for x in r.libraries if x.soname == "libnvidia-ml.so.1")
+    assert nvml.outcome == "host" and nvml.injected == f"/{LIBDIR}/libnvidia-ml.so.{VERSION}"
+    f = only(r, "image-file-covered")
+    assert f.severity == "warning"
+    assert f.what.startswith(f"/{LIBDIR}/libnvidia-ml.so.1 is the image's own file; the hook covers it with "
+                             "the host's ")
+    assert f.fix.startswith(f"delete /{LIBDIR}/libnvidia-ml.so.1 from the image")
+    cuda = next(x for x in r.libraries if x.soname == "libcuda.so.1")
+    assert cuda.outcome != "host"
+
+
 def test_ld_library_path_tokens_expand_like_ld_so(host, image):
     put_lib(image, "opt/lib/x86_64-linux-gnu", "libnvidia-ml.so.1")
     r = check(host, image, {"LD_LIBRARY_PATH": "/opt/$LIB:$ORIGIN/../lib"})

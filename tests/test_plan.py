@@ -256,3 +256,39 @@ def test_each_request_warning_is_one_note(world):
     _, plan = _plan(world, {"NVIDIA_VISIBLE_DEVICES": "0", "CUDA_VISIBLE_DEVICES": "7,9"})
     warnings = [n for n in plan.notes if n.startswith("warning: ")]
     assert warnings and len(warnings) == len(set(warnings))
+
+
+def test_image_files_at_link_paths_are_covered_with_the_hosts_file(world, tmp_path):
+    """The image's own file where a driver library's SONAME link goes (a COPY of another host's libraries,
+    here through a symlinked lib dir): a read-only bind of the host's file over it and a warning naming it;
+    a directory there cannot be covered: skipped, said.  Every other link is made as usual."""
+    from pyxis_hook.commands.plan import to_json
+    from pyxis_hook.plan import LIB_OPTIONS, MountEdit
+
+    base, tree, cfg, inv = world
+    lib = "/usr/lib/x86_64-linux-gnu"
+    bundle = make_bundle(tmp_path / "b", env=("NVIDIA_VISIBLE_DEVICES=0",))
+    root = tmp_path / "b/rootfs"
+    for d in ("etc", "opt/multiarch", "usr/lib"):
+        (root / d).mkdir(parents=True)
+    (root / "etc/debian_version").write_text("12\n")
+    (root / lib.lstrip("/")).symlink_to("/opt/multiarch")
+    (root / "opt/multiarch/libnvidia-ml.so.1").write_bytes(b"the image's copy")
+    (root / "opt/multiarch/libcuda.so.1").mkdir()
+    prepared = prepare(cfg, oci.load_bundle(str(bundle)))
+    plan = prepared.plan
+    nvml = next(f for f in inv.files if f.kind == "lib" and f.soname == "libnvidia-ml.so.1")
+    note = (f"{lib}/libnvidia-ml.so.1: the image's own regular file is covered by the host's {nvml.host_path} "
+            "(a driver library must match the host's kernel module)")
+    covers = [m for m in plan.mounts if m.covers]
+    assert covers == [MountEdit(nvml.host_path, f"{lib}/libnvidia-ml.so.1", "file", LIB_OPTIONS, nvml.capability,
+                                nvml.source, covers=note)]
+    links = {s.container_path for s in plan.symlinks}
+    assert f"{lib}/libnvidia-ml.so.1" not in links and f"{lib}/libcuda.so.1" not in links
+    assert f"{lib}/libcuda.so.1" not in {m.container_path for m in plan.mounts}
+    assert f"{lib}/libnvidia-ptxjitcompiler.so.1" in links
+    warnings = [n for n in plan.notes if n.startswith("warning: ")]
+    assert ("warning: " + note) in warnings
+    assert any(n.startswith(f"warning: {lib}/libcuda.so.1: a directory of the image is there") for n in warnings)
+    assert not plan.problems
+    validate(to_json(prepared), "plan.schema.json")

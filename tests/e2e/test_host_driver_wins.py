@@ -1,0 +1,129 @@
+"""An image's own copy of a driver library at its SONAME path: the container still loads the host's file.
+
+The host runs the real 535 driver.  The image carries another real driver
+line's `libnvidia-ml` and `libcuda` in its lib dir, its ld.so.cache built
+by glibc's ldconfig over them, two ways: tesla-470's files as regular files
+at the SONAME paths (what a `COPY` of another host's libraries leaves; the
+image's cache names them through its `/lib -> usr/lib` link), and 550's
+versioned files with SONAME links to them (a newer line: glibc's ldconfig
+would point the links back at them).  `ldcheck --bundle` is asked before
+the start; inside, a program dlopens both by SONAME and prints the files it
+mapped (`/proc/self/maps`: device and inode), which must be the host's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from e2e.conftest import bundle_for, make_host, mount_table, run_container
+from fixtures.cli import run_cli
+from fixtures.realdriver import TRIPLET_DIR, driver_version, require_driver_root
+from fixtures.synth import build_exe
+from pyxis_hook.rootfs import resolve_in_root
+
+pytestmark = [pytest.mark.e2e, pytest.mark.root, pytest.mark.slow, pytest.mark.realdriver]
+
+RUNTIMES = [r for r in ("runc", "crun") if shutil.which(r)]
+LIBDIR = "/usr/lib/x86_64-linux-gnu"
+STEMS = ("libnvidia-ml.so", "libcuda.so")
+
+MAPS_C = r"""
+#include <dlfcn.h>
+#include <stdio.h>
+#include <string.h>
+int main(void) {
+    void *cuda = dlopen("libcuda.so.1", RTLD_NOW);
+    void *nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+    if (!cuda || !nvml) { printf("dlopen: %s\n", dlerror()); return 1; }
+    int (*ver)(int *) = (int (*)(int *))dlsym(cuda, "cuDriverGetVersion");
+    int v = -1;
+    if (ver) ver(&v);
+    printf("cuDriverGetVersion=%d\n", v);
+    FILE *f = fopen("/proc/self/maps", "r");
+    char line[4096], dev[32], path[4096];
+    unsigned long ino;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "%*s %*s %*s %31s %lu %4095s", dev, &ino, path) == 3
+                && (strstr(path, "libcuda") || strstr(path, "libnvidia-ml")))
+            printf("map %s %lu %s\n", dev, ino, path);
+    return 0;
+}
+"""
+
+
+def _image_with_copies(bundle, line: str, occupant: str) -> dict[str, bytes]:
+    """Put `line`'s libraries into the image's lib dir; return {container path: bytes} of what was put there."""
+    tree = require_driver_root(line, "installer")
+    version = driver_version(line)
+    lib = bundle / "rootfs" / LIBDIR.lstrip("/")
+    put = {}
+    for stem in STEMS:
+        src = tree / TRIPLET_DIR / f"{stem}.{version}"
+        soname = f"{stem}.1"
+        if occupant == "file":  # a regular file at the SONAME path
+            shutil.copyfile(src, lib / soname)
+            put[f"{LIBDIR}/{soname}"] = src.read_bytes()
+        else:  # the versioned file and the image's SONAME link to it
+            shutil.copyfile(src, lib / src.name)
+            (lib / soname).symlink_to(src.name)
+            put[f"{LIBDIR}/{src.name}"] = src.read_bytes()
+    subprocess.run(["ldconfig", "-r", str(bundle / "rootfs")], check=True, capture_output=True)
+    return put
+
+
+def _mapped(out: str) -> dict[str, set[int]]:
+    """stem -> inodes of the files the process mapped for it."""
+    got: dict[str, set[int]] = {stem: set() for stem in STEMS}
+    for dev, ino, path in re.findall(r"^map (\S+) (\d+) (\S+)$", out, re.M):
+        for stem in STEMS:
+            if os.path.basename(path).startswith(stem):
+                got[stem].add(int(ino))
+    return got
+
+
+@pytest.mark.parametrize("occupant, line", [("file", "470"), ("symlink", "550")])
+@pytest.mark.parametrize("ldcache", ["merge", "ldconfig"])
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_container_loads_the_host_driver_not_the_images_copy(tmp_path, runtime, ldcache, occupant, line):
+    root = require_driver_root("535", "debian")
+    host = make_host(tmp_path, driver_root=root)
+    host.write_conf(ldcache=ldcache)
+    version = driver_version("535")
+    with open(os.path.join(host.proc_root, "driver/nvidia/version"), "w") as f:
+        f.write(f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {version}  Thu Jan  1 00:00:00 UTC 2026\n")
+    bundle = bundle_for(tmp_path, host, ("NVIDIA_VISIBLE_DEVICES=0",), "/usr/bin/mapstest")
+    build_exe(bundle / "rootfs/usr/bin", "mapstest", source=MAPS_C)
+    put = _image_with_copies(bundle, line, occupant)
+    # the host's files: the driver root's SONAME links, followed inside it (Debian's alternatives)
+    host_ino = {stem: os.stat(resolve_in_root(str(root), f"{LIBDIR}/{stem}.1")).st_ino for stem in STEMS}
+
+    # ldcheck, before the start, says where each SONAME resolves and what the hook covers
+    r = run_cli("ldcheck", "--bundle", str(bundle), "--json", conf=host.conf)
+    assert r.returncode in (0, 1) and "Traceback" not in r.stderr, r.stderr
+    report = json.loads(r.stdout)
+    libs = {x["soname"]: x for x in report["libraries"]}
+    covered = sorted(f["what"].split(" ", 1)[0] for f in report["findings"] if f["code"] == "image-file-covered")
+    for stem in STEMS:
+        res = libs[f"{stem}.1"]
+        assert res["outcome"] == "host" and res["is_host_file"], res
+        assert res["injected"] == f"{LIBDIR}/{stem}.{version}"
+    assert covered == (sorted(put) if occupant == "file" else [])
+
+    out = run_container(runtime, bundle, f"pyxis-wins-{os.getpid()}-{tmp_path.name[-12:]}")
+    assert not [m for m in mount_table() if str(tmp_path) in m], "a mount leaked onto the host"
+    assert out.rc == 0, out.stderr + out.stdout
+    assert "cuDriverGetVersion=12020" in out.stdout, out.stdout  # 535's libcuda, not 470's 11040 or 550's 12040
+    assert _mapped(out.stdout) == {stem: {host_ino[stem]} for stem in STEMS}, (out.stdout, host_ino)
+
+    # one warning line per covered file; the image's own files are left as they were
+    log = (tmp_path / "hook.log").read_text()
+    for path in put:
+        warned = [x for x in log.splitlines() if re.search(rf"\] warning: {re.escape(path)}: ", x)]
+        assert len(warned) == (1 if occupant == "file" else 0), log
+        assert (bundle / "rootfs" / path.lstrip("/")).read_bytes() == put[path]

@@ -52,6 +52,7 @@ import os
 import struct
 
 from pyxis_hook import ldcache as L
+from pyxis_hook.cachefile import write_cache
 from pyxis_hook.errors import LdCacheError, PathError, PyxisHookError
 from pyxis_hook.record import record
 
@@ -478,40 +479,6 @@ def _check_soname_link(rfs, lib: InjectedLib) -> None:
         raise CannotMerge(f"{lib.dir}/{lib.soname} does not lead to {lib.name} (ldconfig would re-point it)")
 
 
-def write_cache(rfs, data: bytes) -> None:
-    """Write /etc/ld.so.cache~ through the /etc dir fd (O_CREAT|O_EXCL|O_NOFOLLOW), rename it over the cache."""
-    etc = rfs.open("/etc", os.O_PATH | os.O_DIRECTORY)
-    tmp = "ld.so.cache~"
-    try:
-        for attempt in (0, 1):
-            try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
-                             dir_fd=etc)
-                break
-            except FileExistsError:
-                if attempt:
-                    raise
-                os.unlink(tmp, dir_fd=etc)  # a leftover of an interrupted run (ldconfig truncates it too)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            if rfs.owner:
-                os.fchown(fd, *rfs.owner)
-            os.fchmod(fd, 0o644)
-        finally:
-            os.close(fd)
-        try:
-            os.rename(tmp, "ld.so.cache", src_dir_fd=etc, dst_dir_fd=etc)
-        except BaseException:
-            os.unlink(tmp, dir_fd=etc)
-            raise
-    except OSError as e:
-        raise LdCacheError(f"{CACHE} (in {rfs.path}): cannot write: {e.strerror}") from None
-    finally:
-        os.close(etc)
-
-
 def update_container_cache(rfs, libs: Sequence[InjectedLib]) -> str:
     """Merge `libs` into the rootfs's /etc/ld.so.cache; return a one-line summary for the log.
 
@@ -522,7 +489,7 @@ def update_container_cache(rfs, libs: Sequence[InjectedLib]) -> str:
     data, dirs, mapped = model_image(rfs, libs)
     result = merge_cache(data, dirs, mapped, CACHE)
     if result.added:
-        write_cache(rfs, result.data)
+        write_cache(rfs, result.data)  # cachefile: temp name + rename, the temp removed on any failure
     return (f"ld.so.cache: merged {len(result.added)} entries ({result.fmt} format"
             + (f", {len(result.present)} already listed" if result.present else "") + ")")
 

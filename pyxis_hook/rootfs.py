@@ -200,6 +200,10 @@ def _err(path: str, root: str, e: OSError | int, what: str = "") -> RootPathErro
         text = "too many levels of symbolic links, or a symlink where none is allowed"
     if err == errno.EXDEV:
         text = "crosses a magic link or leaves the root"
+    if err == errno.EAGAIN:  # only openat2 answers it, after kernel.openat2's retries
+        from pyxis_hook import kernel  # loaded: RootFS used openat2
+
+        text = kernel.BUSY
     return RootPathError(f"{what}{path} (in {root}): {text}", err)
 
 

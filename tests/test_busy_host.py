@@ -119,3 +119,23 @@ def test_a_race_that_never_ends_is_one_line(tmp_path, monkeypatch):
                             "retry the lookup (EAGAIN: mounts, unmounts or renames elsewhere on the host kept "
                             "racing its '..' steps)")
     assert calls == ["openat2"] * kernel.OPENAT2_TRIES
+
+
+def test_a_race_that_never_ends_leaves_the_ld_so_conf_unread(dotdot_image, monkeypatch):
+    """An include whose lookup stays EAGAIN is not "matched nothing": the tree is unread (the merge
+    then declines and ldconfig reads it), and a configured dir is not "missing"."""
+    real = kernel._call
+
+    def eagain_through_dotdot(name, *args):
+        if name == "openat2" and b".." in args[1].value:
+            ctypes.set_errno(errno.EAGAIN)
+            return -1
+        return real(name, *args)
+
+    with RootFS(str(dotdot_image), use_openat2=True) as rfs:
+        monkeypatch.setattr(kernel, "_call", eagain_through_dotdot)
+        conf = read_ld_so_conf(rfs.path, rfs=rfs)
+        assert conf.truncated and conf.unmatched_includes == ()
+        assert conf.problems == (f"/etc/ld.so.conf:2: /etc/.. (in {dotdot_image}): {kernel.BUSY}",)
+        with pytest.raises(RootPathError, match="kept racing"):
+            dirs_by_inode(rfs, ("/opt/a", "/usr/lib/../lib64"))

@@ -265,7 +265,7 @@ def _parse_extensions(r: _Reader, ext_off: int) -> tuple[str | None, tuple[int, 
     return generator, hwcaps
 
 
-def header_endian(r: _Reader, flags: int) -> str:
+def header_endian(flags: int, name: str = "<bytes>") -> str:
     """The byte order the new header's flags byte names: "little" or "big"; LdCacheError where glibc refuses.
 
     glibc (sysdeps/generic/dl-cache.h, cache_file_new_matches_endian) reads
@@ -281,15 +281,15 @@ def header_endian(r: _Reader, flags: int) -> str:
     if bits == ENDIAN_LITTLE or flags == 0:
         return "little"
     if bits == ENDIAN_INVALID:
-        raise r.fail("cache is marked as having invalid endianness")
-    raise r.fail(f"header flags {flags:#04x} name no byte order (glibc reads such a cache nowhere)")
+        raise LdCacheError(f"{name}: cache is marked as having invalid endianness")
+    raise LdCacheError(f"{name}: header flags {flags:#04x} name no byte order (glibc reads such a cache nowhere)")
 
 
 def _parse_new(r: _Reader, base: int) -> tuple[tuple[CacheEntry, ...], str | None, str]:
     data = r.data
     if len(data) < base + NEW_HEADER_SIZE:
         raise r.fail("truncated new-format header")
-    endian = header_endian(r, data[base + 28])
+    endian = header_endian(data[base + 28], r.name)
     if endian == "big":
         r.bo = ">"
     nlibs, _len_strings = r.u32s(base + 20, 2, "new-format header")

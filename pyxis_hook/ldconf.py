@@ -96,7 +96,11 @@ def read_ld_so_conf(root: str, conf: str = "/etc/ld.so.conf", *, rfs: "RootFS | 
 
 
 def dir_identity(where: Where, path: str) -> tuple[int, int] | None:
-    """(st_dev, st_ino) of the directory `path` inside the root, or None when it is not one we can reach."""
+    """(st_dev, st_ino) of the directory `path` inside the root, or None when it is not one we can reach.
+
+    A lookup the host kept racing (RootFS: EAGAIN after kernel.OPENAT2_TRIES) raises its PathError:
+    it says nothing about the directory.
+    """
     if isinstance(where, str):
         try:
             st = os.stat(resolve_in_root(where, path))

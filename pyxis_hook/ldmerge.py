@@ -282,7 +282,7 @@ def _merge_new(data: bytes, scan_dirs, libs, name: str) -> MergeResult:
     r = L._Reader(data, name)  # the bounds-checked reader ldcache uses
     if len(data) < L.NEW_HEADER_SIZE:
         raise CannotMerge(f"{name}: truncated new-format header")
-    if L.header_endian(r, data[28]) != "little":  # glibc's header rule; a refused header is a CannotMerge
+    if L.header_endian(data[28], name) != "little":  # glibc's header rule; a refused header is a CannotMerge
         raise CannotMerge(f"{name}: not a little-endian cache")
     n, _len_strings = r.u32s(20, 2, "new-format header")
     (ext_off,) = r.u32s(32, 1, "new-format header")

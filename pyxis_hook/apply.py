@@ -143,7 +143,7 @@ def _preload_ldcache_modules() -> None:
     An internal error there is logged with `log.frames`, which needs no
     module and reads no file.
     """
-    from pyxis_hook import confined, ldconf, ldmerge  # noqa: F401
+    from pyxis_hook import cachefile, confined, ldconf, ldmerge  # noqa: F401
 
 
 # ---------------------------------------------------------------- host side
@@ -671,10 +671,17 @@ def _ldcache(plan: Plan, rfs: RootFS, exe_fd, messages: list[str]) -> None:
 
 
 def _run_ldconfig(plan: Plan, rfs: RootFS, exe_fd: int, messages: list[str]) -> None:
-    from pyxis_hook import confined  # preloaded: a sys.modules lookup
+    from pyxis_hook import cachefile, confined  # preloaded: sys.modules lookups
 
     dirs = tuple(dict.fromkeys(plan.ldcache.lib_dirs))
-    warnings = confined.run_ldconfig(plan.rootfs, exe_fd, dirs, root_fd=rfs.fd, owner=rfs.owner)
+    try:
+        warnings = confined.run_ldconfig(plan.rootfs, exe_fd, dirs, root_fd=rfs.fd, owner=rfs.owner)
+    except BaseException:
+        # glibc's ldconfig exits on a failed write, chmod or rename and leaves its temp file
+        problem = cachefile.remove_temp(rfs)
+        if problem:
+            log.error(f"rollback: {problem}")
+        raise
     messages.append(f"ld.so.cache: ldconfig ran for {', '.join(dirs) or '(configured dirs)'}")
     for line in warnings.strip().splitlines()[-5:]:
         messages.append(f"ldconfig: {line}")

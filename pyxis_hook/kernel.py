@@ -191,14 +191,32 @@ class _OpenHow(ctypes.Structure):
     _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
 
 
+#: How often openat2 is tried when the kernel answers EAGAIN.  With RESOLVE_IN_ROOT (or BENEATH)
+#: every `..` step of the walk checks that no mount, unmount or rename happened anywhere on the
+#: system since the walk began (fs/namei.c, mount_lock and rename_lock), and returns EAGAIN if one
+#: did: "the caller may choose to retry" (openat2(2)).  On a node that starts containers that is
+#: routine (measured: 3% of opens through a `../..` link failed while another process mounted and
+#: unmounted a tmpfs in a loop), and a race that wins OPENAT2_TRIES times in a row is a host that
+#: never stops, so the error then says so.
+OPENAT2_TRIES = 64
+
+
 def openat2(dirfd: int, path: str, flags: int, mode: int = 0, resolve: int = 0) -> int:
-    """openat2(2); raises SyscallError (ENOSYS on kernels < 5.6)."""
+    """openat2(2), retried on EAGAIN (`OPENAT2_TRIES`); raises SyscallError (ENOSYS on kernels < 5.6)."""
     how = _OpenHow(flags | os.O_CLOEXEC, mode, resolve)
-    r = _call("openat2", ctypes.c_int(dirfd), ctypes.c_char_p(_path(path)), ctypes.byref(how),
-              ctypes.c_size_t(ctypes.sizeof(how)))
-    if r < 0:
-        raise _fail("open", path)
-    return r
+    arg_path = ctypes.c_char_p(_path(path))
+    for _ in range(OPENAT2_TRIES):
+        r = _call("openat2", ctypes.c_int(dirfd), arg_path, ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
+        if r >= 0:
+            return r
+        if ctypes.get_errno() != _errno.EAGAIN:
+            raise _fail("open", path)
+    raise SyscallError(f"open {path}: {BUSY}", _errno.EAGAIN)
+
+
+#: what an open that stayed EAGAIN says (RootFS names the path and root before it)
+BUSY = (f"the kernel asked {OPENAT2_TRIES} times in a row to retry the lookup (EAGAIN: mounts, unmounts or "
+        "renames elsewhere on the host kept racing its '..' steps)")
 
 
 def fsopen(fstype: str) -> int:

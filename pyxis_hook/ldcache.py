@@ -265,17 +265,33 @@ def _parse_extensions(r: _Reader, ext_off: int) -> tuple[str | None, tuple[int, 
     return generator, hwcaps
 
 
+def header_endian(flags: int, name: str = "<bytes>") -> str:
+    """The byte order the new header's flags byte names: "little" or "big"; LdCacheError where glibc refuses.
+
+    glibc (sysdeps/generic/dl-cache.h, cache_file_new_matches_endian) reads
+    a cache whose flags byte is 0 (written before the byte existed) or whose
+    endianness bits are its own; both ld.so and `ldconfig -p` refuse any
+    other ("Cache file has wrong endianness").  A big-endian cache is read
+    here all the same, for inspection; a non-zero byte with the bits unset,
+    or the bits set to "invalid", is read by no glibc at all.
+    """
+    bits = flags & 3
+    if bits == ENDIAN_BIG:
+        return "big"
+    if bits == ENDIAN_LITTLE or flags == 0:
+        return "little"
+    if bits == ENDIAN_INVALID:
+        raise LdCacheError(f"{name}: cache is marked as having invalid endianness")
+    raise LdCacheError(f"{name}: header flags {flags:#04x} name no byte order (glibc reads such a cache nowhere)")
+
+
 def _parse_new(r: _Reader, base: int) -> tuple[tuple[CacheEntry, ...], str | None, str]:
     data = r.data
     if len(data) < base + NEW_HEADER_SIZE:
         raise r.fail("truncated new-format header")
-    endian_flag = data[base + 28] & 3
-    if endian_flag == ENDIAN_BIG:
-        r.bo, endian = ">", "big"
-    elif endian_flag == ENDIAN_INVALID:
-        raise r.fail("cache is marked as having invalid endianness")
-    else:
-        endian = "little"
+    endian = header_endian(data[base + 28], r.name)
+    if endian == "big":
+        r.bo = ">"
     nlibs, _len_strings = r.u32s(base + 20, 2, "new-format header")
     (ext_off,) = r.u32s(base + 32, 1, "new-format header")
     if (len(data) - base - NEW_HEADER_SIZE) // NEW_ENTRY_SIZE < nlibs:

@@ -96,7 +96,11 @@ def read_ld_so_conf(root: str, conf: str = "/etc/ld.so.conf", *, rfs: "RootFS | 
 
 
 def dir_identity(where: Where, path: str) -> tuple[int, int] | None:
-    """(st_dev, st_ino) of the directory `path` inside the root, or None when it is not one we can reach."""
+    """(st_dev, st_ino) of the directory `path` inside the root, or None when it is not one we can reach.
+
+    A lookup the host kept racing (RootFS: EAGAIN after kernel.OPENAT2_TRIES) raises its PathError:
+    it says nothing about the directory.
+    """
     if isinstance(where, str):
         try:
             st = os.stat(resolve_in_root(where, path))
@@ -105,7 +109,9 @@ def dir_identity(where: Where, path: str) -> tuple[int, int] | None:
         return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
     try:
         fd = where.open(path, os.O_PATH | os.O_DIRECTORY)
-    except PathError:
+    except PathError as e:
+        if getattr(e, "errno", 0) == errno.EAGAIN:
+            raise  # the host kept racing the lookup (kernel.OPENAT2_TRIES): not "no such directory"
         return None
     try:
         st = os.fstat(fd)
@@ -207,7 +213,8 @@ class _RfsAccess:
         try:
             os.close(self.rfs.open(path or "/", flags))
             return True
-        except PathError:
+        except PathError as e:
+            _busy(e)
             return False
 
     def exists(self, path: str) -> bool:
@@ -219,7 +226,8 @@ class _RfsAccess:
     def listdir(self, path: str) -> list[str]:
         try:
             fd = self.rfs.open(path or "/", os.O_RDONLY | os.O_DIRECTORY)
-        except PathError:
+        except PathError as e:
+            _busy(e)
             return []
         try:
             return os.listdir(fd)
@@ -227,6 +235,13 @@ class _RfsAccess:
             return []
         finally:
             os.close(fd)
+
+
+def _busy(e: PathError) -> None:
+    """A lookup the host kept racing (EAGAIN after kernel.OPENAT2_TRIES) says nothing about the
+    image: the tree is unread (`truncated`), never an include that matched nothing."""
+    if getattr(e, "errno", 0) == errno.EAGAIN:
+        raise _Unreadable(str(e)) from None
 
 
 class _State:

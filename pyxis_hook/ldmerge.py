@@ -24,10 +24,15 @@ inserting the new entries where ldconfig would have put them:
 
 Anything that cannot be modelled exactly raises `CannotMerge` (the caller
 falls back to the confined ldconfig run and says so): no cache, an empty,
-old-format, big-endian or otherwise unknown cache, unknown extension
-sections, an injected directory ldconfig would not scan, a same-directory
-entry with other flags, equal entries from a directory outside the scan list
-or out of scan order, a compat SONAME link missing or pointing elsewhere.
+old-format, big-endian or otherwise unknown cache, a header glibc refuses
+(`ldcache.header_endian`: the merged file keeps the image's header, so it
+must be one glibc reads), unknown extension sections, a string outside the
+string table, a compat cache whose entries are not in ldconfig's order (its
+rewrite would sort them), an injected directory ldconfig would not scan, a
+same-directory entry with other flags, equal entries from a directory
+outside the scan list or out of scan order, a compat SONAME link missing or
+pointing elsewhere.  tests/oracles/test_ldmerge_property_oracle.py checks
+the result against `ldconfig -p` for any cache the merge accepts.
 
 The assumption made (and documented in bench/README.md): the image's cache
 is what ldconfig built for the image as it is, as after every package
@@ -47,6 +52,7 @@ import os
 import struct
 
 from pyxis_hook import ldcache as L
+from pyxis_hook.cachefile import write_cache
 from pyxis_hook.errors import LdCacheError, PathError, PyxisHookError
 from pyxis_hook.record import record
 
@@ -252,6 +258,8 @@ def merge_cache(data: bytes, scan_dirs: Sequence[str], libs: Iterable[InjectedLi
     if any(e.is_hwcaps and e.hwcap_name != e.loader_hwcap_name for e in cache.entries):
         raise CannotMerge(f"{name}: compat cache with glibc-hwcaps entries (glibc misreads their names)")
     entries = cache.entries
+    if any(L.entry_sort_key_cmp(a, b) > 0 for a, b in zip(entries, entries[1:])):
+        raise CannotMerge(f"{name}: entries are not in ldconfig's order (the rewrite would reorder them)")
     view = _View(len(entries), entries.__getitem__)
     inserts, present = _plan_inserts(view, scan_dirs, libs, name)
     if not inserts:
@@ -274,7 +282,7 @@ def _merge_new(data: bytes, scan_dirs, libs, name: str) -> MergeResult:
     r = L._Reader(data, name)  # the bounds-checked reader ldcache uses
     if len(data) < L.NEW_HEADER_SIZE:
         raise CannotMerge(f"{name}: truncated new-format header")
-    if data[28] & 3 not in (L.ENDIAN_UNSET, L.ENDIAN_LITTLE):
+    if L.header_endian(data[28], name) != "little":  # glibc's header rule; a refused header is a CannotMerge
         raise CannotMerge(f"{name}: not a little-endian cache")
     n, _len_strings = r.u32s(20, 2, "new-format header")
     (ext_off,) = r.u32s(32, 1, "new-format header")
@@ -345,6 +353,7 @@ def _merge_new(data: bytes, scan_dirs, libs, name: str) -> MergeResult:
         return off
 
     rows = list(struct.unpack_from(f"<{6 * n}I", data, L.NEW_HEADER_SIZE)) if n else []
+    _check_strings(data, rows[1::6] + rows[2::6] + list(hwcaps or ()), table_end, tail_start, name)
     rows[1::6] = [v + delta for v in rows[1::6]]
     rows[2::6] = [v + delta for v in rows[2::6]]
     out_rows: list[int] = []
@@ -372,6 +381,17 @@ def _merge_new(data: bytes, scan_dirs, libs, name: str) -> MergeResult:
     out = b"".join((bytes(header), struct.pack(f"<{len(out_rows)}I", *out_rows), blob, bytes(new_strings),
                     b"\0" * ((new_ext - strings_end) if ext_off else 0), bytes(tail)))
     return MergeResult(out, tuple(e for _, _, e in inserts), tuple(present), "new")
+
+
+def _check_strings(data: bytes, offsets: list[int], start: int, end: int, name: str) -> None:
+    """Every string (keys, values, glibc-hwcaps names) lies in the string table [start, end), NUL-ended.
+
+    ldconfig writes them nowhere else, and only strings there move by the
+    same amount when entries are inserted.  One search from the largest
+    offset proves every string ends before `end`.
+    """
+    if offsets and (min(offsets) < start or max(offsets) >= end or data.find(b"\0", max(offsets), end) < 0):
+        raise CannotMerge(f"{name}: a string lies outside the string table (ldconfig puts none there)")
 
 
 # ------------------------------------------------------------------ apply side
@@ -459,40 +479,6 @@ def _check_soname_link(rfs, lib: InjectedLib) -> None:
         raise CannotMerge(f"{lib.dir}/{lib.soname} does not lead to {lib.name} (ldconfig would re-point it)")
 
 
-def write_cache(rfs, data: bytes) -> None:
-    """Write /etc/ld.so.cache~ through the /etc dir fd (O_CREAT|O_EXCL|O_NOFOLLOW), rename it over the cache."""
-    etc = rfs.open("/etc", os.O_PATH | os.O_DIRECTORY)
-    tmp = "ld.so.cache~"
-    try:
-        for attempt in (0, 1):
-            try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
-                             dir_fd=etc)
-                break
-            except FileExistsError:
-                if attempt:
-                    raise
-                os.unlink(tmp, dir_fd=etc)  # a leftover of an interrupted run (ldconfig truncates it too)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            if rfs.owner:
-                os.fchown(fd, *rfs.owner)
-            os.fchmod(fd, 0o644)
-        finally:
-            os.close(fd)
-        try:
-            os.rename(tmp, "ld.so.cache", src_dir_fd=etc, dst_dir_fd=etc)
-        except BaseException:
-            os.unlink(tmp, dir_fd=etc)
-            raise
-    except OSError as e:
-        raise LdCacheError(f"{CACHE} (in {rfs.path}): cannot write: {e.strerror}") from None
-    finally:
-        os.close(etc)
-
-
 def update_container_cache(rfs, libs: Sequence[InjectedLib]) -> str:
     """Merge `libs` into the rootfs's /etc/ld.so.cache; return a one-line summary for the log.
 
@@ -503,7 +489,7 @@ def update_container_cache(rfs, libs: Sequence[InjectedLib]) -> str:
     data, dirs, mapped = model_image(rfs, libs)
     result = merge_cache(data, dirs, mapped, CACHE)
     if result.added:
-        write_cache(rfs, result.data)
+        write_cache(rfs, result.data)  # cachefile: temp name + rename, the temp removed on any failure
     return (f"ld.so.cache: merged {len(result.added)} entries ({result.fmt} format"
             + (f", {len(result.present)} already listed" if result.present else "") + ")")
 

@@ -200,6 +200,10 @@ def _err(path: str, root: str, e: OSError | int, what: str = "") -> RootPathErro
         text = "too many levels of symbolic links, or a symlink where none is allowed"
     if err == errno.EXDEV:
         text = "crosses a magic link or leaves the root"
+    if err == errno.EAGAIN:  # only openat2 answers it, after kernel.openat2's retries
+        from pyxis_hook import kernel  # loaded: RootFS used openat2
+
+        text = kernel.BUSY
     return RootPathError(f"{what}{path} (in {root}): {text}", err)
 
 
@@ -506,18 +510,25 @@ class RootFS:
         return e.fd
 
     def _create(self, parent: int, name: str, kind: str, mode: int, path: str) -> bool:
+        fd = None
         try:
             if kind == "dir":
                 os.mkdir(name, mode, dir_fd=parent)
             else:
                 fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
                              dir_fd=parent)
-                os.close(fd)
         except FileExistsError:
             return False
         except OSError as e:
             raise _err(path, self.path, e, "cannot create mount point ") from None
-        self._record(parent, name, kind, path)
+        try:
+            self._record(parent, name, kind, path)  # first: whatever fails next, rollback removes it
+        finally:
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError as e:
+                    raise _err(path, self.path, e, "cannot create mount point ") from None
         return True
 
     def _check_type(self, st: os.stat_result, kind: str, path: str) -> None:

@@ -199,6 +199,27 @@ def test_big_endian_cache_parses_but_ldconfig_refuses_to_print():
         L.parse_cache(_be_cache([], flag=L.ENDIAN_INVALID), "bad")
 
 
+@pytest.mark.parametrize("flags, endian", [(0, "little"), (2, "little"), (6, "little"), (0xFE, "little"),
+                                          (3, "big"), (7, "big")])
+def test_header_flags_glibc_reads(flags, endian):
+    """glibc reads a cache whose flags byte is 0 or whose low two bits name a byte order."""
+    data = bytearray(L.serialize_cache(SAMPLE, GEN, "new"))
+    data[28] = flags
+    if endian == "big":
+        data = _be_cache([(b"libx.so.1", b"/lib64/libx.so.1")], flag=flags)
+    assert L.parse_cache(bytes(data), "f.cache").endian == endian
+
+
+@pytest.mark.parametrize("fmt", ["new", "compat"])
+@pytest.mark.parametrize("flags", [4, 8, 0x10, 0x80, 0xFC, 1, 5])
+def test_header_flags_glibc_refuses_are_refused(fmt, flags):
+    """A non-zero flags byte whose endianness bits are unset (or 'invalid') is read by no glibc."""
+    data = bytearray(L.serialize_cache(SAMPLE, GEN, fmt))
+    data[data.find(L.CACHEMAGIC_VERSION_NEW) + 28] = flags
+    with pytest.raises(LdCacheError, match=f"^f.cache: .*(invalid endianness|flags {flags:#04x} name no byte order)"):
+        L.parse_cache(bytes(data), "f.cache")
+
+
 @pytest.mark.parametrize("mutate, message", [
     (lambda d: b"garbage" + d, "not an ld.so.cache file"),
     (lambda d: d[:30], "truncated new-format header"),

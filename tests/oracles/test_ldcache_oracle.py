@@ -145,6 +145,25 @@ def test_hundreds_of_libs(tmp_path, fmt):
     assert [e.key for e in L.sort_entries(shuffled)] == [e.key for e in c.entries]
 
 
+@pytest.mark.parametrize("fmt", ["new", "compat"])
+def test_header_flags_byte_accepted_exactly_as_ldconfig_accepts_it(tmp_path, fmt):
+    """Every value of the new header's flags byte: we print a cache exactly when `ldconfig -p` does."""
+    data = bytearray(L.serialize_cache(L.read_cache(make_cache(build_root(tmp_path / "root", m32=False), fmt)).entries,
+                                       "gen", fmt))
+    at = data.find(L.CACHEMAGIC_VERSION_NEW) + 28
+    cache_file = tmp_path / "flags.cache"
+    for flags in range(256):
+        data[at] = flags
+        cache_file.write_bytes(data)
+        glibc = subprocess.run([LDCONFIG, "-p", "-C", str(cache_file)], capture_output=True)
+        try:
+            ours = os.fsencode(L.format_ldconfig_p(L.read_cache(str(cache_file)), str(cache_file)))
+        except L.LdCacheError:
+            ours = None
+        assert (glibc.returncode == 0) == (ours is not None), flags
+        assert ours is None or ours == glibc.stdout, flags
+
+
 def test_merge_then_ldconfig_reads_it(tmp_path):
     """A merged cache (the `ldcache = "merge"` path) is one glibc's ldconfig prints like its own."""
     root = build_root(tmp_path / "root", m32=False)

@@ -1,0 +1,141 @@
+"""Lookups through `..` while the host mounts, unmounts or renames: no open, read or start fails.
+
+openat2(RESOLVE_IN_ROOT) answers EAGAIN when a mount, unmount or rename
+anywhere on the system races a `..` step ("the caller may choose to
+retry", openat2(2)); `kernel.openat2` retries, boundedly.  Images reach
+`..` all the time: a lib dir that is a relative link (`usr/lib64 ->
+../lib64`), an `include ../x` in ld.so.conf.  Each test shows that nothing
+the hook does fails or sees a different image while the storm runs, and
+that the storm was felt (a single openat2 call got EAGAIN); where it cannot
+be (no CPU free to run it alongside), the test is skipped.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from fixtures.storm import require_raced, storm
+from fixtures.synth import build_lib
+from pyxis_hook import kernel
+from pyxis_hook.apply import apply_plan
+from pyxis_hook.ldconf import dirs_by_inode, read_ld_so_conf
+from pyxis_hook.rootfs import RootFS, RootPathError
+from test_apply import _container
+from test_apply_writes import LIBDIR, plan_for
+
+KINDS = ["mount", "rename"]
+#: a path with a long walk before its last `..` steps: the one the storm check races
+DEEP = "usr/lib/x86_64-linux-gnu/../../../../etc/ld.so.conf"
+
+
+@pytest.fixture
+def dotdot_image(tmp_path) -> Path:
+    """An image whose paths cross `..`: its multiarch lib dir and conf dir are relative links, and
+    ld.so.conf includes `../opt/more/*.conf`."""
+    root = tmp_path / "image"
+    for d in ("etc", "usr/lib64", "usr/share/ldconf", "opt/more", "opt/a", "opt/b"):
+        (root / d).mkdir(parents=True)
+    (root / "usr/lib").mkdir()
+    os.symlink("../lib64", root / "usr/lib/x86_64-linux-gnu")
+    os.symlink("../usr/share/ldconf", root / "etc/ld.so.conf.d")
+    (root / "usr/share/ldconf/a.conf").write_text("/opt/a\n")
+    (root / "opt/more/b.conf").write_text("/opt/b\n")
+    (root / "etc/ld.so.conf").write_text(f"include /etc/ld.so.conf.d/*.conf\ninclude ../opt/more/*.conf\n{LIBDIR}\n")
+    build_lib(root / "usr/lib64", "libimage.so.1", filename="libimage.so.1.0")
+    subprocess.run(["ldconfig", "-r", str(root)], check=True)
+    return root
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("kind", KINDS)
+def test_open_through_dotdot_never_fails(tmp_path, dotdot_image, kind):
+    paths = ("usr/lib/x86_64-linux-gnu/libimage.so.1", "etc/../etc/ld.so.conf", "etc/ld.so.conf.d/a.conf", DEEP)
+    with RootFS(str(dotdot_image), use_openat2=True) as rfs, storm(kind, tmp_path / "storm"):
+        for _ in range(2500):
+            for p in paths:
+                os.close(rfs.open(p, os.O_RDONLY))
+        require_raced(rfs.fd, DEEP)
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("kind", KINDS)
+def test_ld_so_conf_reads_the_same_image_on_a_busy_host(tmp_path, dotdot_image, kind):
+    """The merge's model of the image (includes, dirs by inode) does not depend on the host's activity."""
+    with RootFS(str(dotdot_image), use_openat2=True) as rfs:
+        quiet = read_ld_so_conf(rfs.path, rfs=rfs)
+        assert quiet.dirs == ("/opt/a", "/opt/b", LIBDIR) and not quiet.truncated
+        ids = dirs_by_inode(rfs, quiet.dirs)
+        with storm(kind, tmp_path / "storm"):
+            for _ in range(200):
+                assert read_ld_so_conf(rfs.path, rfs=rfs) == quiet
+                assert dirs_by_inode(rfs, quiet.dirs) == ids
+            require_raced(rfs.fd, DEEP)
+
+
+@pytest.mark.root
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+def test_starts_on_a_busy_host(tmp_path, dotdot_image, kind):
+    """Container starts (binds, links, the cache merge) into an image whose lib dir is `../lib64`."""
+    host = tmp_path / "host"
+    for name, soname in (("libcuda.so.535.104.05", "libcuda.so.1"),
+                         ("libnvidia-ml.so.535.104.05", "libnvidia-ml.so.1")):
+        build_lib(host, soname, filename=name)
+    plan = plan_for(host, dotdot_image, "merge")
+    with storm(kind, tmp_path / "storm"):
+        for _ in range(20):
+            p = _container(dotdot_image)
+            try:
+                res = apply_plan(plan, p.pid)
+            finally:
+                p.kill()
+                p.wait()
+            assert any("ld.so.cache: merged" in m for m in res.messages), res.messages
+        with RootFS(str(dotdot_image)) as rfs:
+            require_raced(rfs.fd, DEEP)
+
+
+def test_a_race_that_never_ends_is_one_line(tmp_path, monkeypatch):
+    """After kernel.OPENAT2_TRIES answers of EAGAIN the error says why; it is not 'no such file'."""
+    calls = []
+
+    def always_eagain(name, *args):
+        calls.append(name)
+        ctypes.set_errno(errno.EAGAIN)
+        return -1
+
+    with RootFS(str(tmp_path), use_openat2=True) as rfs:
+        monkeypatch.setattr(kernel, "_call", always_eagain)
+        with pytest.raises(RootPathError) as e:
+            rfs.open("a/../b", os.O_RDONLY)
+    assert e.value.errno == errno.EAGAIN
+    assert str(e.value) == (f"a/../b (in {tmp_path}): the kernel asked {kernel.OPENAT2_TRIES} times in a row to "
+                            "retry the lookup (EAGAIN: mounts, unmounts or renames elsewhere on the host kept "
+                            "racing its '..' steps)")
+    assert calls == ["openat2"] * kernel.OPENAT2_TRIES
+
+
+def test_a_race_that_never_ends_leaves_the_ld_so_conf_unread(dotdot_image, monkeypatch):
+    """An include whose lookup stays EAGAIN is not "matched nothing": the tree is unread (the merge
+    then declines and ldconfig reads it), and a configured dir is not "missing"."""
+    real = kernel._call
+
+    def eagain_through_dotdot(name, *args):
+        if name == "openat2" and b".." in args[1].value:
+            ctypes.set_errno(errno.EAGAIN)
+            return -1
+        return real(name, *args)
+
+    with RootFS(str(dotdot_image), use_openat2=True) as rfs:
+        monkeypatch.setattr(kernel, "_call", eagain_through_dotdot)
+        conf = read_ld_so_conf(rfs.path, rfs=rfs)
+        assert conf.truncated and conf.unmatched_includes == ()
+        assert conf.problems == (f"/etc/ld.so.conf:2: /etc/.. (in {dotdot_image}): {kernel.BUSY}",)
+        with pytest.raises(RootPathError, match="kept racing"):
+            dirs_by_inode(rfs, ("/opt/a", "/usr/lib/../lib64"))

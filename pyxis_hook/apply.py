@@ -650,16 +650,18 @@ def _ldcache(plan: Plan, rfs: RootFS, exe_fd, messages: list[str]) -> None:
         messages.append(f"ld.so.cache: {plan.rootfs} is read-only; cache not updated")
         return
     # preloaded by apply_plan: sys.modules lookups, no file is read in this namespace
-    from pyxis_hook import confined, ldmerge
+    from pyxis_hook import confined, ldconf, ldmerge
 
     if mode == "merge":
         try:
+            # reads the image's ld.so.conf first: UnsafeLoaderConfig (not a CannotMerge) refuses the start
             messages.append(ldmerge.update_container_cache(rfs, ldmerge.libs_from_plan(plan.ldcache)))
             return
         except ldmerge.CannotMerge as e:
             messages.append(f"ld.so.cache: merge cannot model this image ({e}); running ldconfig instead")
             if exe_fd is None:
                 raise ApplyError(f"ld.so.cache: cannot merge ({e}) and no host ldconfig to fall back to") from None
+            ldconf.require_safe(rfs)
             # exe_fd is the host binary opened O_RDONLY on the host: copy it now, from the fd
             exe_fd = confined.sealed_copy_from_fd(exe_fd, plan.ldcache.ldconfig)
             try:
@@ -667,6 +669,9 @@ def _ldcache(plan: Plan, rfs: RootFS, exe_fd, messages: list[str]) -> None:
             finally:
                 os.close(exe_fd)
             return
+    # the same reader as the merge's, first: glibc's ldconfig would block on a FIFO, open a
+    # device as root or recurse through an include loop until its limits killed it
+    ldconf.require_safe(rfs)
     _run_ldconfig(plan, rfs, exe_fd, messages)
 
 

@@ -18,7 +18,9 @@ CVE-2025-23267 / CVE-2024-0136 class):
   ld.so.conf reaches nothing of the host), sets rlimits, drops capabilities
   (below), drops to the rootfs owner when that is not root, sets
   PR_SET_NO_NEW_PRIVS and execs with an empty environment.  All of that
-  happens in namespaces nothing else shares.
+  happens in namespaces nothing else shares.  The rootfs it chroots into is
+  a nodev copy of the rootfs's mounts (`_nodev_view`), so no device node of
+  the image can be opened by it, whatever its configuration names.
 - ldconfig parses what the image controls (every library's ELF headers,
   ld.so.conf and its includes) as root, so a parser bug must not hand over
   root's full power.  Once the privileged setup is done (unshare, chroot,
@@ -301,6 +303,10 @@ def _runner(rootfs, root_fd, exe_fd, argv, owner, errw, devnull) -> None:  # pra
     st = os.fstat(root_fd)
     if (st.st_dev, st.st_ino) != (expect.st_dev, expect.st_ino):
         raise ApplyError(f"{rootfs}: changed while preparing ldconfig")
+    root_fd = _nodev_view(rootfs, root_fd)
+    st = os.fstat(root_fd)
+    if (st.st_dev, st.st_ino) != (expect.st_dev, expect.st_ino):
+        raise ApplyError(f"{rootfs}: changed while preparing ldconfig")
     child = os.fork()
     if child == 0:
         try:
@@ -321,6 +327,75 @@ def _runner(rootfs, root_fd, exe_fd, argv, owner, errw, devnull) -> None:  # pra
         os.write(2, f"ldconfig killed by signal {os.WTERMSIG(wstatus)}\n".encode())
         os._exit(128 + os.WTERMSIG(wstatus))
     os._exit(os.WEXITSTATUS(wstatus))
+
+
+#: statvfs flags a bind remount must repeat (it resets the per-mount flags it is not given)
+_KEPT_FLAGS = ((os.ST_RDONLY, kernel.MS_RDONLY), (os.ST_NOSUID, kernel.MS_NOSUID), (os.ST_NOEXEC, kernel.MS_NOEXEC),
+               (os.ST_NOATIME, kernel.MS_NOATIME), (os.ST_NODIRATIME, kernel.MS_NODIRATIME),
+               (os.ST_RELATIME, kernel.MS_RELATIME))
+
+
+def _nodev_view(rootfs: str, root_fd: int) -> int:  # pragma: no cover - child
+    """Mount a nodev copy of the rootfs and every mount under it over the rootfs; return an fd of it.
+
+    In the runner's private mount namespace only: ldconfig then cannot open
+    any device node of the image (the kernel answers EACCES), whatever a
+    configuration file, a library dir or a link names.  The hook runs in the
+    host's device cgroup, where the container's device rules do not apply:
+    without this a `/dev/zero` or a watchdog node under a conf.d name would
+    be opened by root.  New mount API: one recursive clone with nodev set on
+    all of it; older kernels: a recursive bind, then a bind remount of each
+    mount under it that repeats the flags it had.
+    """
+    if kernel.have_new_mount_api():
+        tree = kernel.open_tree(root_fd, "", kernel.OPEN_TREE_CLONE | kernel.OPEN_TREE_CLOEXEC | kernel.AT_EMPTY_PATH
+                                | kernel.AT_RECURSIVE, what=f"{rootfs} (nodev view)")
+        kernel.mount_setattr(tree, "", kernel.AT_EMPTY_PATH | kernel.AT_RECURSIVE, kernel.MOUNT_ATTR_NODEV,
+                             what=f"{rootfs} (nodev view)")
+        kernel.move_mount(tree, "", root_fd, "", kernel.MOVE_MOUNT_F_EMPTY_PATH | kernel.MOVE_MOUNT_T_EMPTY_PATH,
+                          what=f"{rootfs} (nodev view)")
+        os.close(root_fd)
+        return tree
+    kernel.mount(kernel.proc_fd_path(root_fd), rootfs, None, kernel.MS_BIND | kernel.MS_REC,
+                 what=f"{rootfs} (nodev view)")
+    os.close(root_fd)
+    for point in _mount_points_under(os.path.realpath(rootfs)):
+        flags = kernel.MS_REMOUNT | kernel.MS_BIND | kernel.MS_NODEV
+        have = os.statvfs(point).f_flag
+        for st_flag, ms_flag in _KEPT_FLAGS:
+            if have & st_flag:
+                flags |= ms_flag
+        kernel.mount(None, point, None, flags, what=f"{point} (nodev view)")
+    return os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+
+
+def _mount_points_under(root: str) -> list[str]:  # pragma: no cover - child
+    """Mount points at or below `root` in this namespace, parents first, each once (/proc/self/mountinfo)."""
+    with open("/proc/self/mountinfo", "rb") as f:
+        lines = f.read().splitlines()
+    out: list[str] = []
+    for line in lines:
+        fields = line.split(b" ")
+        if len(fields) < 5:
+            continue
+        point = _unescape(fields[4])
+        if (point == root or point.startswith(root.rstrip("/") + "/")) and point not in out:
+            out.append(point)
+    return out
+
+
+def _unescape(field: bytes) -> str:
+    """A mountinfo path: the kernel writes space, tab, newline and backslash as \\ooo octal."""
+    out = bytearray()
+    i = 0
+    while i < len(field):
+        if field[i] == 0x5C and i + 3 < len(field) and field[i + 1:i + 4].isdigit():
+            out.append(int(field[i + 1:i + 4], 8))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return os.fsdecode(bytes(out))
 
 
 def _drop_bounding_and_ambient(keep: int) -> None:  # pragma: no cover - child

@@ -682,6 +682,16 @@ def loader_setup_findings(rootfs: str, image_cache, cache_problem: str | None,
                            "setup it cannot read", "add /etc/ld.so.conf (include /etc/ld.so.conf.d/*.conf)"))
     else:
         conf = read_ld_so_conf(rootfs)
+        if conf.unsafe:
+            out.append(Finding("error", "ld-so-conf-refused", conf.problems[0],
+                               "glibc's ldconfig would block, spin or open a device on this configuration, so "
+                               "the hook refuses to start the container rather than run it",
+                               "make /etc/ld.so.conf and the files it includes regular files, with no include "
+                               "loop"))
+        elif conf.truncated:
+            out.append(Finding("warning", "ld-so-conf-unreadable", conf.problems[0],
+                               "ldconfig skips it with a warning; the hook cannot model the configuration and "
+                               "runs the confined ldconfig instead of merging", "remove or fix the file"))
         for file, line, pattern in conf.unmatched_includes:
             # a glob over an empty directory is normal; a named file that is absent is a mistake
             sev = "info" if any(c in pattern for c in "*?[") else "warning"

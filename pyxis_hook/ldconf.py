@@ -1,8 +1,10 @@
 """ld.so.conf inside a root, read the way glibc's ldconfig reads it (elf/ldconfig.c parse_conf).
 
 Why our own parser: `ldcheck` must tell which directories a *container's*
-ldconfig will index without running anything inside the container, and the
-driver root's configuration decides where its libraries live.  Rules kept
+ldconfig will index without running anything inside the container, the
+merge must know them to place new cache entries, and before the hook lets
+the confined ldconfig loose on an image it must know that the image's
+configuration will not make it hang, spin or open a device.  Rules kept
 from glibc 2.36:
 
 * text after `#` is dropped, leading blanks skipped, blank lines ignored, a
@@ -13,12 +15,25 @@ from glibc 2.36:
 * `hwcap ...` lines (any case) are ignored;
 * anything else is a directory: `dir=TYPE` loses `=TYPE`, trailing blanks and
   slashes are stripped (so `/` alone is dropped);
-* a missing configuration file is silent.
+* a missing configuration file is silent, a directory reads as empty.
 
-Every path is resolved inside the root (`rootfs.resolve_in_root`, or a
-`RootFS` fd walk on the apply side), so a symlink in an image cannot make us
-read the host's files; FIFOs, devices and files over CONF_LIMIT are never read
-(ldconfig would block or read for ever on them; we report `truncated`).
+One reader for the hook (a `RootFS` of the container, inside its mount
+namespace) and for `ldcheck`/`libscan` (a `RootFS` opened on the directory):
+every path is resolved by `RootFS.locate`'s fd walk, so a symlink in an image
+never leads out of it, `..` at the root stays there (as in the kernel), and
+the name of each directory is the resolved one (a relative include of an
+included file does not grow `../../..` at every level).  The root's `/proc`
+and `/sys` are absent, as in the confined ldconfig's view (they are empty
+tmpfs there): the reader never opens `/proc/kmsg` nor walks `/sys`.
+
+glibc's ldconfig has no limits: an include loop recurses until it runs out of
+descriptors or CPU, a FIFO blocks `fopen`, a device node runs its driver's
+open() and `/dev/zero` never ends.  The reader stops at the first thing it
+cannot read as ldconfig would, and says why in `LdSoConf.stop`, one of the
+kinds below; the kinds in `UNSAFE` are the ones where ldconfig must not run
+either (`require_safe`: the hook refuses the start).  The work is bounded:
+MAX_INCLUDE_DEPTH, MAX_FILES, CONF_LIMIT bytes in all, MAX_ENTRIES paths and
+directory entries looked at, MAX_SECONDS.
 
 `dirs_by_inode` / `existing_dirs` are the hook's one implementation of
 ldconfig's "one directory per inode, first name wins" rule (ldmerge uses it).
@@ -29,31 +44,43 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import time
 
-from pyxis_hook.errors import PathError
+from pyxis_hook.errors import LdCacheError, PathError
 from pyxis_hook.record import record
-from pyxis_hook.rootfs import resolve_in_root
+from pyxis_hook.rootfs import RootFS, RootPathError, resolve_in_root
 
 #: typing.TYPE_CHECKING without importing typing (~3 ms on the hook's path)
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing's names cost ~3 ms of imports on the hook's path: hints only
     from typing import Iterable, Union
 
-    from pyxis_hook.rootfs import RootFS
-
     Where = Union[str, RootFS]
 
 _SPACE = " \t\n\v\f\r"
 _BLANK = " \t"
 _MAGIC = "*?["
-#: ldconfig has no limits (a self-including file exhausts its descriptors); we
-#: stop at these so a hostile image cannot make `ldcheck` run for ever.
+#: we stop at these so a hostile image cannot make the hook or `ldcheck` run for ever
 MAX_INCLUDE_DEPTH = 64
 MAX_FILES = 1024
-#: a configuration file larger than this is not read (Debian's whole tree is < 1 KiB)
+#: the configuration files' bytes, all together (Debian's whole tree is < 1 KiB)
 CONF_LIMIT = 1 << 20
+#: paths resolved plus directory entries listed by include patterns, all together
+MAX_ENTRIES = 10000
+#: wall-clock bound of one read (a slow or hostile filesystem under the rootfs)
+MAX_SECONDS = 5.0
+#: top-level directories of the root that do not exist for ldconfig (confined.py masks them)
+HIDDEN = ("proc", "sys")
 
-#: `Where` (a hint): a root directory by name (reads: ldcheck, libscan, tests) or an open RootFS (the apply side)
+#: why a read stopped (`LdSoConf.stop`; "" when it did not)
+NOT_REGULAR = "not-regular"  # a FIFO or socket: ldconfig's fopen blocks (FIFO) or fails
+DEVICE = "device"  # a character or block device: ldconfig's open() would run its driver as root
+LOOP = "include-loop"  # a file includes itself: ldconfig recurses until it runs out of fds or CPU
+LIMIT = "limit"  # more than one of the limits above allows
+UNREADABLE = "unreadable"  # a symlink loop, a name too long, an error: ldconfig warns and skips it
+UNMODELLED = "unmodelled"  # a `[...]` pattern in apply's child: read on with a wider match, not stopped
+#: the kinds after which glibc's ldconfig must not run on the image either
+UNSAFE = frozenset((NOT_REGULAR, DEVICE, LOOP, LIMIT))
 
 
 @record
@@ -63,12 +90,12 @@ class LdSoConf:
     `dirs`: configured directories in ldconfig's order, duplicates (same
     string) dropped, first occurrence kept.  `unmatched_includes`: (file,
     line, pattern) for include patterns that matched nothing.  `files_read`:
-    root-relative config files read, in order.  `truncated`: the tree could
-    not be read as ldconfig would read it (an include loop hit
-    MAX_INCLUDE_DEPTH or MAX_FILES, or a file exists but is a FIFO, a device,
-    larger than CONF_LIMIT, a symlink loop, unreadable); `problems` says why,
-    one line each.  The result is then a prefix of ldconfig's view, fine for
-    advice but not for reproducing its cache.
+    root-relative config files read, in order, each under its resolved
+    directory.  `truncated`: the read stopped at something it cannot read
+    as ldconfig would; `stop` is its kind (NOT_REGULAR, DEVICE, LOOP, LIMIT,
+    UNREADABLE, UNMODELLED) and `problems` its one-line reason.  The result
+    is then a prefix of ldconfig's view (for UNMODELLED, read to the end
+    with wider matches), fine for advice but not for reproducing its cache.
     """
 
     dirs: tuple[str, ...]
@@ -76,23 +103,57 @@ class LdSoConf:
     files_read: tuple[str, ...]
     truncated: bool = False
     problems: tuple[str, ...] = ()
+    stop: str = ""
+
+    @property
+    def unsafe(self) -> bool:
+        """glibc's ldconfig would hang, spin or open a device on this configuration."""
+        return self.stop in UNSAFE
 
 
-def read_ld_so_conf(root: str, conf: str = "/etc/ld.so.conf", *, rfs: "RootFS | None" = None) -> LdSoConf:
+class UnsafeLoaderConfig(LdCacheError):
+    """The image's loader configuration is one glibc's ldconfig must not be run on: the start is refused."""
+
+
+def read_ld_so_conf(root: str, conf: str = "/etc/ld.so.conf", *, rfs: RootFS | None = None) -> LdSoConf:
     """Parse `conf` (a path inside `root`) and its includes.
 
-    With `rfs` (an open RootFS of `root`) every file and directory is opened
-    through its fd walk, never by name: the apply side runs as root inside
-    the container's mount namespace, where a name could be swapped between a
-    check and the open.  Without it, paths are resolved with `resolve_in_root`
-    (read-only advice: ldcheck, libscan).  Either way a FIFO, device or huge
-    file is never read (`truncated`), and nothing raises for what the image
-    holds.
+    With `rfs` (an open RootFS of `root`: the apply side, inside the
+    container's mount namespace) the files are read through it; without,
+    a RootFS of `root` is opened for the read.  Nothing raises for what the
+    image holds: a refusal is `stop` (see the module doc).
     """
-    state = _State(_RfsAccess(rfs) if rfs is not None else _PathAccess(root))
-    state.parse(conf, 0)
-    return LdSoConf(tuple(state.dirs), tuple(state.unmatched), tuple(state.files), state.truncated,
-                    tuple(state.problems))
+    if rfs is None:
+        try:
+            with RootFS(root) as own:
+                return read_ld_so_conf(root, conf, rfs=own)
+        except RootPathError as e:  # no root: nothing configured, as for a missing ld.so.conf
+            if e.errno in (errno.ENOENT, errno.ENOTDIR):
+                return LdSoConf((), (), ())
+            return LdSoConf((), (), (), True, (str(e),), UNREADABLE)
+    state = _State(_Tree(rfs))
+    try:
+        state.parse(conf, 0)
+    except _Stop as e:
+        return LdSoConf(tuple(state.dirs), tuple(state.unmatched), tuple(state.files), True, (e.reason,), e.kind)
+    if state.tree.unmodelled:
+        return LdSoConf(tuple(state.dirs), tuple(state.unmatched), tuple(state.files), True,
+                        (state.tree.unmodelled,), UNMODELLED)
+    return LdSoConf(tuple(state.dirs), tuple(state.unmatched), tuple(state.files))
+
+
+def require_safe(rfs: RootFS, conf: str = "/etc/ld.so.conf") -> LdSoConf:
+    """`read_ld_so_conf` through `rfs`; UnsafeLoaderConfig when ldconfig must not run on it either.
+
+    Both ld.so.cache modes call it before anything else of the update: the
+    merge models what it reads, and the confined ldconfig (mode `ldconfig`,
+    or the merge's fallback) runs only on a configuration that passed here.
+    """
+    got = read_ld_so_conf(rfs.path, conf, rfs=rfs)
+    if got.unsafe:
+        raise UnsafeLoaderConfig(f"ld.so.cache not updated: the image's loader configuration is refused: "
+                                 f"{got.problems[0]}")
+    return got
 
 
 def dir_identity(where: Where, path: str) -> tuple[int, int] | None:
@@ -140,137 +201,197 @@ def existing_dirs(where: Where, dirs: Iterable[str]) -> tuple[str, ...]:
     return tuple(dirs_by_inode(where, dirs).values())
 
 
-class _Unreadable(Exception):
-    """A configuration file that exists but cannot be read the way ldconfig would."""
+class _Stop(Exception):
+    """The read ends here: `kind` is one of the constants above, `reason` one line naming the file."""
+
+    def __init__(self, kind: str, reason: str) -> None:
+        super().__init__(reason)
+        self.kind = kind
+        self.reason = reason
 
 
-class _PathAccess:
-    """Reads by name under `root` (resolve_in_root): for tools that only advise."""
+class _Tree:
+    """The root as the confined ldconfig sees it, read through one RootFS, within the read's budget."""
 
-    def __init__(self, root: str) -> None:
-        self.root = root
+    def __init__(self, rfs: RootFS) -> None:
+        self.rfs = rfs
+        self.steps = 0
+        self.bytes = 0
+        self.deadline = time.monotonic() + MAX_SECONDS
+        #: why some pattern was matched by `_widened` (the read goes on: every file it reaches is checked)
+        self.unmodelled = ""
 
-    def read(self, path: str) -> bytes | None:
-        """The file's bytes; None when it is missing or a directory (both silent in ldconfig)."""
+    def tick(self) -> None:
+        """Count one path resolved or directory entry looked at; LIMIT past the budget or the deadline."""
+        self.steps += 1
+        if self.steps > MAX_ENTRIES:
+            raise _Stop(LIMIT, f"include patterns in {self.rfs.path} look at more than {MAX_ENTRIES} paths "
+                               "and directory entries")
+        if time.monotonic() > self.deadline:
+            raise _Stop(LIMIT, f"reading the loader configuration in {self.rfs.path} took more than "
+                               f"{MAX_SECONDS:g} s")
+
+    def locate(self, path: str, *, strict: bool) -> tuple[int, str] | None:
+        """(O_PATH fd, resolved path), None where ldconfig finds nothing (missing, under /proc or /sys).
+
+        Any other error is a stop when `strict` (a file ldconfig would fail
+        to open), no match otherwise (glob ignores what it cannot read).
+        """
+        self.tick()
         try:
-            host = resolve_in_root(self.root, path)
-            fd = os.open(host, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-        except PathError as e:
-            raise _Unreadable(str(e)) from None
-        except OSError as e:
-            if e.errno in (errno.ENOENT, errno.ENOTDIR):
-                return None
-            raise _Unreadable(f"{path}: {e.strerror}") from None
+            return self.rfs.locate(path, hidden=HIDDEN)
+        except RootPathError as e:
+            if strict and e.errno not in (errno.ENOENT, errno.ENOTDIR):
+                raise _Stop(UNREADABLE, str(e)) from None
+            return None
+
+    def read(self, path: str, via: str) -> tuple[tuple[int, int], bytes] | None:
+        """((st_dev, st_ino), bytes) of the configuration file `path`; None when missing or a directory.
+
+        The type is taken from the fd the walk opened (O_PATH), and only a
+        regular file is opened for reading, as that same inode: a FIFO never
+        blocks and a device's driver never sees an open().
+        """
+        found = self.locate(path, strict=True)
+        if found is None:
+            return None
+        fd, _real = found
         try:
             st = os.fstat(fd)
             if stat.S_ISDIR(st.st_mode):
                 return None
             if not stat.S_ISREG(st.st_mode):
-                raise _Unreadable(f"{path}: not a regular file")
-            data = os.read(fd, CONF_LIMIT + 1)
-        except OSError as e:
-            raise _Unreadable(f"{path}: {e.strerror}") from None
+                kind = DEVICE if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else NOT_REGULAR
+                raise _Stop(kind, f"{path} (in {self.rfs.path}){via}: {_file_type(st.st_mode)}, "
+                                  "not a configuration file")
+            left = CONF_LIMIT - self.bytes
+            if st.st_size > left:
+                raise _Stop(LIMIT, f"{path} (in {self.rfs.path}){via}: the configuration files are larger "
+                                   f"than {CONF_LIMIT} bytes in all")
+            try:
+                rfd = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+                try:
+                    data = os.read(rfd, left + 1)
+                    while len(data) <= left and (more := os.read(rfd, left + 1 - len(data))):
+                        data += more
+                finally:
+                    os.close(rfd)
+            except OSError as e:
+                raise _Stop(UNREADABLE, f"{path} (in {self.rfs.path}){via}: {e.strerror}") from None
+            if len(data) > left:
+                raise _Stop(LIMIT, f"{path} (in {self.rfs.path}){via}: the configuration files are larger "
+                                   f"than {CONF_LIMIT} bytes in all")
+            self.bytes += len(data)
+            return (st.st_dev, st.st_ino), data
         finally:
             os.close(fd)
-        if len(data) > CONF_LIMIT:
-            raise _Unreadable(f"{path}: larger than {CONF_LIMIT} bytes")
-        return data
 
-    def exists(self, path: str) -> bool:
+    def dir_path(self, path: str) -> str | None:
+        """The resolved name of directory `path`, None when it is not one ldconfig can reach."""
+        found = self.locate(path, strict=False)
+        if found is None:
+            return None
+        fd, real = found
         try:
-            return os.path.lexists(resolve_in_root(self.root, path))
-        except PathError:
+            return real if stat.S_ISDIR(os.fstat(fd).st_mode) else None
+        finally:
+            os.close(fd)
+
+    def lexists(self, base: str, name: str) -> bool:
+        """Whether directory `base` (resolved) has an entry `name`, a dangling link too (glob's lstat)."""
+        if base == "/" and name in HIDDEN:
             return False
-
-    def isdir(self, path: str) -> bool:
-        try:
-            return os.path.isdir(resolve_in_root(self.root, path))
-        except PathError:
+        found = self.locate(base, strict=False)
+        if found is None:
             return False
-
-    def listdir(self, path: str) -> list[str]:
+        fd = found[0]
         try:
-            return os.listdir(resolve_in_root(self.root, path or "."))
-        except (OSError, PathError):
-            return []
-
-
-class _RfsAccess:
-    """Reads through a RootFS's fd walk: nothing is opened by a name the image could swap."""
-
-    def __init__(self, rfs: "RootFS") -> None:
-        self.rfs = rfs
-
-    def read(self, path: str) -> bytes | None:
-        try:
-            return self.rfs.read_bytes(path, CONF_LIMIT)
-        except PathError as e:
-            if getattr(e, "errno", 0) in (errno.ENOENT, errno.ENOTDIR, errno.EISDIR):
-                return None
-            raise _Unreadable(str(e)) from None
-
-    def _opens(self, path: str, flags: int) -> bool:
-        try:
-            os.close(self.rfs.open(path or "/", flags))
+            os.stat(name, dir_fd=fd, follow_symlinks=False)
             return True
-        except PathError as e:
-            _busy(e)
+        except OSError:
             return False
+        finally:
+            os.close(fd)
 
-    def exists(self, path: str) -> bool:
-        return self._opens(path, os.O_PATH)
-
-    def isdir(self, path: str) -> bool:
-        return self._opens(path, os.O_PATH | os.O_DIRECTORY)
-
-    def listdir(self, path: str) -> list[str]:
-        try:
-            fd = self.rfs.open(path or "/", os.O_RDONLY | os.O_DIRECTORY)
-        except PathError as e:
-            _busy(e)
+    def matching(self, base: str, pattern: str) -> list[str]:
+        """Names in directory `base` (resolved) that `pattern` matches; each entry looked at counts."""
+        found = self.locate(base, strict=False)
+        if found is None:
             return []
+        fd = found[0]
+        out = []
         try:
-            return os.listdir(fd)
+            dfd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
         except OSError:
             return []
         finally:
             os.close(fd)
+        try:
+            with os.scandir(dfd) as entries:
+                for entry in entries:
+                    self.tick()
+                    name = entry.name
+                    if base == "/" and name in HIDDEN:
+                        continue
+                    if name.startswith(".") and not pattern.startswith("."):
+                        continue
+                    try:
+                        matched = name_matches(name, pattern)
+                    except _Unmodelled as e:
+                        self.unmodelled = self.unmodelled or str(e)
+                        matched = name_matches(name, _widened(pattern))
+                    if matched:
+                        out.append(name)
+        except OSError:
+            return []
+        finally:
+            os.close(dfd)
+        return out
 
 
-def _busy(e: PathError) -> None:
-    """A lookup the host kept racing (EAGAIN after kernel.OPENAT2_TRIES) says nothing about the
-    image: the tree is unread (`truncated`), never an include that matched nothing."""
-    if getattr(e, "errno", 0) == errno.EAGAIN:
-        raise _Unreadable(str(e)) from None
+def _file_type(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode):
+        return "a character device"
+    if stat.S_ISBLK(mode):
+        return "a block device"
+    return "not a regular file"
+
+
+def _join(base: str, name: str) -> str:
+    return base.rstrip("/") + "/" + name
 
 
 class _State:
-    def __init__(self, fs: _PathAccess | _RfsAccess) -> None:
-        self.fs = fs
+    def __init__(self, tree: _Tree) -> None:
+        self.tree = tree
         self.dirs: list[str] = []
+        self.seen: set[str] = set()
         self.unmatched: list[tuple[str, int, str]] = []
         self.files: list[str] = []
-        self.problems: list[str] = []
         self.attempts = 0
-        self.truncated = False
+        #: (st_dev, st_ino) of the files being read, outermost first: one of them again is a loop
+        self.active: list[tuple[int, int]] = []
 
-    def parse(self, filename: str, depth: int) -> None:
+    def parse(self, filename: str, depth: int, via: str = "") -> None:
         self.attempts += 1
-        if depth > MAX_INCLUDE_DEPTH or self.attempts > MAX_FILES:
-            if not self.truncated:
-                self.problems.append(f"{filename}: more than {MAX_INCLUDE_DEPTH} nested or {MAX_FILES} "
-                                     "included files")
-            self.truncated = True
-            return
-        try:
-            raw = self.fs.read(filename)
-        except _Unreadable as e:
-            self.truncated = True
-            self.problems.append(str(e))
-            return
-        if raw is None:
+        if depth > MAX_INCLUDE_DEPTH:
+            raise _Stop(LIMIT, f"{filename} (in {self.tree.rfs.path}){via}: includes nested more than "
+                               f"{MAX_INCLUDE_DEPTH} deep")
+        if self.attempts > MAX_FILES:
+            raise _Stop(LIMIT, f"{filename} (in {self.tree.rfs.path}){via}: more than {MAX_FILES} "
+                               "configuration files included")
+        got = self.tree.read(filename, via)
+        if got is None:
             return  # missing (silent in ldconfig) or a directory (read as empty)
+        ident, raw = got
+        if ident in self.active:
+            raise _Stop(LOOP, f"{filename} (in {self.tree.rfs.path}){via}: includes itself (an include loop)")
         self.files.append(filename)
+        self.active.append(ident)
         for lineno, line in enumerate(raw.split(b"\n"), 1):
             line = line.split(b"\0", 1)[0].split(b"#", 1)[0]
             text = os.fsdecode(line).lstrip(_SPACE)
@@ -283,54 +404,49 @@ class _State:
                 continue
             else:
                 self.add_dir(text)
+        self.active.pop()
 
     def include(self, filename: str, lineno: int, pattern: str, depth: int) -> None:
-        full = pattern
-        if not pattern.startswith("/") and "/" in filename:
-            full = os.path.dirname(filename) + "/" + pattern
-        try:
-            matches = self.glob(full)
-        except _Unreadable as e:
-            self.truncated = True
-            self.problems.append(f"{filename}:{lineno}: {e}")
-            return
+        full = pattern if pattern.startswith("/") else _join(os.path.dirname(filename) or "/", pattern)
+        matches = self.glob(full)
         if not matches:
             self.unmatched.append((filename, lineno, pattern))
         for m in matches:
-            self.parse(m, depth + 1)
+            self.parse(m, depth + 1, f" (included at {filename}:{lineno})")
 
     def add_dir(self, text: str) -> None:
         path = text.split("=", 1)[0].rstrip(_SPACE).rstrip("/")
-        if path and path not in self.dirs:
+        if path and path not in self.seen:
+            self.seen.add(path)
             self.dirs.append(path)
 
     def glob(self, pattern: str) -> list[str]:
-        """glob(3) inside the root, results sorted bytewise (C collation); errors match nothing, as in glob."""
-        fs = self.fs
-        if not any(c in pattern for c in _MAGIC):
-            return [pattern] if fs.exists(pattern) else []
-        absolute = pattern.startswith("/")
-        parts = [p for p in pattern.split("/") if p]
-        found = ["/" if absolute else ""]
+        """glob(3) inside the root: each match named under its directory's resolved name.
+
+        Matches are sorted bytewise (C collation) by the name as the pattern
+        spells it, as glob sorts them; the name handed on is the directory's
+        resolved path plus the entry, which is where a relative include in
+        that file starts (so `include ../../etc/*` never grows the path).
+        Errors match nothing, as in glob.
+        """
+        parts = [p for p in pattern.split("/") if p and p != "."]
+        found = [("", "/")]  # (name as spelled, resolved directory or match)
         for i, part in enumerate(parts):
             last = i == len(parts) - 1
+            magic = any(c in part for c in _MAGIC)
             nxt = []
-            for base in found:
-                joined = (base.rstrip("/") + "/" if base else "")
-                if not any(c in part for c in _MAGIC):
-                    cand = joined + part
-                    if fs.exists(cand) and (last or fs.isdir(cand)):
-                        nxt.append(cand)
-                    continue
-                for name in fs.listdir(base):
-                    if name.startswith(".") and not part.startswith("."):
+            for spelled, base in found:
+                for name in (self.tree.matching(base, part) if magic else (part,)):
+                    if last:
+                        if magic or self.tree.lexists(base, name):
+                            nxt.append((spelled + "/" + name, _join(base, name)))
                         continue
-                    if name_matches(name, part):
-                        cand = joined + name
-                        if last or fs.isdir(cand):
-                            nxt.append(cand)
+                    real = self.tree.dir_path(_join(base, name))
+                    if real is not None:
+                        nxt.append((spelled + "/" + name, real))
             found = nxt
-        return sorted(found, key=os.fsencode)
+        found.sort(key=lambda f: os.fsencode(f[0]))
+        return [real for _spelled, real in found]
 
 
 def name_matches(name: str, pattern: str) -> bool:
@@ -345,7 +461,7 @@ def name_matches(name: str, pattern: str) -> bool:
         try:
             import fnmatch
         except ImportError:  # inside a container's namespace (apply's child forbids imports there)
-            raise _Unreadable(f"include pattern {pattern!r}: a bracket expression, not matched here") from None
+            raise _Unmodelled(f"include pattern {pattern!r}: a bracket expression, not matched here") from None
         return fnmatch.fnmatchcase(name, pattern)
     n = p = 0
     star = -1  # position in the pattern after the last '*', and where in the name it started
@@ -363,6 +479,44 @@ def name_matches(name: str, pattern: str) -> bool:
         else:
             return False
     return pattern[p:].strip("*") == ""
+
+
+class _Unmodelled(Exception):
+    """A pattern `name_matches` cannot evaluate here (fnmatch cannot be imported)."""
+
+
+def _widened(pattern: str) -> str:
+    """`pattern` with each bracket expression as `?`, and a `[` opening none or a `\\` escape as `*`.
+
+    It matches every name the pattern matches (and maybe more): where the
+    exact match cannot be had, every file the pattern could reach is still
+    checked before ldconfig is let loose on it.
+    """
+    out, i = [], 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            out.append("*")
+            i += 2
+            continue
+        if c != "[":
+            out.append(c)
+            i += 1
+            continue
+        j = i + 1
+        if j < len(pattern) and pattern[j] in "!^":
+            j += 1
+        if j < len(pattern) and pattern[j] == "]":
+            j += 1  # a `]` first in the expression is one of its characters
+        while j < len(pattern) and pattern[j] != "]":
+            if pattern[j] == "[" and j + 1 < len(pattern) and pattern[j + 1] in ":=.":
+                end = pattern.find(pattern[j + 1] + "]", j + 2)  # [:alpha:], [=a=], [.a.]
+                j = end + 2 if end >= 0 else len(pattern)
+            else:
+                j += 1
+        out.append("*" if j >= len(pattern) else "?")
+        i = i + 1 if j >= len(pattern) else j + 1
+    return "".join(out)
 
 
 def _strsep(text: str) -> list[str]:

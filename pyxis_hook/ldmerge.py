@@ -425,25 +425,29 @@ def model_image(rfs, libs: Sequence[InjectedLib], *, machine: str | None = None)
     """Everything the merge needs from the rootfs; raises CannotMerge where it cannot be modelled.
 
     Returns (cache bytes, scan dirs, libs with their dir named as ldconfig names it).
-    Whatever the image holds (a symlink loop, a FIFO, a corrupt cache) is a
+    Whatever the image holds (a symlink loop, a corrupt cache) is a
     CannotMerge, never another error: the caller then runs the confined
-    ldconfig rather than failing the container.
+    ldconfig rather than failing the container.  The one exception is a
+    loader configuration ldconfig must not run on either (a FIFO, a device,
+    an include loop, a limit: `ldconf.require_safe`): UnsafeLoaderConfig.
     """
+    from pyxis_hook.ldconf import UnsafeLoaderConfig
+
     try:
         return _model_image(rfs, libs, machine)
-    except CannotMerge:
+    except (CannotMerge, UnsafeLoaderConfig):
         raise
     except (PathError, LdCacheError) as e:
         raise CannotMerge(str(e)) from None
 
 
 def _model_image(rfs, libs: Sequence[InjectedLib], machine: str | None):
-    from pyxis_hook.ldconf import dir_identity, read_ld_so_conf
+    from pyxis_hook.ldconf import dir_identity, require_safe
 
     if not rfs.exists("/etc/ld.so.conf"):
         raise CannotMerge("the image has no /etc/ld.so.conf (musl or distroless?)")
     machine = machine or os.uname().machine
-    conf = read_ld_so_conf(rfs.path, rfs=rfs)
+    conf = require_safe(rfs)
     if conf.truncated:
         why = conf.problems[0] if conf.problems else "incomplete"
         raise CannotMerge(f"/etc/ld.so.conf cannot be read as ldconfig reads it: {why}")

@@ -332,15 +332,49 @@ class RootFS:
         """Read a small regular text file of the image; FIFOs, devices and huge files are refused."""
         return self.read_bytes(path, limit).decode("utf-8", "replace")
 
-    def _walk(self, path: str, *, follow_last: bool, create_mode: int | None) -> tuple[int, str | None]:
+    def locate(self, path: str, *, hidden: tuple[str, ...] = ()) -> tuple[int, str]:
+        """(O_PATH fd of what `path` names, the path it resolves to: no symlink, no `..`).
+
+        Always the component walk, openat2 or not: a caller that needs the
+        resolved name gets it from the very fds it opened (relative includes
+        of ld.so.conf), and a top-level directory named in `hidden` (/proc,
+        /sys) is missing however the path reaches it, as in a view where
+        they are masked.  A missing path is a RootPathError with ENOENT.
+        """
+        for _ in range(_RACE_RETRIES):
+            names: list[str] = []
+            parent, name = self._walk(path, follow_last=True, create_mode=None, names=names, hidden=hidden)
+            if name is None:
+                return parent, "/" + "/".join(names)
+            try:
+                fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+            except OSError as e:
+                raise _err(path, self.path, e) from None
+            finally:
+                os.close(parent)
+            mode = os.fstat(fd).st_mode
+            if stat.S_ISLNK(mode):
+                os.close(fd)
+                continue  # became a symlink between the walk and the open: walk again
+            if not names and name in hidden and stat.S_ISDIR(mode):
+                os.close(fd)
+                raise _err(path, self.path, errno.ENOENT)
+            return fd, "/" + "/".join([*names, name])
+        raise _err(path, self.path, errno.ELOOP, "changed while resolving: ")
+
+    def _walk(self, path: str, *, follow_last: bool, create_mode: int | None,
+              names: list[str] | None = None, hidden: tuple[str, ...] = ()) -> tuple[int, str | None]:
         """Resolve all but the last component; return (owned parent dir fd, last name or None).
 
         None means the path names a directory reached through `..` or `/`.
         With `create_mode`, missing intermediate directories are created.
+        `names`, when given, receives the parent's resolved components (no
+        symlink, no `..`); a top-level directory named in `hidden` is missing.
         """
         todo = [c for c in path.split("/") if c not in ("", ".")]
         todo.reverse()
         stack: list[int] = []
+        resolved = [] if names is None else names
         links = 0
         try:
             while todo:
@@ -348,6 +382,7 @@ class RootFS:
                 if comp == "..":
                     if stack:
                         os.close(stack.pop())
+                        resolved.pop()
                     continue
                 cur = stack[-1] if stack else self.fd
                 is_last = not todo
@@ -375,6 +410,7 @@ class RootFS:
                         if target.startswith("/"):
                             while stack:
                                 os.close(stack.pop())
+                            resolved.clear()
                         todo.extend(reversed([c for c in target.split("/") if c not in ("", ".")]))
                         break
                     if is_last:
@@ -383,6 +419,9 @@ class RootFS:
                     if fd is None:
                         continue  # changed type under us: look again
                     stack.append(fd)
+                    resolved.append(comp)
+                    if len(resolved) == 1 and comp in hidden:
+                        raise _err(path, self.path, errno.ENOENT)
                     break
                 else:
                     raise _err(path, self.path, errno.ELOOP, "changed while resolving: ")

@@ -712,6 +712,61 @@ def test_a_bracket_include_in_the_image_falls_back_to_ldconfig(world, monkeypatc
     assert f"libcuda.so.1 (libc6,x86-64) => {LIBDIR}/libcuda.so.1" in out
 
 
+def _unsafe_loader_config(root: Path, kind: str) -> str:
+    """Make the image's ld.so.conf one glibc's ldconfig hangs, spins or opens a device on; the word naming it."""
+    conf = root / "etc/ld.so.conf"
+    conf.unlink()
+    if kind == "fifo":
+        os.mkfifo(conf)
+        return "/etc/ld.so.conf (in %s): a FIFO" % root
+    if kind == "device":  # a conf.d file that is a tape drive: its driver would act on open
+        conf.write_text("include /etc/ld.so.conf.d/*.conf\n")
+        (root / "etc/ld.so.conf.d").mkdir()
+        os.mknod(root / "etc/ld.so.conf.d/st0.conf", 0o600 | stat.S_IFCHR, os.makedev(9, 0))
+        return "/etc/ld.so.conf.d/st0.conf (in %s) (included at /etc/ld.so.conf:1): a character device" % root
+    if kind == "dev-zero":  # the runtime's /dev/zero, which the container's device rules do not guard here
+        os.mknod(root / "dev/zero", 0o666 | stat.S_IFCHR, os.makedev(1, 5))
+        conf.symlink_to("/dev/zero")
+        return "/etc/ld.so.conf (in %s): a character device" % root
+    conf.write_text("include /etc/ld.so.conf\ninclude /etc/ld.so.conf\n")
+    return "/etc/ld.so.conf (in %s) (included at /etc/ld.so.conf:1): includes itself" % root
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "dev-zero", "include-loop"])
+@pytest.mark.parametrize("mode", ["merge", "ldconfig"])
+def test_unsafe_loader_config_is_refused_before_any_ldconfig(world, tmp_path, no_hang, mode, kind):
+    """Both modes read the image's configuration first: a refusal in one line, no ldconfig run, nothing left."""
+    host, root, pid = world
+    src = tmp_path / "mark.c"  # stands in for ldconfig: leaves a mark in the root it was chrooted into
+    src.write_text('#include <fcntl.h>\nint main(void){return open("/ldconfig-ran", O_CREAT | O_WRONLY, 0644) < 0;}\n')
+    subprocess.run(["gcc", "-static", str(src), "-o", str(tmp_path / "mark")], check=True)
+    what = _unsafe_loader_config(root, kind)
+    before = _snapshot(root)
+    plan = _merge_plan(host, root, str(tmp_path / "mark")) if mode == "merge" else \
+        _basic_plan(host, root, ldcache=LdcacheUpdate("ldconfig", str(tmp_path / "mark"), (LIBDIR,)))
+    with pytest.raises(ApplyError) as e:
+        apply_plan(plan, pid)
+    assert str(e.value).startswith("ld.so.cache not updated: the image's loader configuration is refused: " + what)
+    assert "\n" not in str(e.value)
+    assert not (root / "ldconfig-ran").exists()
+    assert _mounts_under(pid, root) == {}
+    assert _snapshot(root) == before
+
+
+def test_a_bracket_include_does_not_hide_a_fifo_from_the_check(world, monkeypatch, no_hang):
+    """The child cannot evaluate `[...]` (no fnmatch): it still checks every file the pattern could match."""
+    host, root, pid = world
+    monkeypatch.delitem(sys.modules, "fnmatch")  # as in the hook's process (pytest itself loads it)
+    (root / "etc/ld.so.conf.d").mkdir(parents=True, exist_ok=True)
+    (root / "etc/ld.so.conf.d/libs.conf").write_text(f"{LIBDIR}\n")
+    os.mkfifo(root / "etc/ld.so.conf.d/pipe.conf")
+    (root / "etc/ld.so.conf").write_text("include /etc/ld.so.conf.d/[a-z]*.conf\n")
+    subprocess.run(["ldconfig", "-r", str(root), "-f", "/dev/null"], check=True)
+    with pytest.raises(ApplyError, match="refused: /etc/ld.so.conf.d/pipe.conf .*: a FIFO"):
+        apply_plan(_merge_plan(host, root), pid)
+    assert _mounts_under(pid, root) == {}
+
+
 def test_the_child_refuses_any_import(world, monkeypatch):
     """After setns an import would look up the container's files: the forked child refuses every one."""
     host, root, pid = world

@@ -390,3 +390,77 @@ def test_confined_imports_nothing_at_run_time(rootfs, tmp_path):
 
     out = run_forked(run)
     assert out.startswith("eff="), out
+
+
+# ------------------------------------------------------------------ no device node of the image opens
+
+#: opens each device node the test put in the rootfs, reading one byte: "ok" or the errno's name
+_DEV_PROBE = r'''
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+int main(void) {
+    const char *paths[] = {"/zero", "/dev/zero", "/etc/ld.so.conf"};
+    for (int i = 0; i < 3; i++) {
+        char c;
+        int fd = open(paths[i], O_RDONLY);
+        fprintf(stderr, "%s=%s\n", paths[i], fd >= 0 && read(fd, &c, 1) == 1 ? "ok" : strerror(errno));
+        if (fd >= 0) close(fd);
+    }
+    return 0;
+}
+'''
+
+
+@pytest.fixture
+def devices_in_rootfs(rootfs):
+    """/dev/zero's major:minor as nodes of the image: on its own filesystem and on a tmpfs mounted under it."""
+    import stat
+
+    zero = os.makedev(1, 5)
+    os.mknod(rootfs / "zero", stat.S_IFCHR | 0o666, zero)
+    (rootfs / "dev").mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(rootfs / "dev")], check=True)
+    try:
+        os.mknod(rootfs / "dev/zero", stat.S_IFCHR | 0o666, zero)
+        (rootfs / "etc/ld.so.conf").unlink()
+        (rootfs / "etc/ld.so.conf").symlink_to("/dev/zero")
+        yield rootfs
+    finally:
+        subprocess.run(["umount", "-l", str(rootfs / "dev")], check=True)
+
+
+@pytest.mark.parametrize("api", ["new", "legacy"])
+def test_no_device_node_of_the_image_can_be_opened(devices_in_rootfs, tmp_path, monkeypatch, api):
+    """ldconfig's rootfs is a nodev copy (mounts under it too): every device node of the image is EACCES."""
+    if api == "legacy":  # kernels < 5.12: recursive bind + a bind remount per mount (read by the forked child)
+        monkeypatch.setattr(kernel, "HAVE_NEW_MOUNT_API", False)
+    probe = _static(tmp_path, "devprobe", _DEV_PROBE)
+    with open("/proc/self/mountinfo") as f:
+        before = f.read()
+    exe = confined.sealed_copy(str(probe))
+    try:
+        err = confined.run_ldconfig(str(devices_in_rootfs), exe, ["/" + LIBDIR])
+    finally:
+        os.close(exe)
+    assert err.splitlines() == ["/zero=Permission denied", "/dev/zero=Permission denied",
+                           "/etc/ld.so.conf=Permission denied"]
+    with open("/proc/self/mountinfo") as f:
+        assert f.read() == before  # the nodev copy lived in ldconfig's namespace only
+    assert os.stat(devices_in_rootfs / "dev/zero").st_rdev == os.makedev(1, 5)
+
+
+def test_real_ldconfig_skips_a_device_as_its_configuration(devices_in_rootfs):
+    """/etc/ld.so.conf -> /dev/zero: glibc's ldconfig cannot open it (nodev), warns, and indexes the rest.
+
+    Without the nodev view it read /dev/zero until RLIMIT_AS stopped it.
+    """
+    exe = confined.sealed_copy("/sbin/ldconfig")
+    try:
+        err = confined.run_ldconfig(str(devices_in_rootfs), exe, ["/" + LIBDIR])
+    finally:
+        os.close(exe)
+    assert "ignoring configuration file that cannot be opened: /etc/ld.so.conf: Permission denied" in err, err
+    assert "libcuda.so.1" in _listing(devices_in_rootfs)

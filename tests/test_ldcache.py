@@ -519,37 +519,52 @@ def test_ld_so_conf_rfs_mode_never_opens_by_name(tmp_path, monkeypatch):
 
 
 def test_ld_so_conf_symlink_loops_are_reported_not_raised(tmp_path, conf_mode):
-    write(tmp_path, "/etc/ld.so.conf",
-          "/opt/first\ninclude /etc/ld.so.conf.d/*.conf\ninclude /etc/loop/x.conf\n/opt/last\n")
+    """A looping link as a conf file stops the read (ldconfig warns and skips it: a merge falls back to it);
+    a looping directory in an include pattern matches nothing, as in glob."""
+    from pyxis_hook.ldconf import UNREADABLE
+
+    write(tmp_path, "/etc/ld.so.conf", "/opt/first\ninclude /etc/loop/x.conf\ninclude /etc/ld.so.conf.d/*.conf\n"
+                                       "/opt/last\n")
     (tmp_path / "etc/ld.so.conf.d").mkdir()
     (tmp_path / "etc/ld.so.conf.d/a.conf").symlink_to("b.conf")
     (tmp_path / "etc/ld.so.conf.d/b.conf").symlink_to("a.conf")
     (tmp_path / "etc/loop").symlink_to("loop")
     conf = _read_conf(tmp_path, conf_mode)
-    assert conf.dirs == ("/opt/first", "/opt/last")
-    assert conf.truncated and any("a.conf" in p for p in conf.problems)
-    assert ("/etc/ld.so.conf", 3, "/etc/loop/x.conf") in conf.unmatched_includes
-    assert all("\n" not in p for p in conf.problems)
+    assert conf.dirs == ("/opt/first",)
+    assert conf.truncated and conf.stop == UNREADABLE and not conf.unsafe
+    assert len(conf.problems) == 1 and "a.conf" in conf.problems[0] and "\n" not in conf.problems[0]
+    assert conf.unmatched_includes == (("/etc/ld.so.conf", 2, "/etc/loop/x.conf"),)
 
 
 @pytest.mark.root
-def test_ld_so_conf_fifo_device_and_huge_file_are_not_read(tmp_path, conf_mode, no_hang):
+@pytest.mark.parametrize("kind", ["fifo", "device", "huge", "dir"])
+def test_ld_so_conf_fifo_device_and_huge_file_are_not_read(tmp_path, conf_mode, no_hang, kind):
     import stat as S
 
-    from pyxis_hook.ldconf import CONF_LIMIT
+    from pyxis_hook.ldconf import CONF_LIMIT, DEVICE, LIMIT, NOT_REGULAR
 
     write(tmp_path, "/etc/ld.so.conf", "/opt/a\ninclude /etc/ld.so.conf.d/*.conf\n/opt/b\n")
     d = tmp_path / "etc/ld.so.conf.d"
     d.mkdir()
-    os.mkfifo(d / "1-fifo.conf")
-    os.mknod(d / "2-zero.conf", S.S_IFCHR | 0o666, os.makedev(1, 5))  # /dev/zero: never ends
-    (d / "3-huge.conf").write_bytes(b"/opt/huge\n" + b"#" * CONF_LIMIT)
-    (d / "4-dir.conf").mkdir()  # ldconfig reads a directory as empty, silently
+    f = d / "1.conf"
+    if kind == "fifo":
+        os.mkfifo(f)
+    elif kind == "device":
+        os.mknod(f, S.S_IFCHR | 0o666, os.makedev(1, 5))  # /dev/zero: never ends
+    elif kind == "huge":
+        f.write_bytes(b"/opt/huge\n" + b"#" * CONF_LIMIT)
+    else:
+        f.mkdir()  # ldconfig reads a directory as empty, silently
+    write(tmp_path, "/etc/ld.so.conf.d/2.conf", "/opt/two\n")
     conf = _read_conf(tmp_path, conf_mode)
-    assert conf.dirs == ("/opt/a", "/opt/b")
-    assert conf.truncated and len(conf.problems) == 3
-    assert [p for p in conf.problems if "fifo" in p and "not a regular file" in p]
-    assert [p for p in conf.problems if "huge" in p and "larger than" in p]
+    if kind == "dir":
+        assert conf.dirs == ("/opt/a", "/opt/two", "/opt/b") and not conf.truncated
+        return
+    assert conf.dirs == ("/opt/a",)  # the read stops at the first problem
+    assert conf.truncated and conf.unsafe and len(conf.problems) == 1
+    assert conf.stop == {"fifo": NOT_REGULAR, "device": DEVICE, "huge": LIMIT}[kind]
+    assert "/etc/ld.so.conf.d/1.conf" in conf.problems[0]
+    assert {"fifo": "a FIFO", "device": "a character device", "huge": "larger than"}[kind] in conf.problems[0]
 
 
 def test_existing_dirs_one_name_per_inode(tmp_path, conf_mode):
@@ -612,9 +627,13 @@ def _render(lines, ws):
     return "\n".join(out) + "\n"
 
 
-def _model(files, name, depth, acc):
-    if depth > 3:
-        return
+class _ModelStop(Exception):
+    """The model met an include loop: the reader stops there."""
+
+
+def _model(files, name, stack, acc):
+    if name in stack:
+        raise _ModelStop
     for kind, arg in files[name]:
         if kind == "dir" and arg not in acc:
             acc.append(arg)
@@ -622,28 +641,28 @@ def _model(files, name, depth, acc):
             import fnmatch
             for pat in arg:
                 for match in sorted(n for n in files if fnmatch.fnmatchcase(n, pat.rsplit("/", 1)[-1])):
-                    _model(files, match, depth + 1, acc)
+                    _model(files, match, stack + [name], acc)
 
 
 @settings(max_examples=60, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(tree=conf_trees())
 def test_ld_so_conf_against_model(tmp_path_factory, tree):
+    from pyxis_hook.ldconf import LOOP
+
     files, ws = tree
     root = tmp_path_factory.mktemp("conf")
     for name, lines in files.items():
         write(root, "/etc/conf.d/" + name, _render(lines, ws))
-    import pyxis_hook.ldconf as C
-
-    old = C.MAX_INCLUDE_DEPTH
-    C.MAX_INCLUDE_DEPTH = 3
-    try:
-        got = read_ld_so_conf(str(root), "/etc/conf.d/c0.conf").dirs
-    finally:
-        C.MAX_INCLUDE_DEPTH = old
+    got = read_ld_so_conf(str(root), "/etc/conf.d/c0.conf")
     expect: list[str] = []
-    _model(files, "c0.conf", 0, expect)
-    assert list(got) == expect
+    try:
+        _model(files, "c0.conf", [], expect)
+        stopped = False
+    except _ModelStop:
+        stopped = True
+    assert list(got.dirs) == expect
+    assert got.stop == (LOOP if stopped else "")
 
 
 # --- the command -----------------------------------------------------------------------------

@@ -411,6 +411,25 @@ def test_include_of_a_missing_file_and_missing_ld_so_conf(host, image):
     only(check(host, image), "no-ld-so-conf")
 
 
+def test_refused_and_unreadable_ld_so_conf(host, image, no_hang):
+    """What the hook refuses (a FIFO, an include loop) is an error; a looping link it falls back on, a warning."""
+    conf = image / "etc/ld.so.conf"
+    conf.unlink()
+    os.mkfifo(conf)
+    f = only(check(host, image), "ld-so-conf-refused")
+    assert f.severity == "error" and f.what == f"/etc/ld.so.conf (in {image}): a FIFO, not a configuration file"
+    conf.unlink()
+    conf.write_text("include /etc/ld.so.conf.d/*.conf\n")
+    (image / "etc/ld.so.conf.d/again.conf").write_text("include ../ld.so.conf\n")
+    f = only(check(host, image), "ld-so-conf-refused")
+    assert "includes itself" in f.what
+    (image / "etc/ld.so.conf.d/again.conf").unlink()
+    (image / "etc/ld.so.conf.d/loop.conf").symlink_to("loop.conf")
+    f = only(check(host, image), "ld-so-conf-unreadable")
+    assert f.severity == "warning" and "/etc/ld.so.conf.d/loop.conf" in f.what
+    assert not [x for x in check(host, image).findings if x.code == "ld-so-conf-refused"]
+
+
 def test_ldconfig_wrapper_and_missing_ldconfig(host, image):
     ldc = image / "sbin/ldconfig"
     ldc.unlink()

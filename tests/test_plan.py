@@ -179,6 +179,28 @@ def test_prepare_matches_build_plan_and_json_schema(world, tmp_path):
     validate(doc, "plan.schema.json")
 
 
+@pytest.mark.parametrize("mode", ["merge", "ldconfig"])
+def test_plan_shows_a_refused_loader_config(world, tmp_path, no_hang, mode):
+    """An image whose ld.so.conf includes itself: `plan` says the hook would refuse it, in both modes."""
+    from pyxis_hook.commands.plan import render, to_json
+
+    base, tree, cfg, inv = world
+    bundle = make_bundle(tmp_path / "b", env=("NVIDIA_VISIBLE_DEVICES=0",))
+    (tmp_path / "b/rootfs/etc").mkdir(parents=True)
+    (tmp_path / "b/rootfs/etc/debian_version").write_text("12\n")
+    (tmp_path / "b/rootfs/etc/ld.so.conf").write_text("include /etc/ld.so.conf\n")
+    prepared = prepare(replace(cfg, ldcache=mode), oci.load_bundle(str(bundle)))
+    text = render(prepared)
+    assert "✗ the image's loader configuration is refused (/etc/ld.so.conf" in text, text
+    assert "includes itself" in text and "merge cannot model" not in text
+    doc = to_json(prepared)
+    validate(doc, "plan.schema.json")
+    assert "includes itself" in doc["plan"]["ldcache"]["refused"]
+    assert doc["plan"]["ldcache"].get("merge_fallback") is None
+    (tmp_path / "b/rootfs/etc/ld.so.conf").write_text("/opt/lib\n")
+    assert to_json(prepared)["plan"]["ldcache"]["refused"] is None
+
+
 def test_plan_cli_text_json_and_errors(world, tmp_path):
     base, tree, cfg, inv = world
     conf = tmp_path / "pyxis.conf"

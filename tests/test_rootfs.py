@@ -328,3 +328,33 @@ def test_a_failed_symlink_replacement_keeps_the_images_link_and_leaves_no_temp(t
         assert r.created == [] and r.rollback() == []
     assert os.readlink(root / "usr/lib/libcuda.so") == "libcuda.so.old"
     assert sorted(os.listdir(root / "usr/lib")) == ["libcuda.so"]
+
+
+def test_locate_names_the_resolved_path_and_hides_top_level_dirs(tmp_path):
+    """The fd and the path it resolves to (no link, no `..`, `..` at the root stays there); a `hidden`
+    top-level directory is missing whichever way a path reaches it."""
+    import errno
+
+    from pyxis_hook.rootfs import RootFS, RootPathError
+
+    (tmp_path / "usr/lib").mkdir(parents=True)
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc/version").write_text("x")
+    (tmp_path / "lib").symlink_to("usr/lib")
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc/v").symlink_to("../../../proc/version")
+    (tmp_path / "loop").symlink_to("loop")
+    with RootFS(str(tmp_path)) as rfs:
+        fd, real = rfs.locate("/../../lib/../lib/./")
+        os.close(fd)
+        assert real == "/usr/lib"
+        fd, real = rfs.locate("/etc/v")
+        os.close(fd)
+        assert real == "/proc/version"
+        for path in ("/etc/v", "/proc/version", "/proc", "/etc/../proc"):
+            with pytest.raises(RootPathError) as e:
+                rfs.locate(path, hidden=("proc", "sys"))
+            assert e.value.errno == errno.ENOENT
+        with pytest.raises(RootPathError) as e:
+            rfs.locate("/loop/x")
+        assert e.value.errno == errno.ELOOP

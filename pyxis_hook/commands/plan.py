@@ -58,7 +58,11 @@ def render(prepared) -> str:
     ld = p.ldcache
     out.append(f"ld.so.cache: {ld.mode}" + (f" ({ld.ldconfig} {' '.join(ld.lib_dirs)})" if ld.mode == "ldconfig"
                                             else "") + (f" — {ld.why}" if ld.why else ""))
-    if ld.mode == "merge":
+    refused = loader_refusal(prepared)
+    if refused:
+        out.append(f"  ✗ the image's loader configuration is refused ({refused}): the hook would fail, "
+                   "no ldconfig runs on it")
+    elif ld.mode == "merge":
         fallback = merge_fallback(prepared)
         out.append(f"  ✗ merge cannot model this image ({fallback}): ldconfig ({ld.ldconfig}) will run instead"
                    if fallback else f"  merge applies: {len(ld.libs)} libraries added to the image's cache, no rescan")
@@ -71,6 +75,16 @@ def render(prepared) -> str:
     return "\n".join(out) + "\n"
 
 
+def loader_refusal(prepared) -> str | None:
+    """Why the hook would refuse the image's ld.so.conf (`ldconf.require_safe`, both modes), else None."""
+    if prepared.plan.ldcache.mode not in ("merge", "ldconfig"):
+        return None
+    from pyxis_hook.ldconf import read_ld_so_conf
+
+    conf = read_ld_so_conf(prepared.plan.rootfs)
+    return conf.problems[0] if conf.unsafe else None
+
+
 def merge_fallback(prepared) -> str | None:
     """Why the hook would fall back from merge to ldconfig for this image (read-only look), else None."""
     from pyxis_hook import ldmerge
@@ -80,9 +94,13 @@ def merge_fallback(prepared) -> str | None:
 
 def to_json(prepared) -> dict:
     out = {"request": prepared.request.to_dict(), "plan": prepared.plan.to_dict()}
+    refused = loader_refusal(prepared)
+    if prepared.plan.ldcache.mode in ("merge", "ldconfig"):
+        # null: the image's ld.so.conf may be read; else why the hook would refuse the start
+        out["plan"]["ldcache"]["refused"] = refused
     if prepared.plan.ldcache.mode == "merge":
         # null: the merge applies; else why the hook would run ldconfig instead
-        out["plan"]["ldcache"]["merge_fallback"] = merge_fallback(prepared)
+        out["plan"]["ldcache"]["merge_fallback"] = None if refused else merge_fallback(prepared)
     return out
 
 

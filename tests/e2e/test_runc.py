@@ -249,3 +249,41 @@ def test_dotdot_chain_in_image(tmp_path, host):
     assert mount_table() == before
     assert "pyxis-hook: error" not in r.stderr, r.stderr  # the hook succeeded, inside the rootfs
     assert os.listdir(target) == []  # nothing created on the host side of the link
+
+
+@pytest.mark.parametrize("ldcache", ["merge", "ldconfig"])
+@pytest.mark.parametrize("image", ["fifo", "dev-zero", "include-loop", "glob-everything"])
+def test_unsafe_loader_config_fails_the_start_in_one_line(tmp_path, host, image, ldcache):
+    """What would make glibc's ldconfig block, read a device as root or spin is refused before it runs.
+
+    The start fails with the reader's reason, no ldconfig ran (the image's cache is untouched) and the
+    host's mounts are as before.  `/dev/zero` is runc's, inside the container's /dev at prestart.
+    """
+    host.write_conf(ldcache=ldcache)
+    bundle = bundle_for(tmp_path, host, ("NVIDIA_VISIBLE_DEVICES=0",), "/usr/bin/gputest")
+    rootfs = bundle / "rootfs"
+    conf = rootfs / "etc/ld.so.conf"
+    conf.unlink()
+    if image == "fifo":
+        os.mkfifo(conf)
+        why = "/etc/ld.so.conf (in %s): a FIFO" % rootfs
+    elif image == "dev-zero":
+        conf.symlink_to("/dev/zero")
+        why = "/etc/ld.so.conf (in %s): a character device" % rootfs
+    elif image == "include-loop":
+        conf.write_text("include /etc/ld.so.conf\ninclude /etc/ld.so.conf\n")
+        why = "includes itself"
+    else:  # the live /proc and /sys are never walked; the image's own tree is past the reader's budget
+        conf.write_text("include /*/*/*/*/*/*\n" * 300)
+        why = "look at more than"
+    cache = (rootfs / "etc/ld.so.cache").read_bytes()
+    before = mount_table()
+    r = run_container("runc", bundle, f"pyxis-ldconf-{os.getpid()}-{tmp_path.name[-12:]}")
+    assert mount_table() == before
+    assert r.rc != 0
+    errors = [x for x in r.stderr.splitlines() if "pyxis-hook: error:" in x]
+    assert len(errors) == 1, r.stderr
+    assert "ld.so.cache not updated: the image's loader configuration is refused: " in errors[0], r.stderr
+    assert why in errors[0], r.stderr
+    assert "Traceback" not in r.stderr
+    assert (rootfs / "etc/ld.so.cache").read_bytes() == cache

@@ -260,6 +260,27 @@ def test_ld_so_conf_matches_ldconfig(tmp_path):
     assert conf.unmatched_includes == (("/etc/ld.so.conf", 2, "/etc/none/*.conf"),)
 
 
+def test_relative_includes_through_dotdot_and_links_match_ldconfig(tmp_path):
+    """`..` above the root, a relative include in a linked file (relative to the link's directory, as glibc
+    joins it to the globbed name), a linked directory: the reader indexes what ldconfig indexes."""
+    root = tmp_path / "root"
+    for d in ("opt/a", "opt/b", "opt/c", "opt/d", "opt/wrong", "etc/ld.so.conf.d", "opt/real", "srv/conf"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    files = {"etc/ld.so.conf": "include ../../../../etc/ld.so.conf.d/*.conf\ninclude ../../../etc/linked/*\n",
+             "etc/ld.so.conf.d/1.conf": "/opt/a\ninclude ../../../../../srv/conf/x.conf\n",
+             "etc/ld.so.conf.d/sub.conf": "/opt/c\n",  # what the linked file's `include sub.conf` reads
+             "opt/real/r.conf": "include sub.conf\n", "opt/real/sub.conf": "/opt/wrong\n",
+             "srv/conf/x.conf": "/opt/b\n", "srv/conf/y": "/opt/d\n"}
+    for name, text in files.items():
+        (root / name).write_text(text)
+    os.symlink("/opt/real/r.conf", root / "etc/ld.so.conf.d/2-link.conf")
+    os.symlink("../srv/conf", root / "etc/linked")
+    conf = read_ld_so_conf(str(root))
+    assert not conf.truncated
+    assert list(existing_dirs(str(root), conf.dirs)) == ldconfig_scanned_dirs(root) == \
+        ["/opt/a", "/opt/b", "/opt/c", "/opt/d"]
+
+
 # --- lookup against the real loader -------------------------------------------------------------
 
 

@@ -261,12 +261,15 @@ def test_preview_tells_plan_whether_merge_applies(tmp_path):
     assert "no ld.so.cache" in ldmerge.preview(str(root), update)
 
 
-# --- what the image holds is never more than a CannotMerge (apply then runs ldconfig) -----------
+# --- what the image holds is a CannotMerge (apply then runs ldconfig), or a refusal of ldconfig too ---
 
 
-@pytest.mark.parametrize("hostile", ["fifo", "device", "loop", "conf-loop"])
-def test_hostile_ld_so_conf_is_cannot_merge(tmp_path, no_hang, hostile):
+@pytest.mark.parametrize("hostile", ["fifo", "device", "include-loop", "loop", "conf-loop"])
+def test_hostile_ld_so_conf_is_cannot_merge_or_refused(tmp_path, no_hang, hostile):
+    """A looping link ldconfig skips is a CannotMerge; what it would block, spin or open a device on is refused."""
     import stat
+
+    from pyxis_hook.ldconf import UnsafeLoaderConfig
 
     root = build_image(tmp_path / "root", hwcaps=False)
     libs = inject(root)
@@ -276,12 +279,19 @@ def test_hostile_ld_so_conf_is_cannot_merge(tmp_path, no_hang, hostile):
         os.mkfifo(bad)
     elif hostile == "device":
         os.mknod(bad, stat.S_IFCHR | 0o666, os.makedev(1, 5))  # /dev/zero
+    elif hostile == "include-loop":
+        bad.write_text("include /etc/ld.so.conf\n")
     elif hostile == "loop":
         bad.symlink_to("zz.conf")
     else:
         (root / "etc/ld.so.conf").unlink()
         (root / "etc/ld.so.conf").symlink_to("ld.so.conf")
-    msg = _refused(root, libs)
+    if hostile in ("loop", "conf-loop"):
+        msg = _refused(root, libs)
+    else:
+        with RootFS(str(root)) as rfs, pytest.raises(UnsafeLoaderConfig) as e:
+            ldmerge.update_container_cache(rfs, libs)
+        msg = str(e.value)
     assert "\n" not in msg and ("zz.conf" in msg or "ld.so.conf" in msg)
     assert (root / "etc/ld.so.cache").read_bytes() == before
 

@@ -122,8 +122,9 @@ def test_a_race_that_never_ends_is_one_line(tmp_path, monkeypatch):
 
 
 def test_a_race_that_never_ends_leaves_the_ld_so_conf_unread(dotdot_image, monkeypatch):
-    """An include whose lookup stays EAGAIN is not "matched nothing": the tree is unread (the merge
-    then declines and ldconfig reads it), and a configured dir is not "missing"."""
+    """An endless race changes nothing the reader sees: it walks `..` one component at a time itself
+    (no openat2 lookup to race), so the tree reads as on a quiet host; and a configured dir whose
+    openat2 lookup stays EAGAIN is not "missing": the error says why."""
     real = kernel._call
 
     def eagain_through_dotdot(name, *args):
@@ -133,9 +134,9 @@ def test_a_race_that_never_ends_leaves_the_ld_so_conf_unread(dotdot_image, monke
         return real(name, *args)
 
     with RootFS(str(dotdot_image), use_openat2=True) as rfs:
+        quiet = read_ld_so_conf(rfs.path, rfs=rfs)
         monkeypatch.setattr(kernel, "_call", eagain_through_dotdot)
         conf = read_ld_so_conf(rfs.path, rfs=rfs)
-        assert conf.truncated and conf.unmatched_includes == ()
-        assert conf.problems == (f"/etc/ld.so.conf:2: /etc/.. (in {dotdot_image}): {kernel.BUSY}",)
+        assert conf == quiet and not conf.truncated and "/opt/b" in conf.dirs
         with pytest.raises(RootPathError, match="kept racing"):
             dirs_by_inode(rfs, ("/opt/a", "/usr/lib/../lib64"))

@@ -685,5 +685,5 @@ def test_command_text_and_json(tmp_path, capsysbinary):
     assert doc["cache"] == str(tmp_path / "etc/ld.so.cache") and doc["format"] == "new"
     assert doc["entries"][4]["hwcaps_subdir"] == "x86-64-v2" and doc["entries"][4]["isa_level"] == 2
     (tmp_path / "etc/ld.so.cache").write_bytes(b"junk")
-    assert main(["ldcache", "--root", str(tmp_path)]) == 1
+    assert main(["ldcache", "--root", str(tmp_path)]) == 3  # errors.FAILED
     assert b"ld.so.cache: not an ld.so.cache file" in capsysbinary.readouterr().err

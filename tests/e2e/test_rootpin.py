@@ -19,7 +19,7 @@ import stat
 
 import pytest
 
-from e2e.conftest import bundle_for, fresh_rootfs, hook_entry, make_host, mount_table, run_container
+from e2e.conftest import bundle_for, fresh_rootfs, make_host, mount_table, run_container
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root, pytest.mark.slow]
 

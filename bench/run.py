@@ -127,10 +127,12 @@ class World:
 def _container(rootfs: Path) -> subprocess.Popen:
     """A process in its own mount namespace over the rootfs: runc's container before pivot_root.
 
-    As runc does, the container's /dev is a fresh tmpfs (config.json's first mounts), so device
+    As runc does, the rootfs is bind-mounted onto itself in that namespace (the mount the hook
+    pins), and the container's /dev is a fresh tmpfs (config.json's first mounts), so device
     mount points are made there and not on the image's overlay.
     """
     p = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                          'mount --bind "$PWD" "$PWD" && cd "$PWD" && '
                           "mount -t tmpfs -o nosuid,strictatime,mode=755,size=65536k tmpfs dev && exec sleep 600"],
                          cwd=rootfs)
     for _ in range(4000):  # ready once /dev is mounted and sh has become sleep

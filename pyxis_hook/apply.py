@@ -21,6 +21,9 @@ Safety rules kept here (security.md §5):
   namespace and checked with fstat (regular file / directory / socket as the
   plan says; a char device with exactly the planned st_rdev, else "invalid
   device node"); they are mounted by fd, never re-resolved by name;
+- the rootfs is the fd `rootpin` found in the container's mount namespace
+  when the caller pinned one (prestart): the child never opens `plan.rootfs`
+  by name then, so a `root.path` re-pointed since cannot lead it elsewhere;
 - targets are resolved and created inside the rootfs by `rootfs.RootFS`
   (chroot semantics, O_NOFOLLOW creation), and mounted onto the target fd:
   open_tree(OPEN_TREE_CLONE) + mount_setattr(flags, MS_PRIVATE) + move_mount
@@ -85,9 +88,13 @@ class _Bind:
     covers: str = ""  # the plan's warning for a bind over a file of the image (MountEdit.covers)
 
 
-def apply_plan(plan: Plan, pid: int | str, config=None, *, proc: str = "/proc") -> ApplyResult:
+def apply_plan(plan: Plan, pid: int | str, config=None, *, proc: str = "/proc", root=None) -> ApplyResult:
     """Apply `plan` to the container whose init is `pid` (in our PID namespace; "self": our own namespace).
 
+    `root`: the rootfs pinned in the container's mount namespace
+    (`rootpin.PinnedRoot`, prestart): the child works on that fd and never
+    resolves `plan.rootfs` by name.  Without it (CDI and enroot hooks, tests)
+    the child opens `plan.rootfs` in the container's mount namespace.
     Every decision is in the plan (`cgroup_mode`, `ldcache.ldconfig`):
     `config` is accepted for the design's signature and not read.  Every
     message is logged here, once.  Raises PathError/ApplyError with one
@@ -120,7 +127,7 @@ def apply_plan(plan: Plan, pid: int | str, config=None, *, proc: str = "/proc") 
         owner = (owner_st.st_uid, owner_st.st_gid)
         exe_fd = _ldconfig_fd(plan, fds)
         allow = _cgroup_target(plan, pid, proc, fds, messages) if plan.cgroup_rules else None
-        result = _in_child(plan, ns_fd, binds, gpu_dirs, exe_fd, owner)
+        result = _in_child(plan, ns_fd, binds, gpu_dirs, exe_fd, owner, root)
         messages += result["messages"]
         if allow is not None:
             messages.append(_cgroup_write(plan, *allow))
@@ -334,7 +341,7 @@ def _cgroup_write(plan: Plan, fd: int, allow: str) -> str:
 # -------------------------------------------------------- in the namespace
 
 
-def _in_child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner) -> dict:
+def _in_child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner, root) -> dict:
     r, w = os.pipe2(os.O_CLOEXEC)
     pid = os.fork()
     if pid == 0:  # pragma: no cover - measured through the tests' results
@@ -345,7 +352,7 @@ def _in_child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner) -> dict:
             os.close(r)
             out: dict
             try:
-                out = _child(plan, ns_fd, binds, gpu_dirs, exe_fd, owner)
+                out = _child(plan, ns_fd, binds, gpu_dirs, exe_fd, owner, root)
             except PyxisHookError as e:
                 out = {"error": str(e), "class": type(e).__name__}
             except BaseException as e:  # noqa: BLE001 - a bug: log the frames, report one line
@@ -423,14 +430,16 @@ class _NoImports:
         raise ImportError(f"no import inside the container's mount namespace: {name}")
 
 
-def _child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner) -> dict:
+def _child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner, root) -> dict:
     sys.meta_path.insert(0, _NoImports)  # this forked child only
     kernel.setns(ns_fd, kernel.CLONE_NEWNS, "container mount namespace")
     undo = _Undo()
     messages: list[str] = []
     mounted: list[str] = []
     links: list[str] = []
-    rfs = RootFS(plan.rootfs, owner=owner if owner != (0, 0) else None)
+    owner = owner if owner != (0, 0) else None
+    # a pinned rootfs is its fd (taken in this namespace), named by its path here, not by plan.rootfs
+    rfs = RootFS(plan.rootfs, owner=owner) if root is None else RootFS(root.ns_path, fd=root.fd, owner=owner)
     try:
         try:
             new_api = kernel.have_new_mount_api()
@@ -680,7 +689,8 @@ def _run_ldconfig(plan: Plan, rfs: RootFS, exe_fd: int, messages: list[str]) -> 
 
     dirs = tuple(dict.fromkeys(plan.ldcache.lib_dirs))
     try:
-        warnings = confined.run_ldconfig(plan.rootfs, exe_fd, dirs, root_fd=rfs.fd, owner=rfs.owner)
+        # rfs.path: the rootfs's name in this mount namespace; the runner checks it is still rfs.fd's inode
+        warnings = confined.run_ldconfig(rfs.path, exe_fd, dirs, root_fd=rfs.fd, owner=rfs.owner)
     except BaseException:
         # glibc's ldconfig exits on a failed write, chmod or rename and leaves its temp file
         problem = cachefile.remove_temp(rfs)

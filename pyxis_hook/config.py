@@ -42,6 +42,7 @@ class Config:
     graphics_config_files: bool = False
     cuda_compat: str = "ldconfig"
     cdi_kind: str = "nvidia.com/gpu"
+    writable_bundle: str = "warn"
     #: where the values came from: a file path, or "<defaults>"
     source: str = field(default="<defaults>", compare=False)
 

@@ -61,14 +61,19 @@ def with_mig_uuids(inventory):
     return inv_mod.with_host(inventory, gpus.fill_mig_uuids(inventory.host, lib))
 
 
-def prepare(config: Config, bundle, *, state=None, check: bool = False, confine: bool = True) -> Prepared:
+def prepare(config: Config, bundle, *, state=None, check: bool = False, confine: bool = True,
+            pin=None) -> Prepared:
     """Decide everything for `bundle` (an oci.Bundle); never touches the container.
 
     `check`: raise DriverError with the plan's first problem (what the hook
     and every mode that applies the plan want).  `confine`: bound the
     selection by the GPUs this process's device cgroup allows (a hook run
     inside a Slurm step); `plan` passes the same default, so the dry run
-    decides as the real run does.
+    decides as the real run does.  `pin`: called once the container asks for
+    a GPU, before anything of its rootfs is read; it returns the path the
+    image is read through (prestart's `rootpin.PinnedRoot.view`: the rootfs
+    the runtime mounted, not whatever `bundle.rootfs` names by now).  The
+    plan still names `bundle.rootfs`.
     """
     from pyxis_hook import oci, request as req
 
@@ -78,6 +83,7 @@ def prepare(config: Config, bundle, *, state=None, check: bool = False, confine:
     if void is not None:
         return Prepared(void, None, Plan(rootfs=bundle.rootfs, notes=void.reasons))
 
+    view = pin() if pin is not None else bundle.rootfs
     from pyxis_hook import inventory as inv_mod
     from pyxis_hook.container import container_facts
     from pyxis_hook.plan import build_plan
@@ -103,7 +109,11 @@ def prepare(config: Config, bundle, *, state=None, check: bool = False, confine:
     request = req.resolve_request(env, annotations, host, config, allowed, cuda_version=cuda,
                                   privileged=bundle.privileged)
     # what the image holds where the libraries' links go decides link or cover (plan.link_edit)
-    facts = container_facts(bundle.rootfs, files=inventory.select(request.capabilities))
+    facts = container_facts(view, files=inventory.select(request.capabilities))
+    if view != bundle.rootfs:
+        from pyxis_hook.record import replace
+
+        facts = replace(facts, rootfs=bundle.rootfs)
     plan = build_plan(request, inventory, facts, config, proc_files=read_proc_driver_files(config.proc_root))
     for note in plan.notes:
         log.debug(note)

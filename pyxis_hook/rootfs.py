@@ -221,12 +221,18 @@ class RootFS:
     class), and remembers what it created so `rollback` can remove exactly that.
     """
 
-    def __init__(self, path: str, *, owner: tuple[int, int] | None = None, use_openat2: bool | None = None):
+    def __init__(self, path: str, *, fd: int | None = None, owner: tuple[int, int] | None = None,
+                 use_openat2: bool | None = None):
+        """Open `path`; or, with `fd`, work on a copy of that directory fd and use `path` only as its name.
+
+        `fd` is how a rootfs pinned elsewhere (`rootpin`) is used without
+        resolving its name again: whatever `path` names by now, only the fd counts.
+        """
         from pyxis_hook import kernel
 
         self.path = os.path.normpath(os.path.abspath(path))
         try:
-            self.fd = os.open(self.path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            self.fd = os.open(self.path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) if fd is None else os.dup(fd)
         except OSError as e:
             raise RootPathError(f"container rootfs {self.path}: {e.strerror}", e.errno or 0) from None
         self.owner = owner

@@ -34,6 +34,17 @@ def cache_dir() -> Path:
     return CACHE_DIR
 
 
+@pytest.fixture(params=["new-api", "legacy"])
+def mount_api(request, monkeypatch):
+    """Run each test with open_tree/move_mount + openat2, and with bind+remount + the component walk."""
+    from pyxis_hook import kernel
+
+    if request.param == "legacy":
+        monkeypatch.setattr(kernel, "HAVE_NEW_MOUNT_API", False)
+        monkeypatch.setattr(kernel, "HAVE_OPENAT2", False)
+    return request.param
+
+
 @pytest.fixture
 def no_hang():
     """A blocked open or read (a FIFO opened without O_NONBLOCK) fails the test instead of hanging the suite."""

@@ -14,11 +14,11 @@ import shutil
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from fixtures.standin import start_standin
 from fixtures.synth import build_lib
 from pyxis_hook import apply as apply_mod
 from pyxis_hook import kernel, log
@@ -33,28 +33,8 @@ pytestmark = pytest.mark.root
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
 
 
-@pytest.fixture(params=["new-api", "legacy"])
-def mount_api(request, monkeypatch):
-    """Run each test with open_tree/move_mount + openat2, and with bind+remount + the component walk."""
-    if request.param == "legacy":
-        monkeypatch.setattr(kernel, "HAVE_NEW_MOUNT_API", False)
-        monkeypatch.setattr(kernel, "HAVE_OPENAT2", False)
-    return request.param
-
-
 def _container(root: Path, script: str = "exec sleep 600") -> subprocess.Popen:
-    ours = os.readlink("/proc/self/ns/mnt")
-    p = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c", script])
-    for _ in range(500):
-        try:
-            if os.readlink(f"/proc/{p.pid}/ns/mnt") != ours and \
-                    os.readlink(f"/proc/{p.pid}/exe").endswith("sleep"):
-                return p
-        except OSError:
-            pass
-        time.sleep(0.01)
-    p.kill()
-    raise RuntimeError("container stand-in did not start")
+    return start_standin(script)
 
 
 @pytest.fixture

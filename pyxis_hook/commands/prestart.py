@@ -17,24 +17,45 @@ def add_arguments(parser) -> None:
 
 
 def execute(config, stdin_bytes: bytes, bundle_dir: str | None = None) -> int:
-    """The hook's work; raises PyxisHookError for anything the user must fix."""
+    """The hook's work; raises PyxisHookError for anything the user must fix.
+
+    Once the container asks for a GPU, the bundle's writers are checked
+    (`bundleperm`, the `writable-bundle` key) and its rootfs is pinned in the
+    container's mount namespace (`rootpin`): the image is read and changed
+    through that fd only, whatever `root.path` names by then.
+    """
     from pyxis_hook import log, oci
 
     state = oci.parse_state(stdin_bytes)
     bundle = oci.load_bundle(bundle_dir or state.bundle)
     from pyxis_hook.hook import prepare
 
-    prepared = prepare(config, bundle, state=state, check=True)
-    if prepared.request.void:
-        log.debug(f"container {state.id}: {prepared.request.reasons[0]}")
-        return 0
-    from pyxis_hook.apply import apply_plan
+    pinned = []
 
-    plan = prepared.plan
-    log.info(f"container {state.id}: {len(plan.devices)} devices, {len(plan.mounts)} mounts, "
-             f"ldcache {plan.ldcache.mode}")
-    apply_plan(plan, state.pid, config)
-    return 0
+    def pin() -> str:
+        from pyxis_hook import bundleperm, rootpin
+
+        warning = bundleperm.check_bundle(bundle.path, bundle.config_path, config.writable_bundle)
+        if warning:
+            log.warning(f"container {state.id}: {warning}")
+        pinned.append(rootpin.pin_rootfs(bundle.rootfs, state.pid))
+        return pinned[0].view
+
+    try:
+        prepared = prepare(config, bundle, state=state, check=True, pin=pin)
+        if prepared.request.void:
+            log.debug(f"container {state.id}: {prepared.request.reasons[0]}")
+            return 0
+        from pyxis_hook.apply import apply_plan
+
+        plan = prepared.plan
+        log.info(f"container {state.id}: {len(plan.devices)} devices, {len(plan.mounts)} mounts, "
+                 f"ldcache {plan.ldcache.mode}")
+        apply_plan(plan, state.pid, config, root=pinned[0])
+        return 0
+    finally:
+        for root in pinned:
+            root.close()
 
 
 def run(args, config) -> int:

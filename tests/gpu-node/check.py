@@ -100,8 +100,10 @@ def main(argv: list[str]) -> int:
     with open(os.path.join(rootfs, "query.py"), "w") as f:
         f.write(QUERY)
     subprocess.run(["ldconfig", "-r", rootfs], check=False)
-    # the "container": a process in its own mount namespace, stdlib bound read-only
+    # the "container": a process in its own mount namespace with the rootfs bind-mounted onto
+    # itself (as runc and crun do: the mount the hook pins), stdlib bound read-only
     holder = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                               f"mount --bind {rootfs} {rootfs} && "
                                f"mount --bind -o ro {stdlib} {rootfs}{stdlib} && "
                                f"mount -t proc proc {rootfs}/proc && "
                                f"mount -t sysfs -o ro sysfs {rootfs}/sys && "

@@ -1,0 +1,199 @@
+"""The container's rootfs as its runtime set it up, found in the container's mount namespace and held as an fd.
+
+Why: config.json lives in the bundle, a directory that may belong to someone
+less privileged than the hook (a root runtime driven on a user-owned bundle),
+and the runtime reads `root.path` once, at create.  By the time a prestart or
+createRuntime hook reads it, the name may lead anywhere: a symlink swapped in
+for `rootfs`, or `root.path` rewritten to `/`.  A hook that resolves it on the
+host then makes mount points and rewrites ld.so.cache in a host directory (the
+CVE-2024-0132/-0134 class).  NVIDIA's hook takes `filepath.Abs(root.path)` as
+it finds it (nvidia-container-toolkit, `cmd/nvidia-container-runtime-hook/main.go`
+`getRootfsPath`).
+
+What the runtime set up is recorded where the bundle's owner cannot reach:
+the container's mount namespace.
+
+- Before pivot_root (runc and crun run prestart and createRuntime hooks after
+  the container's mounts and before the pivot; runc's
+  `libcontainer/rootfs_linux.go` `prepareRoot` bind-mounts the rootfs onto
+  itself, crun does the same), the rootfs is a mount the runtime made in that
+  namespace.  The namespace was copied from the runtime's, which is the
+  hook's own (the runtime runs the hook), so a mount the runtime made is one
+  the container's namespace has at a mount point more often than the hook's
+  namespace has, and the rootfs is such a mount with no other one above it.
+  `root.path` is resolved in the container's namespace (`/proc/<pid>/root`,
+  chroot semantics, links followed as the runtime followed them) and must
+  land on the root of that mount.
+- After pivot_root (Apptainer's OCI engine runs createRuntime there), the
+  container process's root directory `/proc/<pid>/root` is the rootfs, and
+  `root.path` must name that same directory (st_dev, st_ino).
+
+The fd found that way is the only handle used afterwards: planning reads the
+image through `/proc/self/fd/<fd>` (`PinnedRoot.view`) and apply's child
+builds its `RootFS` on the fd.  Anything else is one `RootfsError` line and
+nothing is touched.
+"""
+
+from __future__ import annotations
+
+import os
+
+from pyxis_hook.errors import OciError
+from pyxis_hook.record import record
+
+
+class RootfsError(OciError):
+    """The bundle's `root.path` is not the rootfs the runtime set up for the container."""
+
+
+@record
+class PinnedRoot:
+    """The container's rootfs, opened once (O_PATH) in the container's mount namespace; the caller closes it."""
+
+    fd: int
+    #: its path inside the container's mount namespace: the mount point before pivot_root, "/" after
+    ns_path: str
+    #: True when the container process had already pivoted (its root directory is the rootfs)
+    pivoted: bool
+
+    @property
+    def view(self) -> str:
+        """A path reaching the pinned directory from this process, for code that reads by name."""
+        return f"/proc/self/fd/{self.fd}"
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def pin_rootfs(rootfs: str, pid: int, *, proc: str = "/proc") -> PinnedRoot:
+    """Open the rootfs the runtime set up for container process `pid`; `rootfs` is the bundle's root.path.
+
+    Raises RootfsError (one line) when `rootfs` names anything else, or when
+    the container process cannot be looked at.
+    """
+    where = f"{proc}/{pid}"
+    try:
+        root_fd = os.open(f"{where}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        pivoted = not _same_file(os.fstat(root_fd), os.stat("/"))
+    except OSError as e:
+        raise RootfsError(f"container process {pid}: cannot open its root directory: {e.strerror}") from None
+    try:
+        if pivoted:
+            _check_pivoted(rootfs, pid, root_fd)
+            return PinnedRoot(fd=os.dup(root_fd), ns_path="/", pivoted=True)
+        fd, mount_point = _runtime_mount(rootfs, pid, root_fd, where, proc)
+        return PinnedRoot(fd=fd, ns_path=mount_point, pivoted=False)
+    finally:
+        os.close(root_fd)
+
+
+def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _check_pivoted(rootfs: str, pid: int, root_fd: int) -> None:
+    """After pivot_root: `rootfs`, resolved on the host as the runtime did, must be the process's root."""
+    try:
+        st = os.stat(rootfs)
+    except OSError as e:
+        raise RootfsError(f"root.path {rootfs}: {e.strerror}") from None
+    if not _same_file(st, os.fstat(root_fd)):
+        raise RootfsError(f"root.path {rootfs} is not the root directory of container process {pid} "
+                          "(it has pivoted into another): not the rootfs the runtime set up")
+
+
+def _runtime_mount(rootfs: str, pid: int, root_fd: int, where: str, proc: str) -> tuple[int, str]:
+    """Before pivot_root: (fd, mount point) of the runtime's rootfs mount that `rootfs` leads to."""
+    from pyxis_hook.errors import PathError
+    from pyxis_hook.rootfs import RootFS
+
+    with RootFS(f"{where}/root", fd=root_fd) as theirs_root:  # the container's mounts, chroot semantics
+        try:
+            fd = theirs_root.open(rootfs, os.O_PATH | os.O_DIRECTORY)
+        except PathError as e:
+            why = os.strerror(e.errno) if getattr(e, "errno", 0) else str(e)
+            raise RootfsError(f"root.path {rootfs}: not a directory in the mount namespace of container "
+                              f"process {pid}: {why}") from None
+    try:
+        point, problem = _judge(fd, pid, where, proc)
+        if problem:
+            try:
+                problem = f"it leads to {os.readlink(f'{proc}/self/fd/{fd}')}: {problem}"
+            except OSError:
+                pass
+            raise RootfsError(f"root.path {rootfs} is not the rootfs the runtime set up for container "
+                              f"process {pid}: {problem}")
+        return fd, point
+    except OSError as e:
+        os.close(fd)
+        raise RootfsError(f"root.path {rootfs}: cannot inspect it in container process {pid}: {e.strerror}") from None
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _judge(fd: int, pid: int, where: str, proc: str) -> tuple[str, str | None]:
+    """(mount point of the mount `fd` is on, why it is not the runtime's rootfs or None)."""
+    from pyxis_hook.cgroup import parse_mountinfo, read_text
+
+    mount_id = _mount_id(fd, proc)
+    up = os.open("..", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+    try:
+        is_mount_root = _mount_id(up, proc) != mount_id  # '..' of a mount's root is on the mount below
+    finally:
+        os.close(up)
+    theirs = _mounts(read_text(f"{where}/mountinfo") or "")
+    ours = _mounts(read_text(f"{proc}/self/mountinfo") or "")
+    line = next((line for mid, _point, line in theirs if mid == str(mount_id)), None)
+    if line is None:
+        return "", f"it is on mount {mount_id}, which container process {pid} does not have"
+    problem = runtime_mount_problem(line.split(" ", 5)[4], is_mount_root, [p for _m, p, _l in theirs],
+                                    [p for _m, p, _l in ours])
+    return parse_mountinfo(line)[0].mount_point, problem
+
+
+def runtime_mount_problem(point: str, is_mount_root: bool, theirs: list[str], ours: list[str]) -> str | None:
+    """Why the directory at the root (or not) of the mount at `point` is not a rootfs the runtime mounted.
+
+    `theirs`/`ours`: the mount points of the container's and of the hook's
+    mount namespace, one entry per mount (stacked mounts repeat).  The
+    container's namespace started as a copy of the hook's; a mount point it
+    has more often is one the runtime mounted on.  None when it is the root
+    of such a mount and no such mount lies above it.
+    """
+    if theirs.count(point) <= ours.count(point):
+        return f"the mount it is on, at {point}, is also in the hook's own mount namespace: not one the runtime made"
+    above = point
+    while above != "/":
+        above = os.path.dirname(above)
+        if theirs.count(above) > ours.count(above):
+            return f"the mount it is on, at {point}, lies below {above}, a mount the runtime made"
+    if not is_mount_root:
+        return f"it is a directory inside the mount at {point}, not that mount's root"
+    return None
+
+
+def _mounts(text: str) -> list[tuple[str, str, str]]:
+    """(mount id, mount point as mountinfo escapes it, line) per line of a mountinfo.
+
+    Only the two fields the rule compares, split off each line: a node with
+    thousands of mounts (each container has some) costs ~1 ms per file this
+    way, ~10 ms as `cgroup.parse_mountinfo` records.  Both namespaces escape
+    the same way, and an escape holds no '/', so escaped points compare and
+    climb like the paths.
+    """
+    out = []
+    for line in text.splitlines():
+        f = line.split(" ", 5)
+        if len(f) == 6:
+            out.append((f[0], f[4], line))
+    return out
+
+
+def _mount_id(fd: int, proc: str) -> int:
+    """The id of the mount `fd` is on (`mnt_id` of /proc/self/fdinfo, Linux >= 3.15), as mountinfo numbers it."""
+    with open(f"{proc}/self/fdinfo/{fd}", "rb") as f:
+        for line in f.read(4096).splitlines():
+            if line.startswith(b"mnt_id:"):
+                return int(line.split()[1])
+    raise OSError(0, f"no mnt_id in {proc}/self/fdinfo/{fd}")

@@ -1,0 +1,224 @@
+"""rootpin: the rootfs is the mount the runtime made in the container's namespace (or its pivoted root).
+
+Stand-ins for a container init (root): `unshare -m` + `mount --bind ROOTFS
+ROOTFS` is runc/crun before pivot_root (both bind-mount the rootfs onto
+itself, tests/e2e/test_rootpin.py checks the real ones); `unshare -m --root`
+is a container process whose root directory already is the rootfs.  The name
+is then re-pointed as whoever can write the bundle could.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from fixtures.standin import start_standin
+from pyxis_hook.apply import apply_plan
+from pyxis_hook.errors import ApplyError
+from pyxis_hook.plan import LdcacheUpdate, MountEdit, Plan
+from pyxis_hook.rootpin import RootfsError, pin_rootfs, runtime_mount_problem
+
+LIBDIR = "/usr/lib/x86_64-linux-gnu"
+
+
+# ------------------------------------------------------------ the rule itself (no kernel)
+
+
+def test_the_runtimes_bind_mount_is_the_rootfs():
+    assert runtime_mount_problem("/b/rootfs", True, ["/", "/proc", "/b/rootfs", "/b/rootfs/proc"],
+                                 ["/", "/proc"]) is None
+
+
+def test_a_bind_stacked_on_a_host_mount_is_the_rootfs():
+    """podman: the overlay is a host mount at the path, the runtime's bind sits on its copy."""
+    assert runtime_mount_problem("/m/merged", True, ["/", "/m/merged", "/m/merged"], ["/", "/m/merged"]) is None
+
+
+@pytest.mark.parametrize("point, is_root, words", [
+    ("/", True, "also in the hook's own mount namespace"),
+    ("/home", True, "also in the hook's own mount namespace"),
+    ("/b/rootfs/dev", True, "lies below /b/rootfs"),
+    ("/b/rootfs", False, "not that mount's root"),
+])
+def test_anything_else_is_refused_with_the_reason(point, is_root, words):
+    theirs = ["/", "/home", "/b/rootfs", "/b/rootfs/dev"]
+    ours = ["/", "/home"]
+    assert words in runtime_mount_problem(point, is_root, theirs, ours)
+
+
+# ------------------------------------------------------------ stand-in containers (root)
+
+
+@pytest.fixture
+def start():
+    """Start container stand-ins (`fixtures.standin`); all are killed at the end of the test."""
+    procs = []
+
+    def run(script: str) -> int:
+        procs.append(start_standin(script))
+        return procs[-1].pid
+
+    yield run
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+@pytest.fixture
+def bundle(tmp_path):
+    """A bundle dir with rootfs/ (an image: etc/, the lib dir, busybox as sleep) and a host dir beside it."""
+    root = tmp_path / "bundle/rootfs"
+    for d in ("etc", LIBDIR.lstrip("/"), "bin", "dev"):
+        (root / d).mkdir(parents=True)
+    (root / "etc/marker").write_text("image\n")
+    shutil.copy2(shutil.which("busybox") or "/bin/busybox", root / "bin/sleep")
+    canary = tmp_path / "host-dir"
+    (canary / LIBDIR.lstrip("/")).mkdir(parents=True)
+    (canary / "etc").mkdir()
+    (canary / "etc/marker").write_text("host\n")
+    return root, canary
+
+
+@pytest.fixture
+def runtime_like(bundle, start):
+    """A container init as runc/crun leave it for prestart: the rootfs bind-mounted onto itself, before pivot_root."""
+    root, _canary = bundle
+    return start(f"mount --bind {root} {root} && mount -t tmpfs none {root}/dev && exec sleep 600")
+
+
+def _repoint(root, canary) -> None:
+    """What the bundle's owner can do after the runtime mounted the rootfs: `rootfs` becomes a link elsewhere."""
+    root.rename(root.with_name("real"))
+    root.symlink_to(canary)
+
+
+def _tree(d) -> dict:
+    return {os.path.join(p, n): os.lstat(os.path.join(p, n)).st_mtime_ns
+            for p, ds, fs in os.walk(d) for n in ds + fs}
+
+
+@pytest.mark.root
+def test_pins_the_runtimes_mount_and_reads_the_image_through_it(bundle, runtime_like):
+    root, _canary = bundle
+    pinned = pin_rootfs(str(root), runtime_like)
+    try:
+        assert (pinned.ns_path, pinned.pivoted) == (str(root), False)
+        st = os.fstat(pinned.fd)
+        assert (st.st_dev, st.st_ino) == (os.stat(root).st_dev, os.stat(root).st_ino)
+        with open(f"{pinned.view}/etc/marker") as f:
+            assert f.read() == "image\n"
+    finally:
+        pinned.close()
+
+
+@pytest.mark.root
+def test_a_link_the_runtime_followed_at_create_leads_to_the_same_mount(bundle, runtime_like):
+    root, _canary = bundle
+    (root.parent / "link").symlink_to("rootfs")
+    pinned = pin_rootfs(str(root.parent / "link"), runtime_like)
+    pinned.close()
+    assert pinned.ns_path == str(root)
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("how", ["symlink", "config"])
+def test_a_name_repointed_after_the_mount_is_refused(bundle, runtime_like, how):
+    root, canary = bundle
+    if how == "symlink":
+        _repoint(root, canary)
+        named = root
+    else:  # config.json's root.path rewritten to the host dir
+        named = canary
+    with pytest.raises(RootfsError, match=f"root.path {named} is not the rootfs the runtime set up .*"
+                                          f"it leads to {canary}: .* not one the runtime made"):
+        pin_rootfs(str(named), runtime_like)
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("path, words", [
+    ("/", "the mount it is on, at /, is also in the hook's own mount namespace"),
+    ("dev", "lies below"),
+    ("etc", "a directory inside the mount at"),
+    ("missing", "not a directory in the mount namespace of container process"),
+])
+def test_other_places_are_refused_in_one_line(bundle, runtime_like, path, words):
+    root, _canary = bundle
+    with pytest.raises(RootfsError, match=words) as e:
+        pin_rootfs(os.path.join(str(root), path), runtime_like)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.root
+def test_a_rootfs_the_runtime_did_not_mount_is_refused(bundle, start):
+    root, _canary = bundle
+    pid = start("exec sleep 600")
+    with pytest.raises(RootfsError, match="not one the runtime made"):
+        pin_rootfs(str(root), pid)
+
+
+@pytest.mark.root
+def test_after_pivot_the_process_root_is_the_rootfs(bundle, start):
+    root, canary = bundle
+    pid = start(f"exec chroot {root} /bin/sleep 600")
+    pinned = pin_rootfs(str(root), pid)
+    pinned.close()
+    assert (pinned.ns_path, pinned.pivoted) == ("/", True)
+    with pytest.raises(RootfsError, match=f"root.path {canary} is not the root directory of container process"):
+        pin_rootfs(str(canary), pid)
+    _repoint(root, canary)
+    with pytest.raises(RootfsError, match="not the rootfs the runtime set up"):
+        pin_rootfs(str(root), pid)
+
+
+@pytest.mark.root
+def test_a_gone_process_is_one_line(bundle):
+    root, _canary = bundle
+    p = subprocess.Popen(["true"])
+    p.wait()
+    with pytest.raises(RootfsError, match=f"container process {p.pid}: cannot open its root directory"):
+        pin_rootfs(str(root), p.pid)
+
+
+# ------------------------------------------------------------ apply works on the pinned fd only
+
+
+@pytest.mark.root
+def test_apply_uses_the_pinned_rootfs_whatever_the_name_says_later(bundle, runtime_like, mount_api, tmp_path):
+    root, canary = bundle
+    lib = tmp_path / "libcuda.so.535.104.05"
+    lib.write_text("driver\n")
+    pinned = pin_rootfs(str(root), runtime_like)
+    try:
+        _repoint(root, canary)
+        before = _tree(canary)
+        plan = Plan(rootfs=str(root), mounts=(MountEdit(str(lib), f"{LIBDIR}/libcuda.so.535.104.05"),))
+        res = apply_plan(plan, runtime_like, root=pinned)
+    finally:
+        pinned.close()
+    assert res.mounted == (f"{LIBDIR}/libcuda.so.535.104.05",)
+    assert _tree(canary) == before
+    real = root.with_name("real")
+    with open(f"/proc/{runtime_like}/root{real}{LIBDIR}/libcuda.so.535.104.05") as f:
+        assert f.read() == "driver\n"  # mounted in the container's rootfs, seen through its namespace
+
+
+@pytest.mark.root
+def test_ldconfig_runs_in_the_pinned_rootfs_and_refuses_a_renamed_one(bundle, runtime_like, tmp_path):
+    """The confined ldconfig reopens the rootfs by its name in the namespace and insists on the pinned inode."""
+    root, canary = bundle
+    (root / "etc/ld.so.conf").write_text("")
+    plan = Plan(rootfs=str(root), ldcache=LdcacheUpdate("ldconfig", "/sbin/ldconfig", (LIBDIR,)))
+    pinned = pin_rootfs(str(root), runtime_like)
+    try:
+        res = apply_plan(plan, runtime_like, root=pinned)
+        assert any("ldconfig ran" in m for m in res.messages)
+        assert (root / "etc/ld.so.cache").exists()
+        _repoint(root, canary)
+        with pytest.raises(ApplyError, match="ldconfig"):
+            apply_plan(plan, runtime_like, root=pinned)
+    finally:
+        pinned.close()
+    assert not (canary / "etc/ld.so.cache").exists()

@@ -71,7 +71,9 @@ def _schema_dir() -> str:
     found by walking up from the package rather than from sys.prefix, which
     under `-I -S` is the base interpreter's.
     """
-    pkg = os.path.dirname(os.path.realpath(__file__))
+    pkg = os.path.realpath(__file__)
+    for _ in range(__name__.count(".")):  # up to the package's own dir, wherever this module sits in it
+        pkg = os.path.dirname(pkg)
     here = os.path.join(os.path.dirname(pkg), "schemas")
     if os.path.isfile(os.path.join(here, "pyxis-conf.schema.json")):
         return here

@@ -44,7 +44,10 @@ def hook_argv(stage: str, python: str | None = None) -> list[str]:
 def base_argv(python: str | None = None) -> list[str]:
     """The argv prefix every hook of ours starts with (hooks.d, CDI hooks, enroot shim)."""
     python = python or interpreter()
-    main = os.path.join(os.path.dirname(os.path.abspath(__file__)), "__main__.py")
+    pkg = os.path.abspath(__file__)
+    for _ in range(__name__.count(".")):  # up to the package's own dir, wherever this module sits in it
+        pkg = os.path.dirname(pkg)
+    main = os.path.join(pkg, "__main__.py")
     return [python, "-I", "-S", main]
 
 

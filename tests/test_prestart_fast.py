@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fixtures.oci_state import state_json
+import pyxis_hook
 from pyxis_hook import oci
 from pyxis_hook.commands.prestart import certainly_void
 from pyxis_hook.request import void_request
@@ -52,7 +53,7 @@ def test_unusual_input_takes_the_full_path(tmp_path):
 def test_void_exit_imports_almost_nothing(tmp_path):
     """`python -I -S .../__main__.py prestart` for a no-GPU container loads none of the heavy modules."""
     (tmp_path / "config.json").write_text(json.dumps({"process": {"env": ["PATH=/bin"]}}))
-    main = os.path.join(os.path.dirname(oci.__file__), "__main__.py")
+    main = os.path.join(os.path.dirname(pyxis_hook.__file__), "__main__.py")
     r = subprocess.run([sys.executable, "-X", "importtime", "-I", "-S", main, "prestart"],
                        input=state_json(tmp_path).encode(), capture_output=True)
     assert r.returncode == 0, r.stderr
@@ -74,7 +75,7 @@ def test_deeply_nested_state_is_one_line_not_a_traceback():
 
 def test_main_runs_as_a_file_by_relative_path_and_through_a_symlink(tmp_path):
     """__main__.py finds its package without `os` (G4): from a relative path and through a link to it."""
-    main = os.path.join(os.path.dirname(oci.__file__), "__main__.py")
+    main = os.path.join(os.path.dirname(pyxis_hook.__file__), "__main__.py")
     link = tmp_path / "hook-main.py"
     link.symlink_to(main)
     rel = os.path.relpath(main, tmp_path)
@@ -86,7 +87,7 @@ def test_main_runs_as_a_file_by_relative_path_and_through_a_symlink(tmp_path):
 
 def test_a_relative_or_empty_interpreter_path_never_picks_a_venv_from_the_working_directory(tmp_path):
     """runc runs hooks in the bundle dir: a pyvenv.cfg planted above it must not choose root's imports."""
-    main = os.path.join(os.path.dirname(oci.__file__), "__main__.py")
+    main = os.path.join(os.path.dirname(pyxis_hook.__file__), "__main__.py")
     (tmp_path / "pyvenv.cfg").write_text("home = /usr/bin\n")
     (tmp_path / "b").mkdir()
     (tmp_path / "bundle").mkdir()

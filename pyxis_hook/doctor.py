@@ -382,7 +382,7 @@ def check_slurm(host, config, env: DoctorEnv) -> list[Finding]:
 
 def run_checks(config, env: DoctorEnv | None = None, inventory=None) -> tuple[Finding, ...]:
     """Every host check, in the order a newcomer should read them."""
-    from pyxis_hook.inventory import discover
+    from pyxis_hook.discovery import discover
 
     env = env or DoctorEnv(environ=tuple(os.environ.items()))
     inv = inventory if inventory is not None else discover(config, strict=False)

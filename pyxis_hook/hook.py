@@ -84,11 +84,11 @@ def prepare(config: Config, bundle, *, state=None, check: bool = False, confine:
         return Prepared(void, None, Plan(rootfs=bundle.rootfs, notes=void.reasons))
 
     view = pin() if pin is not None else bundle.rootfs
-    from pyxis_hook import inventory as inv_mod
+    from pyxis_hook import snapshot
     from pyxis_hook.container import container_facts
     from pyxis_hook.plan import build_plan
 
-    inventory = inv_mod.load_or_build(config, strict=False)  # GPU facts are read fresh, not from the snapshot
+    inventory = snapshot.load_or_build(config, strict=False)  # GPU facts are read fresh, not from the snapshot
     host = inventory.host
     if req.names_mig_uuid(env) and any(m.uuid is None for m in host.mig_devices):
         inventory = with_mig_uuids(inventory)

@@ -167,7 +167,7 @@ def load_or_build(config, *, strict: bool = True):
         return load(config, host)
     except SnapshotError as e:
         log.debug(f"rebuilding the inventory: {e}")
-    from pyxis_hook.inventory import discover
+    from pyxis_hook.discovery import discover
 
     inv = discover(config, strict=strict, host=host)
     if inv.usable:

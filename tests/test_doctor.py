@@ -26,7 +26,7 @@ from pyxis_hook import cli, doctor
 from pyxis_hook.config import Config, load_schema
 from pyxis_hook.findings import Finding
 from pyxis_hook.hookd import hook_document
-from pyxis_hook.inventory import discover
+from pyxis_hook.discovery import discover
 
 VERSION = "535.104.05"
 

@@ -26,7 +26,9 @@ from fixtures.synthdriver import LIB, OLD, V, make_driver
 from pyxis_hook import snapshot
 from pyxis_hook.config import Config
 from pyxis_hook.errors import DriverError
-from pyxis_hook.inventory import DriverFile, Inventory, discover, load_or_build
+from pyxis_hook.inventory import DriverFile, Inventory
+from pyxis_hook.discovery import discover
+from pyxis_hook.snapshot import load_or_build
 from schema_check import validate
 
 

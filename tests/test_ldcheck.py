@@ -28,7 +28,7 @@ from fixtures.synth import build_lib
 from pyxis_hook import cli, ldcheck
 from pyxis_hook.config import Config, load_schema
 from pyxis_hook.findings import SEVERITIES, Finding, format_finding, worst
-from pyxis_hook.inventory import discover
+from pyxis_hook.discovery import discover
 from pyxis_hook.plan import COMPAT_DIR
 
 VERSION = "535.104.05"

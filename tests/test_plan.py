@@ -14,6 +14,7 @@ from fixtures.container import make_bundle
 from fixtures.fakedriver import make_fake_driver
 from fixtures.hosttree import fake_gpus, make_host_tree
 from pyxis_hook import errors, gpus, inventory, oci
+from pyxis_hook import discovery
 from pyxis_hook.config import Config
 from pyxis_hook.hook import prepare, read_proc_driver_files
 from pyxis_hook.plan import ContainerFacts, build_plan, patch_params
@@ -30,7 +31,7 @@ def world(tmp_path_factory):
     driver = make_fake_driver(base / "driver", version=VERSION)
     config = Config(driver_root=str(driver), dev_root=str(tree.dev_root), proc_root=str(tree.proc_root),
                     snapshot_dir=str(base / "snap"), source=str(base / "pyxis.conf"))
-    inv = inventory.discover(config, strict=False)
+    inv = discovery.discover(config, strict=False)
     return base, tree, config, inv
 
 

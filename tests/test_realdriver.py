@@ -16,7 +16,8 @@ import pytest
 
 from fixtures import hosttree, realdriver
 from pyxis_hook.config import Config
-from pyxis_hook.inventory import Inventory, discover
+from pyxis_hook.inventory import Inventory
+from pyxis_hook.discovery import discover
 
 pytestmark = [pytest.mark.realdriver, pytest.mark.slow]
 

@@ -76,7 +76,7 @@ def format_text(inv) -> str:
 
 def run(args, config) -> int:
     from pyxis_hook.errors import FINDINGS, OK, error_line
-    from pyxis_hook.inventory import discover
+    from pyxis_hook.discovery import discover
 
     inv = discover(config, strict=False)
     if args.json:

@@ -70,7 +70,7 @@ def run(args, config) -> int:
     from pyxis_hook import ldcheck
     from pyxis_hook.errors import FINDINGS, OK
     from pyxis_hook.findings import has_errors
-    from pyxis_hook.inventory import discover
+    from pyxis_hook.discovery import discover
 
     rootfs, env, source = _target(args, config)
     inv = discover(config, strict=False)

@@ -93,7 +93,7 @@ def format_text(doc: dict) -> str:
 
 def run(args, config) -> int:
     from pyxis_hook.errors import FINDINGS, OK, PyxisHookError, error_line
-    from pyxis_hook.inventory import discover
+    from pyxis_hook.discovery import discover
 
     inv = discover(config, strict=False)
     rc = OK if inv.usable else FINDINGS

@@ -8,7 +8,6 @@ OCI state), so that the parsers are driven past their first check.
 from __future__ import annotations
 
 import os
-import struct
 import sys
 import tempfile
 from typing import Callable, NamedTuple

@@ -57,7 +57,7 @@ PY = os.path.realpath(sys.executable)
 #: how the hook is run: the interpreter with -I (isolated) and -S (no site scan: .pth files, an editable
 #: install's finder), the package's __main__.py as a file (it puts its own parent on sys.path)
 HOOK_ARGS = [PY, "-I", "-S", str(REPO / "pyxis_hook" / "__main__.py"), "prestart"]
-#: the form with the site scan (`python -I -m pyxis_hook`, hookd.py's default today), for comparison
+#: the form with the site scan (`python -I -m pyxis_hook`, engines/hookd.py's default today), for comparison
 HOOK_ARGS_SITE = [PY, "-I", "-m", "pyxis_hook", "prestart"]
 DRIVER_VERSION = "535.216.03"
 GPU_COUNTS = (1, 4, 8, 64)

@@ -40,7 +40,7 @@ def main(argv: list[str]) -> int:
     bundle = out / "bundle"
     make_rootfs(bundle / "rootfs")
     python = os.path.realpath(sys.executable)
-    from pyxis_hook.hookd import hook_argv
+    from pyxis_hook.engines.hookd import hook_argv
 
     hook = {"path": python, "args": hook_argv("prestart", python),
             "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin", f"PYXIS_HOOK_CONFIG={conf}"]}

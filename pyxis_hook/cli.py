@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return errors.USAGE
     try:
-        from pyxis_hook.config import load_config
+        from pyxis_hook.spec.config import load_config
 
         config = load_config(args.config)
         log.configure(config.log_file, config.log_level, "debug" if args.debug else "warning")

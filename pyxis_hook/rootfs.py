@@ -201,7 +201,7 @@ def _err(path: str, root: str, e: OSError | int, what: str = "") -> RootPathErro
     if err == errno.EXDEV:
         text = "crosses a magic link or leaves the root"
     if err == errno.EAGAIN:  # only openat2 answers it, after kernel.openat2's retries
-        from pyxis_hook import kernel  # loaded: RootFS used openat2
+        from pyxis_hook.apply import kernel  # loaded: RootFS used openat2
 
         text = kernel.BUSY
     return RootPathError(f"{what}{path} (in {root}): {text}", err)
@@ -228,7 +228,7 @@ class RootFS:
         `fd` is how a rootfs pinned elsewhere (`rootpin`) is used without
         resolving its name again: whatever `path` names by now, only the fd counts.
         """
-        from pyxis_hook import kernel
+        from pyxis_hook.apply import kernel
 
         self.path = os.path.normpath(os.path.abspath(path))
         try:
@@ -266,7 +266,7 @@ class RootFS:
     def open(self, path: str, flags: int, mode: int = 0) -> int:
         """Open `path` inside the root (IN_ROOT semantics); the caller closes the fd."""
         if self.use_openat2:
-            from pyxis_hook import kernel
+            from pyxis_hook.apply import kernel
 
             try:
                 return kernel.openat2(self.fd, path, flags, mode,

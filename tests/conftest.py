@@ -37,7 +37,7 @@ def cache_dir() -> Path:
 @pytest.fixture(params=["new-api", "legacy"])
 def mount_api(request, monkeypatch):
     """Run each test with open_tree/move_mount + openat2, and with bind+remount + the component walk."""
-    from pyxis_hook import kernel
+    from pyxis_hook.apply import kernel
 
     if request.param == "legacy":
         monkeypatch.setattr(kernel, "HAVE_NEW_MOUNT_API", False)

@@ -20,12 +20,13 @@ import pytest
 
 from fixtures.standin import start_standin
 from fixtures.synth import build_lib
-from pyxis_hook import apply as apply_mod
-from pyxis_hook import kernel, log
-from pyxis_hook.apply import apply_plan
-from pyxis_hook.config import Config
+from pyxis_hook.apply import child as apply_mod
+from pyxis_hook.apply import kernel
+from pyxis_hook import log
+from pyxis_hook.apply.child import apply_plan
+from pyxis_hook.spec.config import Config
 from pyxis_hook.errors import ApplyError, PathError
-from pyxis_hook.plan import (IPC_OPTIONS, CgroupRule, DeviceEdit, LdcacheUpdate, MountEdit, Plan, ProcDriverView,
+from pyxis_hook.plan.build import (IPC_OPTIONS, CgroupRule, DeviceEdit, LdcacheUpdate, MountEdit, Plan, ProcDriverView,
                              SymlinkEdit)
 
 pytestmark = pytest.mark.root
@@ -637,7 +638,7 @@ def test_proc_view_without_host_gpu_dir(world):
 
 
 def _merge_plan(host: Path, root: Path, ldconfig: str = "/sbin/ldconfig") -> Plan:
-    from pyxis_hook.ldmerge import cache_flags
+    from pyxis_hook.loader.ldmerge import cache_flags
 
     rows = ((LIBDIR, "libcuda.so.535.104.05", "libcuda.so.1", cache_flags(64)),
             (LIBDIR, "libnvidia-ml.so.535.104.05", "libnvidia-ml.so.1", cache_flags(64)))
@@ -652,7 +653,7 @@ def _image_cache(root: Path) -> None:
 
 def test_merge_makes_no_ldconfig_copy_unless_it_falls_back(world, monkeypatch):
     """Merge normally succeeds: the host only opens ldconfig; the sealed copy is made by the fallback alone."""
-    from pyxis_hook import confined
+    from pyxis_hook.apply import confined
 
     host, root, pid = world
     _image_cache(root)
@@ -783,8 +784,8 @@ def test_nothing_is_imported_inside_the_container_namespace(tmp_path):
     p = _container(root, " && ".join(f"mount -t tmpfs none {d}" for d in hidden) + " && exec sleep 600")
     try:
         script = f"""
-from pyxis_hook.apply import apply_plan
-from pyxis_hook.plan import LdcacheUpdate, MountEdit, Plan
+from pyxis_hook.apply.child import apply_plan
+from pyxis_hook.plan.build import LdcacheUpdate, MountEdit, Plan
 plan = Plan(rootfs={str(root)!r},
             mounts=(MountEdit({str(host / "lib/libcuda.so.535.104.05")!r}, "{LIBDIR}/libcuda.so.535.104.05"),),
             ldcache=LdcacheUpdate("merge", "/sbin/ldconfig", ("{LIBDIR}",),
@@ -887,7 +888,7 @@ def test_the_import_guard_lets_only_in_memory_modules_through():
     """Builtin and frozen modules come from the interpreter's memory; everything else would be a file."""
     assert apply_mod._NoImports.find_spec("_collections") is None  # builtin
     assert apply_mod._NoImports.find_spec("zipimport") is None  # frozen
-    for name in ("xml", "json", "pyxis_hook.cdi"):
+    for name in ("xml", "json", "pyxis_hook.engines.cdi"):
         with pytest.raises(ImportError, match=f"no import inside the container's mount namespace: {name}"):
             apply_mod._NoImports.find_spec(name)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pyxis_hook.bindirs import driver_prefix, prefix_bin_dirs
+from pyxis_hook.host.bindirs import driver_prefix, prefix_bin_dirs
 
 
 @pytest.mark.parametrize("lib_dir, prefix", [

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from pyxis_hook.bundleperm import WritableBundleError, bundle_writers, check_bundle
-from pyxis_hook.config import parse_config
+from pyxis_hook.spec.bundleperm import WritableBundleError, bundle_writers, check_bundle
+from pyxis_hook.spec.config import parse_config
 from pyxis_hook.errors import ConfigError
 
 pytestmark = pytest.mark.root  # chown

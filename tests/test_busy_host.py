@@ -22,9 +22,9 @@ import pytest
 
 from fixtures.storm import require_raced, storm
 from fixtures.synth import build_lib
-from pyxis_hook import kernel
-from pyxis_hook.apply import apply_plan
-from pyxis_hook.ldconf import dirs_by_inode, read_ld_so_conf
+from pyxis_hook.apply import kernel
+from pyxis_hook.apply.child import apply_plan
+from pyxis_hook.loader.ldconf import dirs_by_inode, read_ld_so_conf
 from pyxis_hook.rootfs import RootFS, RootPathError
 from test_apply import _container
 from test_apply_writes import LIBDIR, plan_for

@@ -1,4 +1,4 @@
-"""pyxis_hook.cachefile: the cache replaced by rename, or the image's left as it was with no temp file.
+"""pyxis_hook.loader.cachefile: the cache replaced by rename, or the image's left as it was with no temp file.
 
 (Apply-level proofs, a full upper dir and each write failing in turn:
 tests/test_apply_writes.py.)
@@ -12,7 +12,7 @@ import stat
 
 import pytest
 
-from pyxis_hook import cachefile
+from pyxis_hook.loader import cachefile
 from pyxis_hook.errors import LdCacheError
 from pyxis_hook.rootfs import RootFS
 

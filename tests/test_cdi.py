@@ -23,8 +23,8 @@ from e2e.conftest import DRIVER_VERSION, fresh_rootfs, make_host
 from fixtures.cli import run_cli, write_conf
 from fixtures.container import make_bundle
 from fixtures.oci_state import state_json
-from pyxis_hook import cdi
-from pyxis_hook.config import load_config
+from pyxis_hook.engines import cdi
+from pyxis_hook.spec.config import load_config
 from pyxis_hook.errors import UsageError
 
 SCHEMA_DIR = Path("/work/shared/upstream-schemas/cdi")
@@ -77,11 +77,11 @@ def test_a_device_per_index_uuid_and_all(host, spec):
 
 def test_common_edits_are_the_plan_for_default_capabilities(host, spec):
     """Same mounts, nodes and links as `build_plan` for NVIDIA_VISIBLE_DEVICES=none."""
-    from pyxis_hook import gpus, inventory
-    from pyxis_hook import snapshot
-    from pyxis_hook.hook import read_proc_driver_files
-    from pyxis_hook.plan import build_plan
-    from pyxis_hook.request import resolve_request
+    from pyxis_hook.host import gpus, inventory
+    from pyxis_hook.host import snapshot
+    from pyxis_hook.plan.prepare import read_proc_driver_files
+    from pyxis_hook.plan.build import build_plan
+    from pyxis_hook.spec.request import resolve_request
 
     config = load_config(str(host.conf))
     inv = snapshot.load_or_build(config, strict=False)
@@ -300,7 +300,7 @@ def test_proc_driver_hook_plans_the_gpus_the_runtime_was_given(host, tmp_path):
     """The hook reads the GPUs from config.json linux.devices (where CDI put them)."""
     from pyxis_hook.record import replace as record_replace
 
-    from pyxis_hook import oci
+    from pyxis_hook.spec import oci
 
     bundle = tmp_path / "b"
     make_bundle(bundle)
@@ -324,8 +324,8 @@ def test_cdi_hooks_get_the_hooks_d_environment(tmp_path, monkeypatch):
     """CDI hooks, hooks.d and the enroot shim share `hookd.hook_env`: PATH and the absolute config."""
     from pyxis_hook.record import replace
 
-    from pyxis_hook.config import Config
-    from pyxis_hook.hookd import HOOK_ENV_PATH, hook_env
+    from pyxis_hook.spec.config import Config
+    from pyxis_hook.engines.hookd import HOOK_ENV_PATH, hook_env
 
     monkeypatch.chdir(tmp_path)
     cfg = replace(Config(), source="pyxis.conf")
@@ -338,10 +338,10 @@ def test_update_ldcache_hook_refuses_an_image_ldconfig(host, tmp_path):
     """`ldconfig` without '@' names a binary in the image: the CDI hook refuses, as the planner does."""
     from pyxis_hook.record import replace as _replace
 
-    from pyxis_hook.cdi import hook_plan
-    from pyxis_hook.config import load_config
+    from pyxis_hook.engines.cdi import hook_plan
+    from pyxis_hook.spec.config import load_config
     from pyxis_hook.errors import UsageError
-    from pyxis_hook.oci import load_bundle
+    from pyxis_hook.spec.oci import load_bundle
 
     from fixtures.container import make_bundle as _mk
 
@@ -400,7 +400,7 @@ def test_no_version_when_compat_cannot_apply(host, tmp_path, extra):
 
 
 def test_compat_driver_version_keeps_only_dotted_numbers():
-    from pyxis_hook.config import Config
+    from pyxis_hook.spec.config import Config
 
     cfg = Config()
     assert cdi.compat_driver_version(cfg, "535.104.05") == "535.104.05"
@@ -414,8 +414,8 @@ def test_compat_driver_version_keeps_only_dotted_numbers():
 @pytest.mark.parametrize("mode", ["merge", "ldconfig"])
 def test_hook_plan_puts_a_newer_compat_dir_first(host, tmp_path, mode):
     """The prestart hook's decision on the image's facts: a newer compat libcuda leads the cache update."""
-    from pyxis_hook import oci
-    from pyxis_hook.plan import COMPAT_DIR
+    from pyxis_hook.spec import oci
+    from pyxis_hook.plan.build import COMPAT_DIR
     from pyxis_hook.record import replace as _replace
 
     _compat_image(tmp_path / "b")
@@ -445,7 +445,7 @@ def test_hook_plan_puts_a_newer_compat_dir_first(host, tmp_path, mode):
     ("libcuda.so.999.10.01", "1000.1.1", "not newer than the host driver"),  # the host is newer
 ])
 def test_hook_plan_leaves_an_older_compat_dir_out(host, tmp_path, name, version, why):
-    from pyxis_hook import oci
+    from pyxis_hook.spec import oci
 
     _compat_image(tmp_path / "b", name)
     plan = cdi.hook_plan("update-ldcache", oci.load_bundle(str(tmp_path / "b")), load_config(str(host.conf)),
@@ -455,7 +455,7 @@ def test_hook_plan_leaves_an_older_compat_dir_out(host, tmp_path, name, version,
 
 
 def test_hook_refuses_a_bad_host_driver_version(host, tmp_path):
-    from pyxis_hook import oci
+    from pyxis_hook.spec import oci
     from pyxis_hook.errors import UsageError
 
     _compat_image(tmp_path / "b")

@@ -1,4 +1,4 @@
-"""cgroup.py: layout detection, devices path, v1 rules, Slurm step detection.
+"""host/cgroup.py: layout detection, devices path, v1 rules, Slurm step detection.
 
 Fixture texts are copied from the shapes real hosts print (v1 under Slurm,
 v2 under systemd, hybrid like our CI machine); one test reads this
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pyxis_hook.cgroup import (
+from pyxis_hook.host.cgroup import (
     CgroupLine,
     DeviceRule,
     SlurmCgroup,

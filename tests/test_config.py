@@ -11,12 +11,12 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from fixtures.cli import run_cli
-from pyxis_hook.config import Config, config_keys, load_config, load_schema, parse_config, validate
+from pyxis_hook.spec.config import Config, config_keys, load_config, load_schema, parse_config, validate
 from pyxis_hook.errors import ConfigError
 
 
 def test_defaults_when_no_file(tmp_path, monkeypatch):
-    monkeypatch.setattr("pyxis_hook.config.DEFAULT_CONFIG_PATH", str(tmp_path / "absent.conf"))
+    monkeypatch.setattr("pyxis_hook.spec.config.DEFAULT_CONFIG_PATH", str(tmp_path / "absent.conf"))
     cfg = load_config(None, environ={})
     assert cfg == Config()
     assert cfg.driver_root == "/" and cfg.proc_root == "/proc" and cfg.ldconfig == "@/sbin/ldconfig"
@@ -28,7 +28,7 @@ def test_precedence_explicit_env_default(tmp_path, monkeypatch):
     a.write_text('driver-root = "/a"\n')
     b.write_text('driver-root = "/b"\n')
     c.write_text('driver-root = "/c"\n')
-    monkeypatch.setattr("pyxis_hook.config.DEFAULT_CONFIG_PATH", str(c))
+    monkeypatch.setattr("pyxis_hook.spec.config.DEFAULT_CONFIG_PATH", str(c))
     assert load_config(str(a), environ={"PYXIS_HOOK_CONFIG": str(b)}).driver_root == "/a"
     assert load_config(None, environ={"PYXIS_HOOK_CONFIG": str(b)}).driver_root == "/b"
     assert load_config(None, environ={}).driver_root == "/c"
@@ -116,7 +116,7 @@ def test_installed_schemas_found_by_walking_up_from_the_package(tmp_path):
     site = tmp_path / "p/lib/python3.11/site-packages"
     shutil.copytree(repo / "pyxis_hook", site / "pyxis_hook", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(repo / "schemas", tmp_path / "p/share/pyxis-hook/schemas")
-    code = f"import sys; sys.path.insert(0, {str(site)!r}); from pyxis_hook.config import schema_dir; print(schema_dir())"
+    code = f"import sys; sys.path.insert(0, {str(site)!r}); from pyxis_hook.spec.config import schema_dir; print(schema_dir())"
     r = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.strip() == str(tmp_path / "p/share/pyxis-hook/schemas")
 
@@ -131,7 +131,7 @@ def _schema_patterns(node) -> set[str]:
 
 def test_every_schema_pattern_has_a_string_check():
     """The hook validates pyxis.conf on every start without importing re: a new pattern needs its check."""
-    from pyxis_hook.config import PATTERN_CHECKS
+    from pyxis_hook.spec.config import PATTERN_CHECKS
 
     assert _schema_patterns(load_schema("pyxis-conf.schema.json")) == set(PATTERN_CHECKS)
 
@@ -149,7 +149,7 @@ def test_every_schema_pattern_has_a_string_check():
 def test_string_checks_agree_with_re_search(value, pattern):
     import re
 
-    from pyxis_hook.config import PATTERN_CHECKS
+    from pyxis_hook.spec.config import PATTERN_CHECKS
 
     assert PATTERN_CHECKS[pattern](value) == (re.search(pattern, value) is not None)
 

@@ -16,8 +16,8 @@ import pytest
 
 from fixtures.forked import run_forked
 from fixtures.synth import build_lib
-from pyxis_hook import confined, kernel
-from pyxis_hook.apply import _NoImports
+from pyxis_hook.apply import confined, kernel
+from pyxis_hook.apply.child import _NoImports
 from pyxis_hook.errors import ApplyError
 
 pytestmark = pytest.mark.root

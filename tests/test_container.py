@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import os
 
-from pyxis_hook.container import container_facts, link_occupants
-from pyxis_hook.inventory import DriverFile
+from pyxis_hook.plan.container import container_facts, link_occupants
+from pyxis_hook.host.inventory import DriverFile
 
 LIB = "/usr/lib/x86_64-linux-gnu"
 

@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 
 from fixtures.container import make_rootfs
 from fixtures.synth import build_exe, build_lib, m32_toolchain
-from pyxis_hook import container
-from pyxis_hook.container import container_facts
-from pyxis_hook.plan import COMPAT_DIR
+from pyxis_hook.plan import container
+from pyxis_hook.plan.container import container_facts
+from pyxis_hook.plan.build import COMPAT_DIR
 
 LDCONFIG = shutil.which("ldconfig") or "/sbin/ldconfig"
 X8664 = 0x0303
@@ -201,12 +201,12 @@ def test_note_parser_on_garbage(data):
 
 
 def test_hook_path_imports_no_elf_library(tmp_path):
-    """Indexing the compat dir (note included) loads neither pyelftools nor pyxis_hook.elf nor dataclasses."""
+    """Indexing the compat dir (note included) loads neither pyelftools nor pyxis_hook.loader.elf nor dataclasses."""
     root = compat_image(tmp_path / "root", note=note_bytes({"Driver": [535]}), tmp=tmp_path)
-    code = ("import sys; from pyxis_hook.container import container_facts; "
+    code = ("import sys; from pyxis_hook.plan.container import container_facts; "
             f"f = container_facts({str(root)!r}); assert f.compat_drivers == (535,), f; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('elftools', 'dataclasses', 'jsonschema')"
-            " or m == 'pyxis_hook.elf'))")
+            " or m == 'pyxis_hook.loader.elf'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

@@ -1,4 +1,4 @@
-"""cudaversion.py: cuDriverGetVersion of a gcc-built fake libcuda, asked in a child process.
+"""host/cudaversion.py: cuDriverGetVersion of a gcc-built fake libcuda, asked in a child process.
 
 The real Debian libcuda is exercised by the inventory's real-driver tests;
 here fake libraries pin down the child protocol and every failure path.
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, strategies as st
 
-from pyxis_hook.cudaversion import (
+from pyxis_hook.host.cudaversion import (
     cuda_driver_version,
     format_cuda_version,
     parse_cuda_version,

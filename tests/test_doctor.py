@@ -22,11 +22,12 @@ from fixtures.cli import write_conf
 from fixtures.fakedriver import make_fake_driver
 from fixtures.hosttree import make_host_tree
 from fixtures.synth import build_exe
-from pyxis_hook import cli, doctor
-from pyxis_hook.config import Config, load_schema
-from pyxis_hook.findings import Finding
-from pyxis_hook.hookd import hook_document
-from pyxis_hook.discovery import discover
+from pyxis_hook import cli
+from pyxis_hook.diag import doctor
+from pyxis_hook.spec.config import Config, load_schema
+from pyxis_hook.diag.findings import Finding
+from pyxis_hook.engines.hookd import hook_document
+from pyxis_hook.host.discovery import discover
 
 VERSION = "535.104.05"
 
@@ -367,7 +368,7 @@ def test_troubleshooting_doc_lists_every_finding_code():
 
 def test_host_ldcache_uses_the_machines_loader_flags(tmp_path, driver):
     """An aarch64 host's cache lists libcuda with 0x0A03: found there, not with x86-64's 0x0303."""
-    from pyxis_hook import ldcache
+    from pyxis_hook.loader import ldcache
 
     cfg = host_config(tmp_path, driver)
     inv = discover(cfg, strict=False)
@@ -396,7 +397,7 @@ def test_foreign_hooks_d_file_with_odd_args(tmp_path):
 
 def test_relative_config_matches_the_absolute_one_in_hooks_d(tmp_path, monkeypatch):
     """`pyxis-hook --config pyxis.conf doctor` in the config's dir: the installed hook names it absolute."""
-    from pyxis_hook.hookd import hook_env
+    from pyxis_hook.engines.hookd import hook_env
 
     env = denv(tmp_path, python="/usr/bin/python3")
     (tmp_path / "pyxis.conf").write_text("")

@@ -1,4 +1,4 @@
-"""pyxis_hook.elf: facts from gcc-built and system ELF files, checked against binutils' readelf."""
+"""pyxis_hook.loader.elf: facts from gcc-built and system ELF files, checked against binutils' readelf."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from fixtures.elfpatch import or_flags_1
 from fixtures.synth import build_exe, build_lib
-from pyxis_hook.elf import DF_1_NODEFLIB, elf_header, elf_ident, read_elf, read_header
+from pyxis_hook.loader.elf import DF_1_NODEFLIB, elf_header, elf_ident, read_elf, read_header
 from pyxis_hook.errors import ElfError, PyxisHookError
 
 LIBZ = "/lib/x86_64-linux-gnu/libz.so.1"

@@ -19,9 +19,9 @@ import pytest
 
 from e2e.conftest import fresh_rootfs, make_host, mount_table
 from fixtures.cli import run_cli
-from pyxis_hook import enroot
+from pyxis_hook.engines import enroot
 from pyxis_hook.commands.enroot import SHIM_NAME, shim_text
-from pyxis_hook.config import Config
+from pyxis_hook.spec.config import Config
 from pyxis_hook.errors import UsageError
 
 REPO = Path(__file__).resolve().parent.parent

@@ -14,8 +14,8 @@ import tomllib
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from pyxis_hook import flattoml
-from pyxis_hook.config import parse_config
+from pyxis_hook.spec import flattoml
+from pyxis_hook.spec.config import parse_config
 
 _key = st.from_regex(r"[A-Za-z0-9_-]{1,12}", fullmatch=True)
 _basic = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters='"\\\n\r\x7f'

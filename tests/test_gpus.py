@@ -1,4 +1,4 @@
-"""gpus.py: procfs/dev discovery against fixture trees written like the kernel module's."""
+"""host/gpus.py: procfs/dev discovery against fixture trees written like the kernel module's."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from hypothesis import given, settings, strategies as st
 
 from fixtures.hosttree import FakeGpu, fake_gpus, fake_uuid, make_host_tree
 from fixtures.nvml import build_fake_nvml
-from pyxis_hook import gpus
+from pyxis_hook.host import gpus
 from schema_check import validate
-from pyxis_hook.gpus import (
+from pyxis_hook.host.gpus import (
     HostGpus,
     device_nodes_for,
     discover_gpus,
@@ -293,7 +293,7 @@ def test_schema_accepts_empty_host(tmp_path):
 
 
 def test_import_is_cheap():
-    code = "import sys, pyxis_hook.gpus; print(sorted(m for m in ('ctypes','json','logging','subprocess') if m in sys.modules))"
+    code = "import sys, pyxis_hook.host.gpus; print(sorted(m for m in ('ctypes','json','logging','subprocess') if m in sys.modules))"
     out = subprocess.run([os.sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -364,8 +364,8 @@ def test_fixture_params_and_nodes(tmp_path):
 
 def test_mig_uuids_are_asked_of_the_driver_roots_nvml_only(tmp_path, monkeypatch):
     """Without a libnvidia-ml in the driver inventory the hook loads none (not one its own loader finds)."""
-    from pyxis_hook import hook
-    from pyxis_hook.inventory import Inventory
+    from pyxis_hook.plan import prepare as hook
+    from pyxis_hook.host.inventory import Inventory
 
     tree = make_host_tree(tmp_path, mig={0: {2: [0]}}, make_nodes=ROOT)
     host = discover(tree)

@@ -12,9 +12,9 @@ import jsonschema
 
 from fixtures.cli import run_cli
 from fixtures.oci_state import state_json
-from pyxis_hook.config import load_schema
-from pyxis_hook.config import Config
-from pyxis_hook.hookd import HOOK_ENV_PATH, hook_document, hook_env
+from pyxis_hook.spec.config import load_schema
+from pyxis_hook.spec.config import Config
+from pyxis_hook.engines.hookd import HOOK_ENV_PATH, hook_document, hook_env
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -107,7 +107,7 @@ def test_install_text_needs_an_existing_dir(tmp_path):
     import pytest
 
     from pyxis_hook.errors import UsageError
-    from pyxis_hook.install import install_text
+    from pyxis_hook.engines.install import install_text
 
     with pytest.raises(UsageError, match=f"^{tmp_path}/no: not a directory$"):
         install_text(str(tmp_path / "no/pyxis-hook.json"), "{}")

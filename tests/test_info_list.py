@@ -10,7 +10,7 @@ import pytest
 from fixtures import hosttree, realdriver
 from fixtures.cli import run_cli as run_pyxis_hook, write_conf
 from fixtures.synthdriver import LIB, V, make_driver
-from pyxis_hook.config import load_schema
+from pyxis_hook.spec.config import load_schema
 from schema_check import validate
 
 import jsonschema  # noqa: E402  (install_requires)
@@ -120,7 +120,7 @@ def test_list_json_same_set_in_all_layouts(tmp_path, line):
 
 def test_info_cuda_text_is_cudaversion_format():
     from pyxis_hook.commands.info import _cuda_text
-    from pyxis_hook.cudaversion import format_cuda_version
+    from pyxis_hook.host.cudaversion import format_cuda_version
 
     assert _cuda_text(None) is None
     assert _cuda_text(12020) == format_cuda_version(12020) == "12.2"

@@ -1,4 +1,4 @@
-"""install.py: the atomic, no-follow writer of hooks.d files, CDI specs and the enroot shim."""
+"""engines/install.py: the atomic, no-follow writer of hooks.d files, CDI specs and the enroot shim."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import stat
 import pytest
 
 from pyxis_hook.errors import UsageError
-from pyxis_hook.install import install_text
+from pyxis_hook.engines.install import install_text
 
 
 def test_mode_is_exact_whatever_the_umask(tmp_path):

@@ -23,12 +23,12 @@ from fixtures import hosttree
 from fixtures.realdriver import run_ldconfig
 from fixtures.synth import build_lib
 from fixtures.synthdriver import LIB, OLD, V, make_driver
-from pyxis_hook import snapshot
-from pyxis_hook.config import Config
+from pyxis_hook.host import snapshot
+from pyxis_hook.spec.config import Config
 from pyxis_hook.errors import DriverError
-from pyxis_hook.inventory import DriverFile, Inventory
-from pyxis_hook.discovery import discover
-from pyxis_hook.snapshot import load_or_build
+from pyxis_hook.host.inventory import DriverFile, Inventory
+from pyxis_hook.host.discovery import discover
+from pyxis_hook.host.snapshot import load_or_build
 from schema_check import validate
 
 
@@ -319,13 +319,13 @@ def test_snapshot_load_imports_neither_pyelftools_nor_jsonschema(tmp_path):
     code = f"""
 import sys
 from pyxis_hook.record import replace
-from pyxis_hook.config import Config
-from pyxis_hook import snapshot
+from pyxis_hook.spec.config import Config
+from pyxis_hook.host import snapshot
 c = replace(Config(), driver_root={str(root)!r}, proc_root={c.proc_root!r}, dev_root={c.dev_root!r},
             snapshot_dir={c.snapshot_dir!r})
 inv = snapshot.load_or_build(c)
 assert inv.driver_version == {V!r}
-bad = sorted(m for m in sys.modules if m.split('.')[0] in ('elftools', 'jsonschema') or m == 'pyxis_hook.elf')
+bad = sorted(m for m in sys.modules if m.split('.')[0] in ('elftools', 'jsonschema') or m == 'pyxis_hook.loader.elf')
 print(bad)
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -362,7 +362,7 @@ _name = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789._-", min_size=1, 
     needed=st.lists(_name, max_size=3).map(tuple), inject=st.booleans()), max_size=5))
 def test_inventory_dict_round_trip_property(files):
     """Whatever files discovery records survive the snapshot's JSON round trip unchanged."""
-    from pyxis_hook.gpus import discover_gpus
+    from pyxis_hook.host.gpus import discover_gpus
 
     host = discover_gpus("/nonexistent-proc", "/nonexistent-dev")
     inv = Inventory(driver_version=V, cuda_version=12020, host=host, files=tuple(files),
@@ -434,7 +434,7 @@ def test_a_snapshot_written_by_an_older_discovery_is_rebuilt(tmp_path):
 
 
 def test_deps_for_reports_a_shared_librarys_dependency_once_to_either_capability():
-    from pyxis_hook.inventory import Inventory, NonDriverDep
+    from pyxis_hook.host.inventory import Inventory, NonDriverDep
 
     inv = Inventory(driver_version=V, cuda_version=None, host=None, files=(), non_driver_deps=(
         NonDriverDep("libzstd.so.1", ("libnvidia-gpucomp.so.550.1",), "compute", 64),

@@ -22,9 +22,9 @@ import pytest
 from fixtures.realdriver import run_ldconfig
 from fixtures.synth import build_lib
 from fixtures.synthdriver import LIB, V, make_driver
-from pyxis_hook.config import Config
-from pyxis_hook.inventory import Inventory
-from pyxis_hook.discovery import discover
+from pyxis_hook.spec.config import Config
+from pyxis_hook.host.inventory import Inventory
+from pyxis_hook.host.discovery import discover
 from pyxis_hook.record import replace
 
 LDSO = "/lib64/ld-linux-x86-64.so.2"

@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from fixtures.forked import run_forked
-from pyxis_hook import kernel
+from pyxis_hook.apply import kernel
 from pyxis_hook.errors import ApplyError
 
 

@@ -1,4 +1,4 @@
-"""pyxis_hook.ldcache and pyxis_hook.ldconf without running ldconfig (oracle tests: tests/oracles/)."""
+"""pyxis_hook.loader.ldcache and pyxis_hook.loader.ldconf without running ldconfig (oracle tests: tests/oracles/)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pyxis_hook import ldcache as L
+from pyxis_hook.loader import ldcache as L
 from pyxis_hook.errors import LdCacheError
-from pyxis_hook.ldconf import existing_dirs, read_ld_so_conf
+from pyxis_hook.loader.ldconf import existing_dirs, read_ld_so_conf
 
 GEN = "ldconfig (Test GLIBC 2.36) stable release version 2.36"
 X64 = L.FLAG_X8664_LIB64_LIBC6
@@ -393,7 +393,7 @@ def test_import_is_cheap():
     import subprocess
     import sys
 
-    code = ("import sys; before = set(sys.modules); import pyxis_hook.ldcache; "
+    code = ("import sys; before = set(sys.modules); import pyxis_hook.loader.ldcache; "
             "print(sorted(set(sys.modules) - before))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     new = eval(out)
@@ -506,7 +506,7 @@ def test_ld_so_conf_rfs_mode_reads_the_same_tree(tmp_path):
 
 def test_ld_so_conf_rfs_mode_never_opens_by_name(tmp_path, monkeypatch):
     """The apply side reads through the RootFS fds: no name is resolved and then reopened."""
-    import pyxis_hook.ldconf as C
+    import pyxis_hook.loader.ldconf as C
 
     write(tmp_path, "/etc/ld.so.conf", "include /etc/ld.so.conf.d/*.conf\n")
     write(tmp_path, "/etc/ld.so.conf.d/a.conf", "/opt/a\n")
@@ -521,7 +521,7 @@ def test_ld_so_conf_rfs_mode_never_opens_by_name(tmp_path, monkeypatch):
 def test_ld_so_conf_symlink_loops_are_reported_not_raised(tmp_path, conf_mode):
     """A looping link as a conf file stops the read (ldconfig warns and skips it: a merge falls back to it);
     a looping directory in an include pattern matches nothing, as in glob."""
-    from pyxis_hook.ldconf import UNREADABLE
+    from pyxis_hook.loader.ldconf import UNREADABLE
 
     write(tmp_path, "/etc/ld.so.conf", "/opt/first\ninclude /etc/loop/x.conf\ninclude /etc/ld.so.conf.d/*.conf\n"
                                        "/opt/last\n")
@@ -541,7 +541,7 @@ def test_ld_so_conf_symlink_loops_are_reported_not_raised(tmp_path, conf_mode):
 def test_ld_so_conf_fifo_device_and_huge_file_are_not_read(tmp_path, conf_mode, no_hang, kind):
     import stat as S
 
-    from pyxis_hook.ldconf import CONF_LIMIT, DEVICE, LIMIT, NOT_REGULAR
+    from pyxis_hook.loader.ldconf import CONF_LIMIT, DEVICE, LIMIT, NOT_REGULAR
 
     write(tmp_path, "/etc/ld.so.conf", "/opt/a\ninclude /etc/ld.so.conf.d/*.conf\n/opt/b\n")
     d = tmp_path / "etc/ld.so.conf.d"
@@ -568,7 +568,7 @@ def test_ld_so_conf_fifo_device_and_huge_file_are_not_read(tmp_path, conf_mode, 
 
 
 def test_existing_dirs_one_name_per_inode(tmp_path, conf_mode):
-    from pyxis_hook.ldconf import dirs_by_inode, existing_dirs
+    from pyxis_hook.loader.ldconf import dirs_by_inode, existing_dirs
     from pyxis_hook.rootfs import RootFS
 
     mkdirs(tmp_path, "/usr/lib", "/opt/x")
@@ -648,7 +648,7 @@ def _model(files, name, stack, acc):
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(tree=conf_trees())
 def test_ld_so_conf_against_model(tmp_path_factory, tree):
-    from pyxis_hook.ldconf import LOOP
+    from pyxis_hook.loader.ldconf import LOOP
 
     files, ws = tree
     root = tmp_path_factory.mktemp("conf")
@@ -679,7 +679,7 @@ def test_command_text_and_json(tmp_path, capsysbinary):
     assert main(["ldcache", "--cache", str(tmp_path / "etc/ld.so.cache"), "--json"]) == 0
     doc = json.loads(capsysbinary.readouterr().out)
     import jsonschema
-    from pyxis_hook.config import load_schema
+    from pyxis_hook.spec.config import load_schema
 
     jsonschema.validate(doc, load_schema("ldcache.schema.json"))
     assert doc["cache"] == str(tmp_path / "etc/ld.so.cache") and doc["format"] == "new"

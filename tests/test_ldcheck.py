@@ -25,11 +25,12 @@ from fixtures.container import make_bundle, make_rootfs
 from fixtures.fakedriver import make_fake_driver
 from fixtures.hosttree import make_host_tree
 from fixtures.synth import build_lib
-from pyxis_hook import cli, ldcheck
-from pyxis_hook.config import Config, load_schema
-from pyxis_hook.findings import SEVERITIES, Finding, format_finding, worst
-from pyxis_hook.discovery import discover
-from pyxis_hook.plan import COMPAT_DIR
+from pyxis_hook import cli
+from pyxis_hook.diag import ldcheck
+from pyxis_hook.spec.config import Config, load_schema
+from pyxis_hook.diag.findings import SEVERITIES, Finding, format_finding, worst
+from pyxis_hook.host.discovery import discover
+from pyxis_hook.plan.build import COMPAT_DIR
 
 VERSION = "535.104.05"
 LIBDIR = "usr/lib/x86_64-linux-gnu"
@@ -357,8 +358,8 @@ def test_no_note_same_major_is_not_used(host, image):
 ])
 def test_ldcheck_agrees_with_the_hooks_decision(host, tmp_path, version, drivers, changes):
     """`bridges the gap` and the compat libcuda in the cache exactly when plan.cuda_compat (the hook) says so."""
-    from pyxis_hook.container import container_facts
-    from pyxis_hook.plan import cuda_compat
+    from pyxis_hook.plan.container import container_facts
+    from pyxis_hook.plan.build import cuda_compat
     from pyxis_hook.record import replace
 
     image = make_rootfs(tmp_path / "img", gputest=False)

@@ -1,4 +1,4 @@
-"""pyxis_hook.ldconf's reader: one reader for the hook and ldcheck, bounded, blind to /proc and /sys.
+"""pyxis_hook.loader.ldconf's reader: one reader for the hook and ldcheck, bounded, blind to /proc and /sys.
 
 glibc's ldconfig has no limits: a FIFO blocks it, a device node is opened
 by root, an include loop recurses until its rlimits kill it.  The reader
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from pyxis_hook import ldconf
-from pyxis_hook.ldconf import (DEVICE, LIMIT, LOOP, MAX_ENTRIES, MAX_FILES, MAX_INCLUDE_DEPTH, NOT_REGULAR,
+from pyxis_hook.loader import ldconf
+from pyxis_hook.loader.ldconf import (DEVICE, LIMIT, LOOP, MAX_ENTRIES, MAX_FILES, MAX_INCLUDE_DEPTH, NOT_REGULAR,
                                UnsafeLoaderConfig, read_ld_so_conf, require_safe)
 from pyxis_hook.rootfs import RootFS
 

@@ -1,4 +1,4 @@
-"""pyxis_hook.loadercpu: the CPU as glibc's ld.so sees it, for CPUs this machine is not.
+"""pyxis_hook.loader.cpu: the CPU as glibc's ld.so sees it, for CPUs this machine is not.
 
 Each CPU is described by the /proc/cpuinfo lines its kernel prints (vendor,
 family, model, the flags that matter); the expected platform, legacy hwcap
@@ -19,9 +19,9 @@ import pytest
 
 from fixtures.glibcroot import make_glibc_root
 from fixtures.synth import build_exe, build_lib
-from pyxis_hook import loadercpu
-from pyxis_hook.loadercpu import Cpu, i386_loader, legacy_cache_ok, legacy_subdirs, parse_cpuinfo, x86_64_loader
-from pyxis_hook.resolve import EM_386, EM_X86_64, format_ldd, loader_env_for_root, resolve_tree
+from pyxis_hook.loader import cpu as loadercpu
+from pyxis_hook.loader.cpu import Cpu, i386_loader, legacy_cache_ok, legacy_subdirs, parse_cpuinfo, x86_64_loader
+from pyxis_hook.loader.resolve import EM_386, EM_X86_64, format_ldd, loader_env_for_root, resolve_tree
 
 BASE = "fpu cx8 cmov mmx fxsr sse sse2 lm"
 V2 = BASE + " pni ssse3 cx16 sse4_1 sse4_2 popcnt lahf_lm"

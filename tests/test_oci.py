@@ -1,4 +1,4 @@
-"""oci.py: state JSON and config.json parsing, validated with one-line errors."""
+"""spec/oci.py: state JSON and config.json parsing, validated with one-line errors."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from fixtures.container import make_bundle
 from fixtures.oci_state import state_json
 from pyxis_hook.errors import OciError, PyxisHookError
-from pyxis_hook.oci import (
+from pyxis_hook.spec.oci import (
     MAX_CONFIG_BYTES,
     Bundle,
     LinuxDevice,
@@ -300,7 +300,7 @@ def test_import_is_cheap():
     import sys
 
     out = subprocess.run([sys.executable, "-I", "-c",
-                          "import sys, pyxis_hook.oci; print(' '.join(sorted(sys.modules)))"],
+                          "import sys, pyxis_hook.spec.oci; print(' '.join(sorted(sys.modules)))"],
                          capture_output=True, text=True, check=True).stdout.split()
     assert "elftools" not in out and "jsonschema" not in out
 
@@ -313,16 +313,16 @@ def test_import_pulls_no_typing():
     import pyxis_hook
 
     top = os.path.dirname(os.path.dirname(os.path.abspath(pyxis_hook.__file__)))
-    code = (f"import sys; sys.path.insert(0, {top!r}); import pyxis_hook.oci; "
+    code = (f"import sys; sys.path.insert(0, {top!r}); import pyxis_hook.spec.oci; "
             "print(' '.join(sorted(sys.modules)))")
     out = subprocess.run([sys.executable, "-I", "-S", "-c", code],
                          capture_output=True, text=True, check=True).stdout.split()
-    assert "pyxis_hook.oci" in out
+    assert "pyxis_hook.spec.oci" in out
     assert "typing" not in out and "dataclasses" not in out and "inspect" not in out
 
 
 def test_empty_state_says_so():
-    from pyxis_hook.oci import StateError, parse_state
+    from pyxis_hook.spec.oci import StateError, parse_state
 
     for data in (b"", b"  \n"):
         with pytest.raises(StateError, match="OCI state on stdin: empty"):
@@ -332,7 +332,7 @@ def test_empty_state_says_so():
 def test_nul_bytes_in_paths_are_one_line_errors(tmp_path):
     import json as _json
 
-    from pyxis_hook.oci import OciError, StateError, load_bundle, parse_state
+    from pyxis_hook.spec.oci import OciError, StateError, load_bundle, parse_state
 
     with pytest.raises(StateError, match="'bundle' must be an absolute path"):
         parse_state(_json.dumps({"ociVersion": "1.0.2", "id": "x", "pid": 1, "bundle": "/tmp/a\u0000b"}).encode())

@@ -15,7 +15,10 @@ import re
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from pyxis_hook import apply, cgroup, gpus, ldconf, request, require
+from pyxis_hook.apply import child as apply
+from pyxis_hook.host import cgroup, gpus
+from pyxis_hook.loader import ldconf
+from pyxis_hook.spec import request, require
 
 HEXISH = "0123456789abcdefABCDEFgG:.-x/ \n"
 DIGITISH = "0123456789.:,-x \n\u0663"  # U+0663 ARABIC-INDIC DIGIT THREE: \d matches it, [0-9] does not

@@ -13,12 +13,14 @@ import pytest
 from fixtures.container import make_bundle
 from fixtures.fakedriver import make_fake_driver
 from fixtures.hosttree import fake_gpus, make_host_tree
-from pyxis_hook import errors, gpus, inventory, oci
-from pyxis_hook import discovery
-from pyxis_hook.config import Config
-from pyxis_hook.hook import prepare, read_proc_driver_files
-from pyxis_hook.plan import ContainerFacts, build_plan, patch_params
-from pyxis_hook.request import resolve_request
+from pyxis_hook import errors
+from pyxis_hook.host import gpus, inventory
+from pyxis_hook.spec import oci
+from pyxis_hook.host import discovery
+from pyxis_hook.spec.config import Config
+from pyxis_hook.plan.prepare import prepare, read_proc_driver_files
+from pyxis_hook.plan.build import ContainerFacts, build_plan, patch_params
+from pyxis_hook.spec.request import resolve_request
 from schema_check import validate
 
 VERSION = "535.216.03"
@@ -148,7 +150,7 @@ def test_merge_rows_only_in_merge_mode(world):
 
 def test_ldcache_update_for_ready_rows(world):
     """The CDI update-ldcache hook's entry: rows already carry their flags; no rows or no ld.so.conf -> ldconfig."""
-    from pyxis_hook.plan import ldcache_update
+    from pyxis_hook.plan.build import ldcache_update
 
     cfg = replace(world[2], ldcache="merge", ldconfig="@/sbin/ldconfig")
     row = ("/usr/lib64", "libcuda.so.1.2", "libcuda.so.1", 0x303)
@@ -246,7 +248,7 @@ def test_mig_uuid_request_asks_the_drivers_nvml(tmp_path):
 
 def test_container_facts_survive_a_looping_link(tmp_path):
     """A hostile image whose /etc/debian_version loops is read as a non-Debian image, not an error."""
-    from pyxis_hook.container import container_facts
+    from pyxis_hook.plan.container import container_facts
 
     (tmp_path / "etc").mkdir()
     (tmp_path / "etc/debian_version").symlink_to("debian_version")
@@ -256,7 +258,7 @@ def test_container_facts_survive_a_looping_link(tmp_path):
 
 def test_prepare_is_bounded_by_the_hooks_device_cgroup(world, tmp_path, monkeypatch):
     """Inside a Slurm step the hook's own device cgroup lists the allocated GPUs: `all` means those."""
-    from pyxis_hook import cgroup
+    from pyxis_hook.host import cgroup
 
     base, tree, cfg, inv = world
     seen = []
@@ -286,7 +288,7 @@ def test_image_files_at_link_paths_are_covered_with_the_hosts_file(world, tmp_pa
     here through a symlinked lib dir): a read-only bind of the host's file over it and a warning naming it;
     a directory there cannot be covered: skipped, said.  Every other link is made as usual."""
     from pyxis_hook.commands.plan import to_json
-    from pyxis_hook.plan import LIB_OPTIONS, MountEdit
+    from pyxis_hook.plan.build import LIB_OPTIONS, MountEdit
 
     base, tree, cfg, inv = world
     lib = "/usr/lib/x86_64-linux-gnu"

@@ -8,10 +8,10 @@ import pytest
 
 from fixtures.container import make_bundle
 from fixtures.synth import build_lib
-from pyxis_hook import oci
-from pyxis_hook.config import Config
-from pyxis_hook.hook import prepare
-from pyxis_hook.plan import COMPAT_DIR, ContainerFacts, cuda_compat, ldcache_update
+from pyxis_hook.spec import oci
+from pyxis_hook.spec.config import Config
+from pyxis_hook.plan.prepare import prepare
+from pyxis_hook.plan.build import COMPAT_DIR, ContainerFacts, cuda_compat, ldcache_update
 from pyxis_hook.record import replace
 from schema_check import validate
 from test_plan import VERSION, _plan, world  # noqa: F401 - the module-scoped fixture

@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 
 from fixtures.oci_state import state_json
 import pyxis_hook
-from pyxis_hook import oci
+from pyxis_hook.spec import oci
 from pyxis_hook.commands.prestart import certainly_void
-from pyxis_hook.request import void_request
+from pyxis_hook.spec.request import void_request
 
 NAMES = st.sampled_from(["NVIDIA_VISIBLE_DEVICES", "CUDA_VERSION", "NVIDIA_REQUIRE_CUDA", "PATH", "X"])
 VALUES = st.sampled_from(["", "all", "void", "none", "0,1", " , ", "void,0", "12.2", "cuda>=11", " void "])
@@ -58,8 +58,8 @@ def test_void_exit_imports_almost_nothing(tmp_path):
                        input=state_json(tmp_path).encode(), capture_output=True)
     assert r.returncode == 0, r.stderr
     loaded = {line.split("|")[-1].strip() for line in r.stderr.decode().splitlines() if line.startswith("import time:")}
-    heavy = {"os", "json", "re", "logging", "subprocess", "argparse", "tomllib", "dataclasses", "pyxis_hook.config",
-             "pyxis_hook.oci", "pyxis_hook.request", "pyxis_hook.log", "pyxis_hook.cli"}
+    heavy = {"os", "json", "re", "logging", "subprocess", "argparse", "tomllib", "dataclasses", "pyxis_hook.spec.config",
+             "pyxis_hook.spec.oci", "pyxis_hook.spec.request", "pyxis_hook.log", "pyxis_hook.cli"}
     assert "pyxis_hook.commands.prestart" in loaded
     assert not heavy & loaded, sorted(loaded)
 

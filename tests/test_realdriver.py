@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from fixtures import hosttree, realdriver
-from pyxis_hook.config import Config
-from pyxis_hook.inventory import Inventory
-from pyxis_hook.discovery import discover
+from pyxis_hook.spec.config import Config
+from pyxis_hook.host.inventory import Inventory
+from pyxis_hook.host.discovery import discover
 
 pytestmark = [pytest.mark.realdriver, pytest.mark.slow]
 
@@ -248,7 +248,7 @@ def test_dpkg_x_tree_without_ld_so_cache_is_indexed_by_scanning(line, tmp_path):
 def test_scanned_tree_snapshot_goes_stale_when_a_library_is_added(tmp_path):
     """The scanned directories are stat-signed: a new file there rebuilds the snapshot."""
     from fixtures.fakedriver import make_fake_driver
-    from pyxis_hook import snapshot
+    from pyxis_hook.host import snapshot
 
     root = make_fake_driver(tmp_path / "drv", version="535.216.03")
     (root / "etc/ld.so.cache").unlink()
@@ -267,7 +267,7 @@ def test_stale_host_cache_without_driver_entries_is_completed_by_scanning(tmp_pa
     (tree / "etc").mkdir(exist_ok=True)
     (tree / "usr/lib/x86_64-linux-gnu/libfoo.so.1").write_bytes(b"")  # any cache; no driver entry in it
     realdriver.run_ldconfig(tree)  # indexes usr/lib/x86_64-linux-gnu, not nvidia/current
-    from pyxis_hook import ldcache
+    from pyxis_hook.loader import ldcache
 
     cache = ldcache.read_cache(str(tree / "etc/ld.so.cache"))
     assert not any(e.key.startswith("libcuda.so") for e in cache.entries)
@@ -291,8 +291,8 @@ def test_scan_survives_a_looping_soname_link(tmp_path):
 
 def test_libscan_index_equals_glibc_ldconfig_over_the_same_dirs(tmp_path):
     """Oracle: our scan of an uncached driver tree gives the entries glibc's ldconfig writes for the same dirs."""
-    from pyxis_hook import ldcache
-    from pyxis_hook.libscan import candidate_dirs, driver_name, scan_root
+    from pyxis_hook.loader import ldcache
+    from pyxis_hook.host.libscan import candidate_dirs, driver_name, scan_root
 
     tree = tmp_path / "root"
     shutil.copytree(realdriver.extract("535"), tree, symlinks=True)

@@ -1,4 +1,4 @@
-"""request.py: NVIDIA_VISIBLE_DEVICES & co. -> Request, with the Slurm allocation and cgroup bounds."""
+"""spec/request.py: NVIDIA_VISIBLE_DEVICES & co. -> Request, with the Slurm allocation and cgroup bounds."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from fixtures.hosttree import fake_gpus, make_host_tree
-from pyxis_hook.config import Config, load_schema
+from pyxis_hook.spec.config import Config, load_schema
 from pyxis_hook.errors import PyxisHookError, RequestError, RequirementError
-from pyxis_hook.gpus import DeviceMajors, Gpu, HostGpus, MigDevice, discover_gpus
-from pyxis_hook.cgroup import allowed_minors, parse_devices_list
-from pyxis_hook.request import Request, resolve_request, void_request
+from pyxis_hook.host.gpus import DeviceMajors, Gpu, HostGpus, MigDevice, discover_gpus
+from pyxis_hook.host.cgroup import allowed_minors, parse_devices_list
+from pyxis_hook.spec.request import Request, resolve_request, void_request
 
 CFG = Config()
 SCHEMA = load_schema("request.schema.json")
@@ -611,7 +611,7 @@ def test_property_void_never_changes_the_container(env, allowed, config, visible
 @given(st.lists(st.tuples(st.sampled_from(["NVIDIA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "A"]),
                           st.sampled_from(["0", "1", "all", "void", "2,3"])), max_size=6))
 def test_property_last_duplicate_wins_through_oci(pairs):
-    from pyxis_hook.oci import env_map
+    from pyxis_hook.spec.oci import env_map
 
     env = env_map([f"{k}={v}" for k, v in pairs])
     last = {k: v for k, v in pairs}
@@ -655,10 +655,10 @@ def test_request_import_is_cheap():
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-I", "-c", "import sys, pyxis_hook.request, pyxis_hook.oci; "
+    out = subprocess.run([sys.executable, "-I", "-c", "import sys, pyxis_hook.spec.request, pyxis_hook.spec.oci; "
                           "print(' '.join(sorted(sys.modules)))"], capture_output=True, text=True, check=True)
     mods = out.stdout.split()
-    assert "pyxis_hook.request" in mods
+    assert "pyxis_hook.spec.request" in mods
     assert not [m for m in mods if m.split(".")[0] in ("elftools", "jsonschema", "ctypes", "subprocess")]
 
 
@@ -696,7 +696,7 @@ def test_huge_cuda_visible_devices_is_a_warning():
 
 
 def test_names_mig_uuid_reads_tokens_not_substrings():
-    from pyxis_hook.request import names_mig_uuid
+    from pyxis_hook.spec.request import names_mig_uuid
 
     assert names_mig_uuid({"NVIDIA_VISIBLE_DEVICES": "0, mig-GPU-1/0/0"})
     assert names_mig_uuid({"NVIDIA_VISIBLE_DEVICES": "MIG-4f1b2a3c-0000-0000-0000-000000000001"})

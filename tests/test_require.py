@@ -1,4 +1,4 @@
-"""require.py: NVIDIA_REQUIRE_* grammar and evaluation, NVIDIA_DISABLE_REQUIRE, legacy CUDA_VERSION."""
+"""spec/require.py: NVIDIA_REQUIRE_* grammar and evaluation, NVIDIA_DISABLE_REQUIRE, legacy CUDA_VERSION."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pyxis_hook.errors import PyxisHookError, RequirementError
-from pyxis_hook.asks import is_legacy
-from pyxis_hook.require import (
+from pyxis_hook.spec.asks import is_legacy
+from pyxis_hook.spec.require import (
     DeviceFacts,
     HostFacts,
     Term,

@@ -1,4 +1,4 @@
-"""pyxis_hook.resolve and the `ldd` command: glibc's search rules inside a root.
+"""pyxis_hook.loader.resolve and the `ldd` command: glibc's search rules inside a root.
 
 The comparisons with glibc's own loader are in tests/oracles/test_ldd_oracle.py;
 these tests pin the pieces (DSTs, path lists, per-root defaults, root confinement,
@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 from fixtures.glibcroot import make_glibc_root
 from fixtures.synth import build_exe, build_lib
 from pyxis_hook import cli
-from pyxis_hook.config import load_schema
-from pyxis_hook.resolve import (
+from pyxis_hook.spec.config import load_schema
+from pyxis_hook.loader.resolve import (
     CACHE_LOADER,
     EM_386,
     EM_AARCH64,
@@ -140,8 +140,8 @@ def test_system_dirs_heuristic_when_ldso_unreadable(tmp_path, layout, expected):
 
 def test_cache_flags_come_from_ldcache():
     """One table: every (class, machine) the resolver knows names a loader in `ldcache.LOADER_FLAGS`,
-    with the flags glibc's `_dl_cache_check_flags` accepts there (what resolve.py used to keep itself)."""
-    from pyxis_hook import ldcache
+    with the flags glibc's `_dl_cache_check_flags` accepts there (what loader/resolve.py used to keep itself)."""
+    from pyxis_hook.loader import ldcache
 
     assert {arch: ldcache.LOADER_FLAGS[name] for arch, name in CACHE_LOADER.items()} == {
         (64, EM_X86_64): (0x0303,), (32, EM_386): (0x0001, 0x0003), (64, EM_AARCH64): (0x0A03,),
@@ -156,7 +156,7 @@ def test_cache_lookup_per_class_in_a_real_cache(tmp_path):
     build_lib(tmp_path / "l32", "libwho.so.1", m32=True)
     build_lib(tmp_path / "lx32", "libwho.so.1", extra_flags=("-mx32", "-nostdlib"))
     subprocess.run([_ldconfig() or "ldconfig", "-r", str(tmp_path), "-X"], check=True, capture_output=True)
-    from pyxis_hook import ldcache
+    from pyxis_hook.loader import ldcache
 
     lookup = cache_lookup_for(ldcache.read_cache(str(tmp_path / "etc/ld.so.cache")))
     assert lookup("libwho.so.1", 64, EM_X86_64) == ("/l64/libwho.so.1",)

@@ -16,10 +16,10 @@ import subprocess
 import pytest
 
 from fixtures.standin import start_standin
-from pyxis_hook.apply import apply_plan
+from pyxis_hook.apply.child import apply_plan
 from pyxis_hook.errors import ApplyError
-from pyxis_hook.plan import LdcacheUpdate, MountEdit, Plan
-from pyxis_hook.rootpin import RootfsError, pin_rootfs, runtime_mount_problem
+from pyxis_hook.plan.build import LdcacheUpdate, MountEdit, Plan
+from pyxis_hook.apply.rootpin import RootfsError, pin_rootfs, runtime_mount_problem
 
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
 

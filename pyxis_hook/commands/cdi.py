@@ -1,6 +1,6 @@
 """`pyxis-hook cdi generate [--output FILE] [--format json|yaml]`, and the hidden `cdi hook STEP`.
 
-`generate` writes a CDI spec for this host (see `pyxis_hook.cdi`).  `hook`
+`generate` writes a CDI spec for this host (see `pyxis_hook.engines.cdi`).  `hook`
 is what the spec's createContainer hooks run: `create-symlinks --link
 PATH::TARGET...`, `update-ldcache [--host-driver-version=V] --folder DIR... --lib /DIR/NAME::SONAME::FLAGS...`
 (with the version: CUDA forward compat, as the prestart hook applies it),
@@ -39,7 +39,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args, config) -> int:
-    from pyxis_hook import cdi
+    from pyxis_hook.engines import cdi
     from pyxis_hook.errors import UsageError
 
     if args.cdi_command == "hook":
@@ -52,7 +52,7 @@ def run(args, config) -> int:
     doc = cdi.generate_spec(config, hooks=not args.no_hooks)
     text = cdi.to_yaml(doc) if fmt == "yaml" else cdi.to_json(doc)
     if args.output:
-        from pyxis_hook.install import install_text
+        from pyxis_hook.engines.install import install_text
 
         install_text(args.output, text)
     else:

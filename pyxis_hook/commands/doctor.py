@@ -1,7 +1,7 @@
 """`pyxis-hook doctor [--json]`: check this host for the usual causes of GPU container failures.
 
 Each check prints ✓, ! (warning) or ✗ with what was found, why it matters and
-the fix (pyxis_hook/doctor.py).  Exits 1 when any check fails.
+the fix (pyxis_hook/diag/doctor.py).  Exits 1 when any check fails.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ def add_arguments(parser) -> None:
 def run(args, config) -> int:
     from pyxis_hook.errors import FINDINGS, OK
 
-    from pyxis_hook import doctor
-    from pyxis_hook.findings import format_findings, has_errors
+    from pyxis_hook.diag import doctor
+    from pyxis_hook.diag.findings import format_findings, has_errors
 
     findings = doctor.run_checks(config)
     if args.json:

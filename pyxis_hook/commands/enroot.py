@@ -17,7 +17,7 @@ def shim_text(python: str, config=None) -> str:
     Only PYXIS_HOOK_CONFIG of `hookd.hook_env` is set: enroot runs its hooks
     with the container's PATH on purpose, and the shim leaves that alone.
     """
-    from pyxis_hook.hookd import CONFIG_ENV, base_argv, hook_env
+    from pyxis_hook.engines.hookd import CONFIG_ENV, base_argv, hook_env
 
     env = hook_env(config) if config is not None else []
     conf = "".join(f"{CONFIG_ENV}={_quote(e.split('=', 1)[1])} " for e in env if e.startswith(CONFIG_ENV + "="))
@@ -38,13 +38,13 @@ def add_arguments(parser) -> None:
 
 def run(args, config) -> int:
     if args.install:
-        from pyxis_hook.hookd import interpreter
-        from pyxis_hook.install import install_text
+        from pyxis_hook.engines.hookd import interpreter
+        from pyxis_hook.engines.install import install_text
 
         dest = install_text(os.path.join(args.install, SHIM_NAME), shim_text(interpreter(), config), 0o755)
         print(f"installed {dest}")
         return 0
-    from pyxis_hook.enroot import run_enroot_hook
+    from pyxis_hook.engines.enroot import run_enroot_hook
 
     run_enroot_hook(config, os.environ)
     return 0

@@ -17,14 +17,14 @@ def add_arguments(parser) -> None:
 
 
 def run(args, config) -> int:
-    from pyxis_hook.hookd import hook_document, hook_env, hook_file_name
+    from pyxis_hook.engines.hookd import hook_document, hook_env, hook_file_name
 
     doc = hook_document(args.stage, hook_env(config), timeout=args.timeout)
     text = json.dumps(doc, indent=2) + "\n"
     if not args.install:
         sys.stdout.write(text)
         return 0
-    from pyxis_hook.install import install_text
+    from pyxis_hook.engines.install import install_text
 
     dest = install_text(os.path.join(args.install, hook_file_name(args.stage)), text)
     print(f"installed {dest}")

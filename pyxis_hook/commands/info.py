@@ -33,7 +33,7 @@ def info_dict(inv) -> dict:
 
 
 def _cuda_text(v: int | None) -> str | None:
-    from pyxis_hook.cudaversion import format_cuda_version
+    from pyxis_hook.host.cudaversion import format_cuda_version
 
     return format_cuda_version(v) if v is not None else None
 
@@ -76,7 +76,7 @@ def format_text(inv) -> str:
 
 def run(args, config) -> int:
     from pyxis_hook.errors import FINDINGS, OK, error_line
-    from pyxis_hook.discovery import discover
+    from pyxis_hook.host.discovery import discover
 
     inv = discover(config, strict=False)
     if args.json:

@@ -1,7 +1,7 @@
 """`pyxis-hook ldcheck (ROOTFS | --bundle DIR | --pid PID) [--capabilities CAPS] [--json]`.
 
 Explains how the container's own loader will resolve each driver library
-(pyxis_hook/ldcheck.py): shadowing copies, fatal candidates, missing
+(pyxis_hook/diag/ldcheck.py): shadowing copies, fatal candidates, missing
 dependencies, CUDA version gaps and a broken loader setup, each as a finding
 with what, why and fix.  Exits 1 when any finding is an error.
 """
@@ -47,7 +47,7 @@ def _target(args, config) -> tuple[str, dict[str, str], str]:
         raise UsageError("ldcheck: give exactly one of ROOTFS, --bundle DIR, --pid PID")
     env: dict[str, str] = {}
     if args.bundle:
-        from pyxis_hook.oci import load_bundle
+        from pyxis_hook.spec.oci import load_bundle
 
         bundle = load_bundle(args.bundle)
         return bundle.rootfs, bundle.env_map(), "bundle"
@@ -67,10 +67,10 @@ def _target(args, config) -> tuple[str, dict[str, str], str]:
 
 
 def run(args, config) -> int:
-    from pyxis_hook import ldcheck
+    from pyxis_hook.diag import ldcheck
     from pyxis_hook.errors import FINDINGS, OK
-    from pyxis_hook.findings import has_errors
-    from pyxis_hook.discovery import discover
+    from pyxis_hook.diag.findings import has_errors
+    from pyxis_hook.host.discovery import discover
 
     rootfs, env, source = _target(args, config)
     inv = discover(config, strict=False)

@@ -33,9 +33,9 @@ def _one(args, path: str) -> tuple[dict, str]:
     The stdout text is `resolve.format_ldd` of the dependencies, the one
     formatter of ldd lines; a file whose load fails prints nothing there.
     """
-    from pyxis_hook.elf import read_elf
+    from pyxis_hook.loader.elf import read_elf
     from pyxis_hook.errors import ElfError
-    from pyxis_hook.resolve import DEFAULT_RTLD, LoadFailed, format_ldd, loader_env_for_root, resolve_tree
+    from pyxis_hook.loader.resolve import DEFAULT_RTLD, LoadFailed, format_ldd, loader_env_for_root, resolve_tree
     from pyxis_hook.rootfs import resolve_in_root
 
     import os

@@ -23,8 +23,8 @@ def add_arguments(parser) -> None:
 
 def _selection(args, config, inv):
     """(capabilities, gpus, mig devices, device nodes, request warnings) for the command line."""
-    from pyxis_hook import gpus as gpus_mod
-    from pyxis_hook.request import resolve_request
+    from pyxis_hook.host import gpus as gpus_mod
+    from pyxis_hook.spec.request import resolve_request
 
     env = {"NVIDIA_VISIBLE_DEVICES": args.devices if args.devices is not None else "all",
            "NVIDIA_DRIVER_CAPABILITIES": args.capabilities if args.capabilities is not None else "all"}
@@ -93,7 +93,7 @@ def format_text(doc: dict) -> str:
 
 def run(args, config) -> int:
     from pyxis_hook.errors import FINDINGS, OK, PyxisHookError, error_line
-    from pyxis_hook.discovery import discover
+    from pyxis_hook.host.discovery import discover
 
     inv = discover(config, strict=False)
     rc = OK if inv.usable else FINDINGS

@@ -79,7 +79,7 @@ def loader_refusal(prepared) -> str | None:
     """Why the hook would refuse the image's ld.so.conf (`ldconf.require_safe`, both modes), else None."""
     if prepared.plan.ldcache.mode not in ("merge", "ldconfig"):
         return None
-    from pyxis_hook.ldconf import read_ld_so_conf
+    from pyxis_hook.loader.ldconf import read_ld_so_conf
 
     conf = read_ld_so_conf(prepared.plan.rootfs)
     return conf.problems[0] if conf.unsafe else None
@@ -87,7 +87,7 @@ def loader_refusal(prepared) -> str | None:
 
 def merge_fallback(prepared) -> str | None:
     """Why the hook would fall back from merge to ldconfig for this image (read-only look), else None."""
-    from pyxis_hook import ldmerge
+    from pyxis_hook.loader import ldmerge
 
     return ldmerge.preview(prepared.plan.rootfs, prepared.plan.ldcache)
 
@@ -107,9 +107,9 @@ def to_json(prepared) -> dict:
 def run(args, config) -> int:
     from pyxis_hook.record import replace
 
-    from pyxis_hook import oci
+    from pyxis_hook.spec import oci
     from pyxis_hook.errors import FINDINGS, OK, UsageError
-    from pyxis_hook.hook import prepare
+    from pyxis_hook.plan.prepare import prepare
 
     bundle = oci.load_bundle(args.bundle)
     if args.env:

@@ -48,12 +48,13 @@ def _env_edit(doc: dict, name: str, value: str) -> None:
 
 def transform(config, data: bytes, bundle_dir: str | None = None) -> bytes:
     """The config.json podman should use instead of `data`; `data` itself for a void request."""
-    from pyxis_hook import log, oci
+    from pyxis_hook import log
+    from pyxis_hook.spec import oci
     from pyxis_hook.errors import OciError
 
     bundle_dir = bundle_dir or os.getcwd()
     bundle = oci.parse_config(data, bundle_dir, "<precreate config.json on stdin>")
-    from pyxis_hook.hook import prepare
+    from pyxis_hook.plan.prepare import prepare
 
     # confined by our own device cgroup: the allocation's (podman runs us inside the srun step)
     prepared = prepare(config, bundle, check=True)

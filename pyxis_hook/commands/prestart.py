@@ -24,16 +24,18 @@ def execute(config, stdin_bytes: bytes, bundle_dir: str | None = None) -> int:
     container's mount namespace (`rootpin`): the image is read and changed
     through that fd only, whatever `root.path` names by then.
     """
-    from pyxis_hook import log, oci
+    from pyxis_hook import log
+    from pyxis_hook.spec import oci
 
     state = oci.parse_state(stdin_bytes)
     bundle = oci.load_bundle(bundle_dir or state.bundle)
-    from pyxis_hook.hook import prepare
+    from pyxis_hook.plan.prepare import prepare
 
     pinned = []
 
     def pin() -> str:
-        from pyxis_hook import bundleperm, rootpin
+        from pyxis_hook.spec import bundleperm
+        from pyxis_hook.apply import rootpin
 
         warning = bundleperm.check_bundle(bundle.path, bundle.config_path, config.writable_bundle)
         if warning:
@@ -46,7 +48,7 @@ def execute(config, stdin_bytes: bytes, bundle_dir: str | None = None) -> int:
         if prepared.request.void:
             log.debug(f"container {state.id}: {prepared.request.reasons[0]}")
             return 0
-        from pyxis_hook.apply import apply_plan
+        from pyxis_hook.apply.child import apply_plan
 
         plan = prepared.plan
         log.info(f"container {state.id}: {len(plan.devices)} devices, {len(plan.mounts)} mounts, "
@@ -71,14 +73,15 @@ def certainly_void(data: bytes) -> bool:
 
     Issue 7 G4: a container that asks for no GPU must cost about a bare
     interpreter start, so this reads the state and config.json with `fastjson`
-    and `posix` only (`oci.py`, `config.py`, `request.py`, `log.py` cost ~15 ms
+    and `posix` only (`spec/oci.py`, `spec/config.py`, `spec/request.py`, `log.py` cost ~15 ms
     of imports).  The decision is `asks.void_reason`, the one `request.void_request`
     makes, on the bundle's last-wins env; it needs no configuration.  Anything
     unexpected (bad JSON, a symlinked or huge config.json, an env entry
     without '=') returns False: the full path then decides and reports.
     """
     try:
-        from pyxis_hook import asks, fastjson
+        from pyxis_hook.spec import asks
+        from pyxis_hook import fastjson
 
         if len(data) > _FAST_LIMIT:
             return False
@@ -130,7 +133,7 @@ def main_fast() -> int:
     from pyxis_hook import errors, log
 
     try:
-        from pyxis_hook.config import load_config
+        from pyxis_hook.spec.config import load_config
 
         config = load_config(None)
         log.configure(config.log_file, config.log_level, "error")

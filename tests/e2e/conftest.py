@@ -39,7 +39,7 @@ class Host:
 
 
 def hook_entry(conf: Path, stage: str = "prestart") -> dict:
-    from pyxis_hook.hookd import hook_argv, interpreter
+    from pyxis_hook.engines.hookd import hook_argv, interpreter
 
     python = interpreter()
     return {"path": python, "args": hook_argv(stage, python),

@@ -14,7 +14,10 @@ from typing import Callable, NamedTuple
 
 from hypothesis import strategies as st
 
-from pyxis_hook import asks, cgroup, cdi, config, elf, enroot, gpus, ldcache, oci, require
+from pyxis_hook.spec import asks, config, oci, require
+from pyxis_hook.host import cgroup, gpus
+from pyxis_hook.engines import cdi, enroot
+from pyxis_hook.loader import elf, ldcache
 from pyxis_hook.errors import PyxisHookError
 
 
@@ -87,7 +90,7 @@ def _elf_full(data: bytes) -> None:
 
 def _elf_facts(data: bytes) -> None:
     """The stdlib reader the merge uses on an image's files (SONAME, DT_NEEDED, the compat note)."""
-    from pyxis_hook.container import read_elf_facts
+    from pyxis_hook.plan.container import read_elf_facts
 
     _with_file(data, lambda path, fd, size: read_elf_facts(fd, size, "x86_64", want_note=True))
 
@@ -142,7 +145,7 @@ _HOST = _host()
 
 
 def _request(env: dict) -> None:
-    from pyxis_hook.request import resolve_request
+    from pyxis_hook.spec.request import resolve_request
 
     asks.void_reason(env)
     require.parse_requirements(env)
@@ -174,7 +177,7 @@ def _proc_text(text: str) -> None:
 
 
 def _ld_so_conf(text: bytes) -> None:
-    from pyxis_hook.ldconf import read_ld_so_conf
+    from pyxis_hook.loader.ldconf import read_ld_so_conf
 
     with tempfile.TemporaryDirectory(prefix="pyxis-fuzz-") as root:
         os.makedirs(os.path.join(root, "etc/ld.so.conf.d"))

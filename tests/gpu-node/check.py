@@ -48,7 +48,7 @@ def sh(cmd, **kw):
 
 def copy_with_deps(exe: str, rootfs: str) -> None:
     """Copy `exe` and the libraries glibc's loader would load for it (resolved by our own resolver)."""
-    from pyxis_hook import resolve
+    from pyxis_hook.loader import resolve
 
     real = os.path.realpath(exe)
     env = resolve.loader_env_for_root("/")

@@ -1,4 +1,4 @@
-"""pyxis_hook.ldcache/ldconf against glibc's own ldconfig and ld.so.
+"""pyxis_hook.loader.ldcache/ldconf against glibc's own ldconfig and ld.so.
 
 Caches are built by `ldconfig -r ROOT` over fixture trees of gcc-built
 libraries; our `ldcache` output must be byte-for-byte `ldconfig -p -C FILE`,
@@ -22,8 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fixtures.synth import build_exe, build_lib, m32_toolchain
-from pyxis_hook import ldcache as L
-from pyxis_hook.ldconf import existing_dirs, read_ld_so_conf
+from pyxis_hook.loader import ldcache as L
+from pyxis_hook.loader.ldconf import existing_dirs, read_ld_so_conf
 
 LDCONFIG = shutil.which("ldconfig") or "/sbin/ldconfig"
 LD64 = "/lib64/ld-linux-x86-64.so.2"

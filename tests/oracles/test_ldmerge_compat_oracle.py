@@ -23,10 +23,11 @@ import pytest
 
 from fixtures.synth import build_exe, build_lib
 from oracles.test_ldmerge_oracle import LDCONFIG, MULTIARCH, SONAMES, build_image, inject, ld_list, p
-from pyxis_hook import confined, ldmerge
-from pyxis_hook.config import Config
-from pyxis_hook.container import container_facts
-from pyxis_hook.plan import COMPAT_DIR, ldcache_update
+from pyxis_hook.apply import confined
+from pyxis_hook.loader import ldmerge
+from pyxis_hook.spec.config import Config
+from pyxis_hook.plan.container import container_facts
+from pyxis_hook.plan.build import COMPAT_DIR, ldcache_update
 from pyxis_hook.rootfs import RootFS
 
 pytestmark = [pytest.mark.root, pytest.mark.skipif(not os.path.exists(LDCONFIG), reason="no glibc ldconfig")]

@@ -31,8 +31,8 @@ import pytest
 
 from fixtures.container import make_rootfs
 from fixtures.synth import build_exe, build_lib, m32_toolchain
-from pyxis_hook import ldcache as L
-from pyxis_hook import ldmerge
+from pyxis_hook.loader import ldcache as L
+from pyxis_hook.loader import ldmerge
 from pyxis_hook.rootfs import RootFS
 
 LDCONFIG = shutil.which("ldconfig") or "/sbin/ldconfig"
@@ -249,7 +249,7 @@ def test_cache_symlink_to_host_file_is_replaced_not_followed(tmp_path):
 
 
 def test_preview_tells_plan_whether_merge_applies(tmp_path):
-    from pyxis_hook.plan import LdcacheUpdate
+    from pyxis_hook.plan.build import LdcacheUpdate
 
     root = build_image(tmp_path / "root", hwcaps=False)
     libs = inject(root)
@@ -269,7 +269,7 @@ def test_hostile_ld_so_conf_is_cannot_merge_or_refused(tmp_path, no_hang, hostil
     """A looping link ldconfig skips is a CannotMerge; what it would block, spin or open a device on is refused."""
     import stat
 
-    from pyxis_hook.ldconf import UnsafeLoaderConfig
+    from pyxis_hook.loader.ldconf import UnsafeLoaderConfig
 
     root = build_image(tmp_path / "root", hwcaps=False)
     libs = inject(root)

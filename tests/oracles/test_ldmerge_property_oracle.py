@@ -23,8 +23,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from pyxis_hook import ldcache as L
-from pyxis_hook import ldmerge
+from pyxis_hook.loader import ldcache as L
+from pyxis_hook.loader import ldmerge
 
 LDCONFIG = shutil.which("ldconfig") or "/sbin/ldconfig"
 GEN = "ldconfig (Debian GLIBC 2.36-9+deb12u4) stable release version 2.36"

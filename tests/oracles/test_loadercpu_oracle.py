@@ -1,4 +1,4 @@
-"""pyxis_hook.loadercpu against glibc's own loader, on this CPU and on this CPU with features switched off.
+"""pyxis_hook.loader.cpu against glibc's own loader, on this CPU and on this CPU with features switched off.
 
 `GLIBC_TUNABLES=glibc.cpu.hwcaps=-FEATURE` makes ld.so treat FEATURE as not
 usable, which gives the loader a CPU this machine is not; the model is given
@@ -19,9 +19,9 @@ import subprocess
 import pytest
 
 from fixtures.synth import build_exe
-from pyxis_hook import loadercpu
+from pyxis_hook.loader import cpu as loadercpu
 from pyxis_hook.record import replace
-from pyxis_hook.resolve import EM_386, EM_X86_64, loader_env_for_root
+from pyxis_hook.loader.resolve import EM_386, EM_X86_64, loader_env_for_root
 
 LDSO64, LDSO32 = "/lib64/ld-linux-x86-64.so.2", "/lib/ld-linux.so.2"
 NOWHERE = "/nonexistent-pyxis-dir"

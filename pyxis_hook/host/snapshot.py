@@ -82,8 +82,8 @@ def load(config, host=None):
 
     `host` are fresh GPU facts (discovered when None); they replace the saved ones.
     """
-    from pyxis_hook.gpus import discover_gpus
-    from pyxis_hook.inventory import Inventory, refresh_live, stat_signature
+    from pyxis_hook.host.gpus import discover_gpus
+    from pyxis_hook.host.inventory import Inventory, refresh_live, stat_signature
 
     path = snapshot_path(config)
     _trusted_dir(path)
@@ -160,14 +160,14 @@ def load_or_build(config, *, strict: bool = True):
 
     Failure to save is a warning: the hook still works, only slower.
     """
-    from pyxis_hook.gpus import discover_gpus
+    from pyxis_hook.host.gpus import discover_gpus
 
     host = discover_gpus(config.proc_root, config.dev_root)
     try:
         return load(config, host)
     except SnapshotError as e:
         log.debug(f"rebuilding the inventory: {e}")
-    from pyxis_hook.discovery import discover
+    from pyxis_hook.host.discovery import discover
 
     inv = discover(config, strict=strict, host=host)
     if inv.usable:

@@ -133,7 +133,7 @@ def parse_config(raw: bytes, path: str = "<string>") -> Config:
     A plain `key = value` file is read by flattoml (no tomllib import on the
     hook's path); anything else goes to tomllib, which also words the errors.
     """
-    from pyxis_hook import flattoml
+    from pyxis_hook.spec import flattoml
 
     try:
         text = raw.decode("utf-8")

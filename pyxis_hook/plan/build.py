@@ -14,12 +14,12 @@ from pyxis_hook.record import asdict, field, record
 
 #: typing.TYPE_CHECKING without importing typing (~3 ms on the hook's path)
 TYPE_CHECKING = False
-if TYPE_CHECKING:  # only for type hints: plan.py imports nothing heavy
+if TYPE_CHECKING:  # only for type hints: plan/build.py imports nothing heavy
     from typing import Iterable
 
-    from pyxis_hook.config import Config
-    from pyxis_hook.inventory import DriverFile, Inventory
-    from pyxis_hook.request import Request
+    from pyxis_hook.spec.config import Config
+    from pyxis_hook.host.inventory import DriverFile, Inventory
+    from pyxis_hook.spec.request import Request
 
 #: where CUDA images keep the forward-compat driver (driver-files.md §9)
 COMPAT_DIR = "/usr/local/cuda/compat"
@@ -247,7 +247,7 @@ def link_edit(path: str, target: str, f: "DriverFile",
 
 def _version(text: str) -> tuple[int, ...]:
     """'550.54.15' -> (550, 54, 15); () when it is not dotted numbers."""
-    from pyxis_hook.require import is_dotted_number
+    from pyxis_hook.spec.require import is_dotted_number
 
     return tuple(int(p) for p in text.split(".")) if is_dotted_number(text) else ()
 
@@ -345,7 +345,7 @@ def _cache_rows(libs: "Iterable[tuple]") -> tuple[tuple[str, str, str, int], ...
         if len(lib) == 4:
             rows.append(tuple(lib))
             continue
-        from pyxis_hook.ldmerge import cache_flags  # a cached import after the first
+        from pyxis_hook.loader.ldmerge import cache_flags  # a cached import after the first
 
         d, f, soname = lib
         rows.append((d, f.name, soname, cache_flags(f.elfclass, f.needed)))
@@ -369,7 +369,7 @@ def build_plan(request: "Request", inventory: "Inventory", facts: ContainerFacts
                                              f"{inventory.driver_root}",))
     caps = set(request.capabilities)
     host = inventory.host
-    from pyxis_hook.gpus import device_nodes_for
+    from pyxis_hook.host.gpus import device_nodes_for
 
     nodes = device_nodes_for(
         host, request.gpu_minors, request.mig_devices,

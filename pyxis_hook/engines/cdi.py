@@ -23,7 +23,7 @@ import platform
 import re
 
 from pyxis_hook.errors import ConfigError
-from pyxis_hook.plan import ContainerFacts, DeviceEdit, MountEdit, Plan
+from pyxis_hook.plan.build import ContainerFacts, DeviceEdit, MountEdit, Plan
 from pyxis_hook.record import replace
 
 #: lowest CDI version covering what we emit (deviceNodes.hostPath is 0.5.0; mount `type` 0.4.0)
@@ -48,7 +48,7 @@ def cdi_facts(machine: str | None = None) -> ContainerFacts:
     passes these dirs on ldconfig's command line, so the loader finds the
     libraries in any image.
     """
-    from pyxis_hook.container import TRIPLETS
+    from pyxis_hook.plan.container import TRIPLETS
 
     machine = machine or platform.machine()
     triplet, triplet32 = TRIPLETS.get(machine, (f"{machine}-linux-gnu", None))
@@ -69,7 +69,7 @@ def hook_command(config, python: str | None = None) -> tuple[str, list[str], lis
     argv[0] is the absolute interpreter: Python derives sys.prefix from a bare
     argv[0] by a PATH search, which finds the system python, not this install.
     """
-    from pyxis_hook.hookd import base_argv, hook_env, interpreter
+    from pyxis_hook.engines.hookd import base_argv, hook_env, interpreter
 
     python = python or interpreter()
     return python, [*base_argv(python), "cdi", "hook"], hook_env(config)
@@ -205,18 +205,18 @@ def generate_spec(config, *, python: str | None = None, machine: str | None = No
     default directories, which holds for the Debian multiarch dirs in
     Debian/Ubuntu images) and no /proc/driver/nvidia view.
     """
-    from pyxis_hook import snapshot
+    from pyxis_hook.host import snapshot
     from pyxis_hook.errors import DriverError
-    from pyxis_hook.hook import read_proc_driver_files
-    from pyxis_hook.plan import build_plan
-    from pyxis_hook.request import resolve_request
+    from pyxis_hook.plan.prepare import read_proc_driver_files
+    from pyxis_hook.plan.build import build_plan
+    from pyxis_hook.spec.request import resolve_request
 
     kind = check_kind(config.cdi_kind)
     inventory = snapshot.load_or_build(config, strict=False)
     host = inventory.host
     if host.mig_devices:
         # MIG UUIDs (procfs has none) name devices in the spec: ask the driver's NVML, here only
-        from pyxis_hook.hook import with_mig_uuids
+        from pyxis_hook.plan.prepare import with_mig_uuids
 
         inventory = with_mig_uuids(inventory)
         host = inventory.host
@@ -320,7 +320,7 @@ HOOK_STEPS = ("create-symlinks", "update-ldcache", "proc-driver")
 def parse_link(text: str):
     """`--link PATH::TARGET` -> SymlinkEdit; PATH must be absolute (it is resolved inside the rootfs)."""
     from pyxis_hook.errors import UsageError
-    from pyxis_hook.plan import SymlinkEdit
+    from pyxis_hook.plan.build import SymlinkEdit
 
     path, sep, target = text.partition("::")
     if not sep or not path.startswith("/") or not target or "\0" in text:
@@ -356,7 +356,7 @@ def hook_plan(step: str, bundle, config, *, links: tuple[str, ...] = (), folders
     without regenerating the spec.
     """
     from pyxis_hook.errors import UsageError
-    from pyxis_hook.plan import ProcDriverView, patch_params
+    from pyxis_hook.plan.build import ProcDriverView, patch_params
 
     rootfs = bundle.rootfs
     if step == "create-symlinks":
@@ -365,9 +365,9 @@ def hook_plan(step: str, bundle, config, *, links: tuple[str, ...] = (), folders
         bad = [d for d in folders if not d.startswith("/")]
         if bad:
             raise UsageError(f"--folder {bad[0]!r}: not an absolute path")
-        from pyxis_hook.container import container_facts
+        from pyxis_hook.plan.container import container_facts
 
-        from pyxis_hook.plan import cuda_compat, ldcache_update
+        from pyxis_hook.plan.build import cuda_compat, ldcache_update
 
         if host_driver_version and not _DRIVER_VERSION.fullmatch(host_driver_version):
             shown = host_driver_version if len(host_driver_version) <= 40 else host_driver_version[:40] + "..."
@@ -384,8 +384,8 @@ def hook_plan(step: str, bundle, config, *, links: tuple[str, ...] = (), folders
         why = "CDI update-ldcache hook" + (f"; {update.why}" if use else "")
         return Plan(rootfs=rootfs, ldcache=replace(update, why=why), notes=(note,) if note else ())
     if step == "proc-driver":
-        from pyxis_hook import gpus as gpus_mod
-        from pyxis_hook.hook import read_proc_driver_files
+        from pyxis_hook.host import gpus as gpus_mod
+        from pyxis_hook.plan.prepare import read_proc_driver_files
 
         files = read_proc_driver_files(config.proc_root)
         if files is None:
@@ -407,8 +407,9 @@ def run_hook(step: str, stdin_bytes: bytes, config, *, links=(), folders=(), lib
              host_driver_version: str = "") -> None:
     """Read the state JSON, plan the step, apply it in the current mount namespace (the container's)."""
 
-    from pyxis_hook import log, oci
-    from pyxis_hook.apply import apply_plan
+    from pyxis_hook import log
+    from pyxis_hook.spec import oci
+    from pyxis_hook.apply.child import apply_plan
 
     state = oci.parse_state(stdin_bytes, require_pid=False)
     bundle = oci.load_bundle(state.bundle)

@@ -55,7 +55,7 @@ import select
 import stat
 from _signal import SIGKILL  # the C module: signal.py's enums cost the hook ~4 ms a start (issue 7)
 
-from pyxis_hook import kernel
+from pyxis_hook.apply import kernel
 from pyxis_hook.errors import ApplyError
 
 #: The capabilities ldconfig keeps (a bit mask).  It writes /etc/ld.so.cache~, chmods it 0644,

@@ -20,7 +20,7 @@ import stat
 import struct
 
 from pyxis_hook.errors import ElfError, PathError
-from pyxis_hook.plan import COMPAT_DIR, ContainerFacts, link_paths
+from pyxis_hook.plan.build import COMPAT_DIR, ContainerFacts, link_paths
 from pyxis_hook.record import replace
 from pyxis_hook.rootfs import try_resolve_in_root
 
@@ -167,8 +167,8 @@ def compat_facts(rootfs: str, machine: str | None = None):
 
 
 def _compat_facts(rfs, machine: str):
-    from pyxis_hook.ldcache import libcmp
-    from pyxis_hook.ldmerge import cache_flags, indexed_by_ldconfig
+    from pyxis_hook.loader.ldcache import libcmp
+    from pyxis_hook.loader.ldmerge import cache_flags, indexed_by_ldconfig
 
     dfd = rfs.open(COMPAT_DIR, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -229,7 +229,7 @@ def _compat_facts(rfs, machine: str):
 
 def _is_versioned(name: str) -> bool:
     """`libcuda.so.570.86.15`: bounded ASCII digit runs (str.isdigit also takes '²', which int() refuses)."""
-    from pyxis_hook.require import is_dotted_number
+    from pyxis_hook.spec.require import is_dotted_number
 
     return is_dotted_number(name[len("libcuda.so."):])
 

@@ -69,7 +69,7 @@ CONF_LIMIT = 1 << 20
 MAX_ENTRIES = 10000
 #: wall-clock bound of one read (a slow or hostile filesystem under the rootfs)
 MAX_SECONDS = 5.0
-#: top-level directories of the root that do not exist for ldconfig (confined.py masks them)
+#: top-level directories of the root that do not exist for ldconfig (apply/confined.py masks them)
 HIDDEN = ("proc", "sys")
 
 #: why a read stopped (`LdSoConf.stop`; "" when it did not)

@@ -30,8 +30,8 @@ import stat
 import struct
 from typing import Callable
 
-from pyxis_hook import loadercpu
-from pyxis_hook.elf import EHDR_SIZE, ET_DYN, ET_EXEC, PHDR_SIZE, ElfInfo, parse_header, read_elf
+from pyxis_hook.loader import cpu as loadercpu
+from pyxis_hook.loader.elf import EHDR_SIZE, ET_DYN, ET_EXEC, PHDR_SIZE, ElfInfo, parse_header, read_elf
 from pyxis_hook.errors import ElfError, LdCacheError, PathError
 from pyxis_hook.record import record
 from pyxis_hook.rootfs import resolve_in_root
@@ -221,12 +221,12 @@ def _heuristic_system_dirs(root: str, interp: str) -> tuple[str, ...]:
 
 
 def cache_lookup_for(cache, *, hwcaps: tuple[str, ...] = (), legacy_ok=None) -> CacheLookup:
-    """Adapt a `pyxis_hook.ldcache.LdCache` to the resolver's CacheLookup (flags per class/machine).
+    """Adapt a `pyxis_hook.loader.ldcache.LdCache` to the resolver's CacheLookup (flags per class/machine).
 
     `hwcaps` and `legacy_ok` are `ldcache.lookup`'s: the glibc-hwcaps subdirs and
     the legacy hwcap entries (glibc < 2.37) the loader takes.
     """
-    from pyxis_hook import ldcache
+    from pyxis_hook.loader import ldcache
 
     flags_by_arch = {arch: ldcache.LOADER_FLAGS[name] for arch, name in CACHE_LOADER.items()}
 
@@ -283,7 +283,7 @@ def loader_env_for_root(
         legacy_ok = loadercpu.legacy_cache_ok(seen.hwcap_names, platform)
     cache = None
     if not inhibit_cache:
-        from pyxis_hook import ldcache
+        from pyxis_hook.loader import ldcache
 
         try:
             cache = cache_lookup_for(ldcache.read_cache(resolve_in_root(root, cache_path)), hwcaps=hwcaps,

@@ -17,14 +17,14 @@ import time.
 from __future__ import annotations
 import os
 import stat
-from pyxis_hook import capabilities as caps
+from pyxis_hook.host import capabilities as caps
 from pyxis_hook import log
 from pyxis_hook.errors import DriverError, ElfError, LdCacheError, PathError
-from pyxis_hook.gpus import HostGpus, discover_gpus
+from pyxis_hook.host.gpus import HostGpus, discover_gpus
 from pyxis_hook.record import field, record, replace
-from pyxis_hook.require import version_key
+from pyxis_hook.spec.require import version_key
 from pyxis_hook.rootfs import resolve_in_root, to_root_relative
-from pyxis_hook.inventory import ARCHES, DriverFile, Inventory, NonDriverDep, VERSIONED_RE, _VERSION_RE, driver_major, ipc_files, stat_signature
+from pyxis_hook.host.inventory import ARCHES, DriverFile, Inventory, NonDriverDep, VERSIONED_RE, _VERSION_RE, driver_major, ipc_files, stat_signature
 
 
 #: glibc's own libraries: always in the image, never worth recording as a missing dependency
@@ -75,7 +75,7 @@ def discover(config, *, strict: bool = True, host: HostGpus | None = None) -> In
     unusable (no driver, half-installed driver, libnvidia-tls without its
     ABI note); otherwise return what could be found, problems in `errors`.
     """
-    from pyxis_hook import ldcache
+    from pyxis_hook.loader import ldcache
 
     if host is None:
         host = discover_gpus(config.proc_root, config.dev_root)
@@ -97,7 +97,7 @@ def discover(config, *, strict: bool = True, host: HostGpus | None = None) -> In
             e.key.startswith(("libcuda.so", "libnvidia-ml.so")) for e in cache.entries)):
         # ldconfig never ran here (dpkg -x, a copied driver), or ran before the driver was unpacked
         # (Debian's nvidia/current without the alternatives links): index what ldconfig would find
-        from pyxis_hook.libscan import scan_root
+        from pyxis_hook.host.libscan import scan_root
 
         scanned, dirs = scan_root(root)
         if scanned.entries or cache is None:
@@ -191,7 +191,7 @@ def _pick_version(st: _State, host: HostGpus, cache, entries, abi: int) -> str |
     but when several versions sit side by side we take the one the loader
     would use: where the cache's `libcuda.so.1` (else libnvidia-ml.so.1) leads.
     """
-    from pyxis_hook import ldcache
+    from pyxis_hook.loader import ldcache
 
     found: set[str] = set()
     for e in entries:
@@ -239,7 +239,7 @@ def _pick_version(st: _State, host: HostGpus, cache, entries, abi: int) -> str |
 def _libraries(st: _State, cache, entries, kind: str, abi: int, elfclass: int, machine: int) -> None:
     import re  # discovery only
     """Prefix-list libraries of one ABI, the suffix rule, ELF checks, then the DT_NEEDED closure."""
-    from pyxis_hook import elf
+    from pyxis_hook.loader import elf
 
     suffix = f".so.{st.version}"
     by_path: dict[str, dict] = {}
@@ -347,7 +347,7 @@ def _libraries(st: _State, cache, entries, kind: str, abi: int, elfclass: int, m
 
 def _lookup_dep(st: _State, cache, name: str, flags_ok: tuple[int, ...], requirer: str) -> str | None:
     """Where the driver root's loader would find `name`: the cache, else next to the requirer."""
-    from pyxis_hook import ldcache
+    from pyxis_hook.loader import ldcache
 
     hit = ldcache.search_cache(cache, name, flags_ok)
     if hit is None:
@@ -414,8 +414,8 @@ VENDOR_BIN_DIRS = ("/usr/lib/nvidia/current", "/usr/lib/nvidia")
 def _bin_dirs(st: _State, config) -> list[str]:
     """config.path first (what LNC searches), then the vendor dirs, each flavour of /usr/lib/nvidia,
     then `<prefix>/bin` and `<prefix>/sbin` of the dirs the driver's libraries were found in
-    (a prefix install's binaries are on no default path; bindirs.py)."""
-    from pyxis_hook.bindirs import prefix_bin_dirs
+    (a prefix install's binaries are on no default path; host/bindirs.py)."""
+    from pyxis_hook.host.bindirs import prefix_bin_dirs
 
     extra = list(VENDOR_BIN_DIRS)
     top = _resolve(st, "/usr/lib/nvidia")
@@ -506,12 +506,12 @@ def _icd(st: _State, config) -> None:
 
 
 def _cuda_version(st: _State) -> int | None:
-    """cuDriverGetVersion of the driver's libcuda, run in a child (cudaversion.py), when available."""
+    """cuDriverGetVersion of the driver's libcuda, run in a child (host/cudaversion.py), when available."""
     lib = next((f for f in st.files if f.kind == "lib" and f.soname == "libcuda.so.1"), None)
     if lib is None:
         return None
     try:
-        from pyxis_hook import cudaversion  # type: ignore[attr-defined]
+        from pyxis_hook.host import cudaversion  # type: ignore[attr-defined]
     except ImportError:
         return None
     try:

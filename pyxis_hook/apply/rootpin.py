@@ -134,7 +134,7 @@ def _runtime_mount(rootfs: str, pid: int, root_fd: int, where: str, proc: str) -
 
 def _judge(fd: int, pid: int, where: str, proc: str) -> tuple[str, str | None]:
     """(mount point of the mount `fd` is on, why it is not the runtime's rootfs or None)."""
-    from pyxis_hook.cgroup import parse_mountinfo, read_text
+    from pyxis_hook.host.cgroup import parse_mountinfo, read_text
 
     mount_id = _mount_id(fd, proc)
     up = os.open("..", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)

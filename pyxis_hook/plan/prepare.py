@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 
 from pyxis_hook import log
-from pyxis_hook.config import Config
-from pyxis_hook.plan import Plan
+from pyxis_hook.spec.config import Config
+from pyxis_hook.plan.build import Plan
 from pyxis_hook.record import record
 
 PROC_DRIVER_FILES = ("params", "version", "registry")
@@ -50,7 +50,7 @@ def with_mig_uuids(inventory):
     loaded in this process, before any namespace is entered (apply forks a
     single-threaded child for that).
     """
-    from pyxis_hook import gpus, inventory as inv_mod
+    from pyxis_hook.host import gpus, inventory as inv_mod
 
     lib = next((f.host_path for f in inventory.files if f.kind == "lib" and f.soname == "libnvidia-ml.so.1"), None)
     if lib is None:
@@ -75,7 +75,7 @@ def prepare(config: Config, bundle, *, state=None, check: bool = False, confine:
     the runtime mounted, not whatever `bundle.rootfs` names by now).  The
     plan still names `bundle.rootfs`.
     """
-    from pyxis_hook import oci, request as req
+    from pyxis_hook.spec import oci, request as req
 
     env = bundle.env_map()
     annotations = oci.state_annotations(state, bundle) if state is not None else bundle.annotation_map()
@@ -84,9 +84,9 @@ def prepare(config: Config, bundle, *, state=None, check: bool = False, confine:
         return Prepared(void, None, Plan(rootfs=bundle.rootfs, notes=void.reasons))
 
     view = pin() if pin is not None else bundle.rootfs
-    from pyxis_hook import snapshot
-    from pyxis_hook.container import container_facts
-    from pyxis_hook.plan import build_plan
+    from pyxis_hook.host import snapshot
+    from pyxis_hook.plan.container import container_facts
+    from pyxis_hook.plan.build import build_plan
 
     inventory = snapshot.load_or_build(config, strict=False)  # GPU facts are read fresh, not from the snapshot
     host = inventory.host
@@ -95,7 +95,7 @@ def prepare(config: Config, bundle, *, state=None, check: bool = False, confine:
         host = inventory.host
     allowed = None
     if confine:
-        from pyxis_hook import cgroup, gpus
+        from pyxis_hook.host import cgroup, gpus
 
         allowed = cgroup.gpu_minors_allowed("/proc", os.getpid(), [g.minor for g in host.gpus],
                                             host.majors.nvidia or gpus.NVIDIA_MAJOR)
@@ -103,7 +103,7 @@ def prepare(config: Config, bundle, *, state=None, check: bool = False, confine:
             allowed = None  # not confined
     cuda = None
     if inventory.cuda_version:
-        from pyxis_hook.cudaversion import format_cuda_version
+        from pyxis_hook.host.cudaversion import format_cuda_version
 
         cuda = format_cuda_version(inventory.cuda_version)
     request = req.resolve_request(env, annotations, host, config, allowed, cuda_version=cuda,

@@ -71,7 +71,7 @@ PR_SET_NO_NEW_PRIVS = 38
 PR_CAP_AMBIENT = 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
 
-# linux/capability.h: the bits confined.py keeps, and the one needed to drop the others
+# linux/capability.h: the bits apply/confined.py keeps, and the one needed to drop the others
 CAP_CHOWN = 0
 CAP_DAC_OVERRIDE = 1
 CAP_DAC_READ_SEARCH = 2

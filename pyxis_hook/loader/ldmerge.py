@@ -51,8 +51,8 @@ import errno
 import os
 import struct
 
-from pyxis_hook import ldcache as L
-from pyxis_hook.cachefile import write_cache
+from pyxis_hook.loader import ldcache as L
+from pyxis_hook.loader.cachefile import write_cache
 from pyxis_hook.errors import LdCacheError, PathError, PyxisHookError
 from pyxis_hook.record import record
 
@@ -404,7 +404,7 @@ def scan_dirs_in(rfs, conf_dirs: Sequence[str], builtin: Sequence[str]) -> tuple
     skipped, one reached twice (same inode) keeps its first name
     (`ldconf.dirs_by_inode`, the one implementation of that rule).
     """
-    from pyxis_hook.ldconf import dirs_by_inode
+    from pyxis_hook.loader.ldconf import dirs_by_inode
 
     ids = dirs_by_inode(rfs, tuple(conf_dirs) + tuple(builtin))
     return tuple(ids.values()), ids
@@ -431,7 +431,7 @@ def model_image(rfs, libs: Sequence[InjectedLib], *, machine: str | None = None)
     loader configuration ldconfig must not run on either (a FIFO, a device,
     an include loop, a limit: `ldconf.require_safe`): UnsafeLoaderConfig.
     """
-    from pyxis_hook.ldconf import UnsafeLoaderConfig
+    from pyxis_hook.loader.ldconf import UnsafeLoaderConfig
 
     try:
         return _model_image(rfs, libs, machine)
@@ -442,7 +442,7 @@ def model_image(rfs, libs: Sequence[InjectedLib], *, machine: str | None = None)
 
 
 def _model_image(rfs, libs: Sequence[InjectedLib], machine: str | None):
-    from pyxis_hook.ldconf import dir_identity, require_safe
+    from pyxis_hook.loader.ldconf import dir_identity, require_safe
 
     if not rfs.exists("/etc/ld.so.conf"):
         raise CannotMerge("the image has no /etc/ld.so.conf (musl or distroless?)")

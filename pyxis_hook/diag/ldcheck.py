@@ -27,10 +27,10 @@ import os
 import re
 from typing import Mapping
 
-from pyxis_hook.asks import is_legacy
+from pyxis_hook.spec.asks import is_legacy
 from pyxis_hook.errors import LdCacheError, PathError, RequestError, RequirementError
-from pyxis_hook.findings import Finding
-from pyxis_hook.plan import COMPAT_DIR, ContainerFacts, cuda_compat
+from pyxis_hook.diag.findings import Finding
+from pyxis_hook.plan.build import COMPAT_DIR, ContainerFacts, cuda_compat
 from pyxis_hook.record import record, replace
 from pyxis_hook.rootfs import resolve_in_root, try_resolve_in_root
 
@@ -133,7 +133,7 @@ class LdcheckReport:
     findings: tuple[Finding, ...]
 
     def to_dict(self) -> dict:
-        from pyxis_hook.findings import has_errors
+        from pyxis_hook.diag.findings import has_errors
 
         return {"rootfs": self.rootfs, "source": self.source, "capabilities": list(self.capabilities),
                 "driver_version": self.driver_version, "cuda_version": self.cuda_version,
@@ -152,7 +152,7 @@ def injected_libs(inventory, capabilities, facts) -> tuple[InjectedLib, ...]:
     `plan.link_edit` makes it (a symlink, or a bind over the image's file);
     a directory of the image there stays the image's.
     """
-    from pyxis_hook.plan import MountEdit, link_edit
+    from pyxis_hook.plan.build import MountEdit, link_edit
 
     out = []
     for f in inventory.select(capabilities, kinds=("lib", "lib32")):
@@ -190,7 +190,7 @@ def cache_flags(elfclass: int, machine: str | None = None) -> tuple[int, ...]:
     x86-64: 0x0303 (64-bit), 0x0001/0x0003 (i386); aarch64: 0x0A03 (64-bit),
     0x0003/0x0903 (armhf).  An unknown machine gets glibc's generic answer.
     """
-    from pyxis_hook import ldcache
+    from pyxis_hook.loader import ldcache
 
     machine = machine or os.uname().machine
     name = machine if elfclass == 64 else LOADER32.get(machine, "generic")
@@ -206,7 +206,7 @@ def cache_after_injection(image_cache, libs: tuple[InjectedLib, ...], first: tup
     injected one (CUDA forward compat, `LdcacheUpdate.first_dirs`): in the real cache both
     entries are listed and the first wins, so here the first dir's entry takes the slot.
     """
-    from pyxis_hook import ldcache, ldmerge
+    from pyxis_hook.loader import ldcache, ldmerge
 
     added = [ldcache.CacheEntry(lib.soname, f"{os.path.dirname(lib.container_path)}/{lib.soname}",
                                 ldmerge.cache_flags(lib.elfclass, lib.needed)) for lib in libs]
@@ -242,7 +242,8 @@ def loader_of(elfclass: int, machine: str | None = None) -> tuple[int, str | Non
     class have here) and resolve's per-(class, machine) loader tables; None
     where glibc has no such loader (32-bit on ppc64le).
     """
-    from pyxis_hook import inventory, resolve
+    from pyxis_hook.host import inventory
+    from pyxis_hook.loader import resolve
 
     machine = machine or os.uname().machine
     arch = inventory.ARCHES.get(machine, inventory.ARCHES["x86_64"])
@@ -252,7 +253,7 @@ def loader_of(elfclass: int, machine: str | None = None) -> tuple[int, str | Non
 
 def _fallback_dirs(elfclass: int, machine: str | None = None) -> tuple[str, ...]:
     """Debian's and RHEL's default dirs, for an image whose ld.so cannot be inspected."""
-    from pyxis_hook.container import TRIPLETS
+    from pyxis_hook.plan.container import TRIPLETS
 
     machine = machine or os.uname().machine
     triplet, triplet32 = TRIPLETS.get(machine, (f"{machine}-linux-gnu", None))
@@ -262,8 +263,8 @@ def _fallback_dirs(elfclass: int, machine: str | None = None) -> tuple[str, ...]
 
 
 def search_setup(rootfs: str, elfclass: int, ld_library_path: str, cache) -> SearchSetup:
-    """The loader of `rootfs` for one class: its compiled-in dirs and hwcaps subdirs (resolve.py)."""
-    from pyxis_hook import resolve
+    """The loader of `rootfs` for one class: its compiled-in dirs and hwcaps subdirs (loader/resolve.py)."""
+    from pyxis_hook.loader import resolve
 
     machine, interp, platform = loader_of(elfclass)
     try:
@@ -288,7 +289,7 @@ def search_setup(rootfs: str, elfclass: int, ld_library_path: str, cache) -> Sea
 
 
 def _candidates(setup: SearchSetup, name: str):
-    from pyxis_hook import ldcache
+    from pyxis_hook.loader import ldcache
 
     for d in setup.ld_library_path:
         for sub in setup.subdirs:
@@ -309,7 +310,7 @@ def _join(d: str, sub: str, name: str) -> str:
 
 
 def _skip_reason(rootfs: str, path: str, elfclass: int, machine: int) -> str:
-    from pyxis_hook.elf import elf_header
+    from pyxis_hook.loader.elf import elf_header
     from pyxis_hook.errors import ElfError
 
     try:
@@ -326,7 +327,7 @@ def _skip_reason(rootfs: str, path: str, elfclass: int, machine: int) -> str:
 def resolve_soname(rootfs: str, name: str, setup: SearchSetup,
                    virtual: Mapping[tuple[str, str], InjectedLib] | None = None) -> Resolution:
     """Where the container's ld.so finds `name` (as dlopen'ed by a program without RPATH)."""
-    from pyxis_hook import resolve
+    from pyxis_hook.loader import resolve
 
     virtual = virtual or {}
     tried: list[Candidate] = []
@@ -371,14 +372,14 @@ def _real_in_root(rootfs: str, path: str) -> str:
 
 def _driver_major(version: str | None) -> int | None:
     """535 of "535.104.05" (inventory's version order); None when unknown or not a driver version."""
-    from pyxis_hook.inventory import driver_major
+    from pyxis_hook.host.inventory import driver_major
 
     return driver_major(version)
 
 
 def _lib_version(name: str) -> str | None:
     """The driver version in a versioned driver library file name (libcuda.so.550.54.15 -> 550.54.15)."""
-    from pyxis_hook import inventory
+    from pyxis_hook.host import inventory
 
     m = re.match(inventory.VERSIONED_RE, name)
     return m.group(2) if m else None
@@ -393,7 +394,7 @@ def compat_verdict(rootfs: str, real: str, facts: ContainerFacts | None, driver_
     elsewhere (a versioned /usr/local/cuda-X.Y/compat on LD_LIBRARY_PATH) by its own file name
     and, for a libcuda, its own `.note.cuda.fwd_compatibility` (`container.read_elf_facts`).
     """
-    from pyxis_hook.config import Config
+    from pyxis_hook.spec.config import Config
 
     d = try_resolve_in_root(rootfs, os.path.dirname(real))
     if facts is not None and facts.compat_libcuda and d is not None and d == try_resolve_in_root(rootfs, COMPAT_DIR):
@@ -412,7 +413,7 @@ def compat_verdict(rootfs: str, real: str, facts: ContainerFacts | None, driver_
 def _note_of(rootfs: str, path: str) -> tuple[int, ...] | None:
     """The driver branches of a library's forward-compat note (None: no note, or unreadable), read
     by the hook's own reader."""
-    from pyxis_hook import container
+    from pyxis_hook.plan import container
 
     from pyxis_hook.rootfs import RootFS
 
@@ -557,7 +558,7 @@ class CudaFacts:
 
 
 def cuda_facts(rootfs: str, search_dirs) -> CudaFacts:
-    from pyxis_hook.cudaversion import parse_cuda_version
+    from pyxis_hook.host.cudaversion import parse_cuda_version
 
     found: dict[str, int] = {}
     for d in dict.fromkeys(tuple(search_dirs) + CUDA_DIRS):
@@ -579,8 +580,8 @@ def cuda_findings(env: Mapping[str, str], cuda: CudaFacts, host_cuda: int | None
     (`plan.cuda_compat` on the hook's `ContainerFacts`): "bridges the gap"
     exactly when the hook puts COMPAT_DIR first, else the rule's note says why not.
     """
-    from pyxis_hook import require
-    from pyxis_hook.cudaversion import format_cuda_version
+    from pyxis_hook.spec import require
+    from pyxis_hook.host.cudaversion import format_cuda_version
 
     out: list[Finding] = []
     facts = facts or ContainerFacts(rootfs="")
@@ -646,7 +647,7 @@ def cuda_findings(env: Mapping[str, str], cuda: CudaFacts, host_cuda: int | None
 
 def loader_setup_findings(rootfs: str, image_cache, cache_problem: str | None,
                           virtual: Mapping[tuple[str, str], InjectedLib], config) -> list[Finding]:
-    from pyxis_hook.ldconf import read_ld_so_conf
+    from pyxis_hook.loader.ldconf import read_ld_so_conf
 
     out: list[Finding] = []
     if cache_problem == "missing":
@@ -737,13 +738,13 @@ def _ldconfig_findings(rootfs: str, config) -> list[Finding]:
 
 
 def capabilities_for(env: Mapping[str, str], config, explicit: str | None) -> tuple[tuple[str, ...], list[Finding]]:
-    """The capabilities the hook would grant (request.py's own rules), or () and a finding when it
+    """The capabilities the hook would grant (spec/request.py's own rules), or () and a finding when it
     would refuse the container.  `explicit` (--capabilities) stands for NVIDIA_DRIVER_CAPABILITIES.
 
     The request module decides, so a legacy CUDA_VERSION image gets every
     capability and an unknown one is an error here exactly as in the hook.
     """
-    from pyxis_hook import request
+    from pyxis_hook.spec import request
 
     if explicit is not None:
         env = {**env, request.CAPABILITIES: explicit}
@@ -780,8 +781,8 @@ def check_image(rootfs: str, env: Mapping[str, str], inventory, config, *, capab
     `source` is "rootfs" or "bundle" (injection simulated) or "pid" (a running container: its
     cache is read as it is and the injected files must really be there).
     """
-    from pyxis_hook import ldcache
-    from pyxis_hook.container import container_facts
+    from pyxis_hook.loader import ldcache
+    from pyxis_hook.plan.container import container_facts
 
     rootfs = os.path.normpath(os.path.abspath(rootfs))
     caps, findings = capabilities_for(env, config, capabilities)
@@ -857,7 +858,7 @@ def _present_findings(rootfs: str, lib: InjectedLib) -> list[Finding]:
 
 
 def format_text(report: LdcheckReport) -> str:
-    from pyxis_hook.findings import format_findings
+    from pyxis_hook.diag.findings import format_findings
 
     head = (f"ldcheck {report.rootfs} ({report.source}); driver {report.driver_version or 'unknown'}; "
             f"capabilities {','.join(report.capabilities) or 'none'}\n")

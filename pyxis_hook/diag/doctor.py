@@ -8,7 +8,7 @@ Every root comes from pyxis.conf (`driver-root`, `proc-root`, `dev-root`) and
 everything else that is not a root (hooks.d dirs, the environment, $PATH for
 the runtimes) from a `DoctorEnv`, so tests point them at fixture trees.
 Nothing is executed except `runc --version` / `crun --version`; the
-ldconfig binary is inspected with elf.py, never run.
+ldconfig binary is inspected with loader/elf.py, never run.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import shutil
 import stat
 import subprocess
 
-from pyxis_hook.cgroup import read_text
+from pyxis_hook.host.cgroup import read_text
 from pyxis_hook.errors import ConfigError, ElfError, LdCacheError
-from pyxis_hook.findings import Finding
+from pyxis_hook.diag.findings import Finding
 from pyxis_hook.record import record
 from pyxis_hook.rootfs import try_resolve_in_root
 
@@ -148,7 +148,7 @@ def check_host_ldcache(inv, config, machine: str | None = None) -> list[Finding]
     Looked up with the flags this machine's 64-bit loader accepts
     (`ldcache.LOADER_FLAGS`; 0x0A03 on aarch64), as the host's own ld.so would.
     """
-    from pyxis_hook import ldcache
+    from pyxis_hook.loader import ldcache
 
     machine = machine or os.uname().machine
     flags = ldcache.LOADER_FLAGS.get(machine, ldcache.LOADER_FLAGS["generic"])
@@ -178,7 +178,7 @@ def check_host_ldcache(inv, config, machine: str | None = None) -> list[Finding]
 
 def check_ldconfig(config) -> list[Finding]:
     """The configured host ldconfig must be a static ELF: it runs chrooted inside the container."""
-    from pyxis_hook.elf import read_elf
+    from pyxis_hook.loader.elf import read_elf
 
     is_host, path = config.host_ldconfig()
     if not is_host:
@@ -208,7 +208,7 @@ def check_ldconfig(config) -> list[Finding]:
 
 
 def check_config(config) -> list[Finding]:
-    from pyxis_hook.config import parse_config
+    from pyxis_hook.spec.config import parse_config
 
     if config.source == "<defaults>":
         return [Finding("info", "config", "no pyxis.conf: built-in defaults",
@@ -247,7 +247,7 @@ def _runs_pyxis_hook(hook: dict) -> bool:
 
 def check_hooks_d(config, env: DoctorEnv) -> list[Finding]:
     """The oci-hooks file podman/CRI-O read: present, and running this install with this config."""
-    from pyxis_hook.hookd import CONFIG_ENV, base_argv, config_path, interpreter
+    from pyxis_hook.engines.hookd import CONFIG_ENV, base_argv, config_path, interpreter
 
     python = env.python or interpreter()
     want_conf = config_path(config)
@@ -319,7 +319,7 @@ def check_runtimes(config, env: DoctorEnv) -> list[Finding]:
 
 
 def check_cgroup(config, env: DoctorEnv) -> list[Finding]:
-    from pyxis_hook import cgroup
+    from pyxis_hook.host import cgroup
 
     path = os.path.join(config.proc_root, env.self_pid, "cgroup")
     dc = cgroup.read_devices_cgroup(config.proc_root, env.self_pid, env.self_pid)
@@ -337,7 +337,7 @@ def check_cgroup(config, env: DoctorEnv) -> list[Finding]:
 
 
 def check_openat2() -> list[Finding]:
-    from pyxis_hook import kernel
+    from pyxis_hook.apply import kernel
 
     try:
         ok = kernel.have_openat2()
@@ -352,7 +352,7 @@ def check_openat2() -> list[Finding]:
 
 def check_slurm(host, config, env: DoctorEnv) -> list[Finding]:
     """Under Slurm, whether the job's device cgroup confines it to its GPUs (ConstrainDevices)."""
-    from pyxis_hook import cgroup
+    from pyxis_hook.host import cgroup
 
     environ = dict(env.environ)
     step = cgroup.read_slurm_cgroup(config.proc_root, env.self_pid)
@@ -382,7 +382,7 @@ def check_slurm(host, config, env: DoctorEnv) -> list[Finding]:
 
 def run_checks(config, env: DoctorEnv | None = None, inventory=None) -> tuple[Finding, ...]:
     """Every host check, in the order a newcomer should read them."""
-    from pyxis_hook.discovery import discover
+    from pyxis_hook.host.discovery import discover
 
     env = env or DoctorEnv(environ=tuple(os.environ.items()))
     inv = inventory if inventory is not None else discover(config, strict=False)
@@ -403,7 +403,7 @@ def run_checks(config, env: DoctorEnv | None = None, inventory=None) -> tuple[Fi
 
 
 def report_dict(config, findings) -> dict:
-    from pyxis_hook.findings import has_errors
+    from pyxis_hook.diag.findings import has_errors
 
     return {"config": config.source, "driver_root": os.path.abspath(config.driver_root),
             "proc_root": os.path.abspath(config.proc_root), "dev_root": os.path.abspath(config.dev_root),

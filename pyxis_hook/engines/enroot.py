@@ -108,7 +108,7 @@ def enroot_facts(environ: Mapping[str, str]) -> tuple[int, str, str]:
 
 def synthetic_bundle(rootfs: str, env: Mapping[str, str]):
     """An oci.Bundle standing for the enroot container (no config.json exists)."""
-    from pyxis_hook.oci import Bundle
+    from pyxis_hook.spec.oci import Bundle
 
     return Bundle(path=rootfs, config_path="", rootfs=rootfs, env=tuple(env.items()))
 
@@ -133,7 +133,7 @@ def run_enroot_hook(config, environ: Mapping[str, str]):
     file_env = read_environ(environ_path)
     env = container_env(file_env, environ)
     honoured = honoured_env(file_env, environ)
-    from pyxis_hook.hook import prepare
+    from pyxis_hook.plan.prepare import prepare
 
     config = replace(config, no_cgroups=True)
     prepared = prepare(config, synthetic_bundle(rootfs, env), check=True)
@@ -141,7 +141,7 @@ def run_enroot_hook(config, environ: Mapping[str, str]):
         log.debug(f"enroot container {pid}: {prepared.request.reasons[0]}")
         append_environ(environ_path, honoured)
         return None
-    from pyxis_hook.apply import apply_plan
+    from pyxis_hook.apply.child import apply_plan
 
     plan, request = prepared.plan, prepared.request
     log.info(f"enroot container {pid}: {len(plan.devices)} devices, {len(plan.mounts)} mounts")

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import os
 
-from pyxis_hook import capabilities as caps
-from pyxis_hook import ldcache, log
+from pyxis_hook.host import capabilities as caps
+from pyxis_hook.loader import ldcache
+from pyxis_hook import log
 from pyxis_hook.errors import ElfError, PathError
 from pyxis_hook.rootfs import resolve_in_root
 
@@ -47,7 +48,7 @@ def driver_name(name: str) -> bool:
 
 def candidate_dirs(root: str, machine: str | None = None) -> tuple[str, ...]:
     """Root-relative directories to index, in ldconfig's order, each followed by its vendor subdirs."""
-    from pyxis_hook.ldconf import existing_dirs, read_ld_so_conf
+    from pyxis_hook.loader.ldconf import existing_dirs, read_ld_so_conf
 
     machine = machine or os.uname().machine
     conf = read_ld_so_conf(root, "/etc/ld.so.conf")
@@ -67,8 +68,8 @@ def _vendor_subdirs(root: str, d: str) -> list[str]:
 
 def scan_root(root: str, machine: str | None = None) -> tuple[ldcache.LdCache, tuple[str, ...]]:
     """(a cache-like index of the driver libraries under `root`, the host paths of the dirs read)."""
-    from pyxis_hook import elf
-    from pyxis_hook.ldmerge import cache_flags
+    from pyxis_hook.loader import elf
+    from pyxis_hook.loader.ldmerge import cache_flags
 
     machine = machine or os.uname().machine
     entries: list[ldcache.CacheEntry] = []

@@ -1,7 +1,7 @@
 """The inventory's records: the host driver's files per capability, and the GPUs.
 
-`DriverFile`, `NonDriverDep` and `Inventory` are what discovery.py builds,
-snapshot.py keeps on disk and the planning code reads.  The per-container path
+`DriverFile`, `NonDriverDep` and `Inventory` are what host/discovery.py builds,
+host/snapshot.py keeps on disk and the planning code reads.  The per-container path
 loads only this module (and the snapshot's), never discovery's code: the live
 facts a snapshot load re-checks (`ipc_files`, `refresh_live`) are here.
 """
@@ -9,10 +9,10 @@ facts a snapshot load re-checks (`ipc_files`, `refresh_live`) are here.
 from __future__ import annotations
 import os
 import stat
-from pyxis_hook import capabilities as caps
+from pyxis_hook.host import capabilities as caps
 from pyxis_hook import log
 from pyxis_hook.errors import PathError
-from pyxis_hook.gpus import HostGpus
+from pyxis_hook.host.gpus import HostGpus
 from pyxis_hook.record import record, replace
 from pyxis_hook.rootfs import resolve_in_root, to_root_relative
 

@@ -9,7 +9,7 @@ can try every form.  The rules are NCT's (hook) and libnvidia-container's
 
 * NVIDIA_VISIBLE_DEVICES unset/empty/`void` -> void: not a GPU container,
   nothing is injected and nothing else is even parsed (as NCT exits early).
-* Indices are *host* indices (rank in PCI order, `gpus.py`), the numbering
+* Indices are *host* indices (rank in PCI order, `host/gpus.py`), the numbering
   Slurm's SLURM_STEP_GPUS/SLURM_JOB_GPUS use, never `/dev/nvidiaN` minors.
 * Under `slurm-policy = "allocation"` the Slurm GPU variables bound the
   selection: `all` means the allocation, an explicit GPU outside it is an
@@ -24,11 +24,11 @@ Every decision appends a sentence to `reasons`, which `plan` prints.
 from __future__ import annotations
 
 
-from pyxis_hook import require
-from pyxis_hook.asks import VISIBLE, is_legacy, split_tokens, void_reason
-from pyxis_hook.config import Config
+from pyxis_hook.spec import require
+from pyxis_hook.spec.asks import VISIBLE, is_legacy, split_tokens, void_reason
+from pyxis_hook.spec.config import Config
 from pyxis_hook.errors import RequestError
-from pyxis_hook.gpus import Gpu, HostGpus, MigDevice, is_full_bus_id
+from pyxis_hook.host.gpus import Gpu, HostGpus, MigDevice, is_full_bus_id
 from pyxis_hook.record import record
 
 #: typing.TYPE_CHECKING without importing typing (~3 ms on the hook's path)

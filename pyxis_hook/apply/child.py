@@ -46,9 +46,11 @@ import os
 import stat
 import sys
 
-from pyxis_hook import gpus, kernel, log
+from pyxis_hook.host import gpus
+from pyxis_hook.apply import kernel
+from pyxis_hook import log
 from pyxis_hook.errors import ApplyError, PathError, PyxisHookError
-from pyxis_hook.plan import DEV_OPTIONS, PROC_OPTIONS, Plan
+from pyxis_hook.plan.build import DEV_OPTIONS, PROC_OPTIONS, Plan
 from pyxis_hook.record import record
 from pyxis_hook.rootfs import Entry, RootFS, RootPathError
 
@@ -150,7 +152,8 @@ def _preload_ldcache_modules() -> None:
     An internal error there is logged with `log.frames`, which needs no
     module and reads no file.
     """
-    from pyxis_hook import cachefile, confined, ldconf, ldmerge  # noqa: F401
+    from pyxis_hook.loader import cachefile, ldconf, ldmerge  # noqa: F401
+    from pyxis_hook.apply import confined  # noqa: F401
 
 
 # ---------------------------------------------------------------- host side
@@ -171,7 +174,7 @@ def _ldconfig_fd(plan: Plan, fds: list[int]) -> int | None:
     the child makes the sealed copy from that fd when it must fall back.
     """
     if plan.ldcache.mode == "ldconfig":
-        from pyxis_hook import confined
+        from pyxis_hook.apply import confined
 
         fd = confined.sealed_copy(_host_ldconfig(plan))
     elif plan.ldcache.mode == "merge" and plan.ldcache.ldconfig:
@@ -293,7 +296,7 @@ def _cgroup_target(plan: Plan, pid, proc: str, fds: list[int], messages: list[st
     cgroup below it inherits it; rules we wrote there could only try to
     widen it (gpu-requests.md §8 rule 5).
     """
-    from pyxis_hook import cgroup
+    from pyxis_hook.host import cgroup
 
     rules = _rules_text(plan)
     if plan.cgroup_mode == "none":
@@ -659,7 +662,8 @@ def _ldcache(plan: Plan, rfs: RootFS, exe_fd, messages: list[str]) -> None:
         messages.append(f"ld.so.cache: {plan.rootfs} is read-only; cache not updated")
         return
     # preloaded by apply_plan: sys.modules lookups, no file is read in this namespace
-    from pyxis_hook import confined, ldconf, ldmerge
+    from pyxis_hook.apply import confined
+    from pyxis_hook.loader import ldconf, ldmerge
 
     if mode == "merge":
         try:
@@ -685,7 +689,8 @@ def _ldcache(plan: Plan, rfs: RootFS, exe_fd, messages: list[str]) -> None:
 
 
 def _run_ldconfig(plan: Plan, rfs: RootFS, exe_fd: int, messages: list[str]) -> None:
-    from pyxis_hook import cachefile, confined  # preloaded: sys.modules lookups
+    from pyxis_hook.loader import cachefile  # preloaded: sys.modules lookups
+    from pyxis_hook.apply import confined  # preloaded: sys.modules lookups
 
     dirs = tuple(dict.fromkeys(plan.ldcache.lib_dirs))
     try:

@@ -354,8 +354,10 @@ def test_troubleshooting_doc_lists_every_finding_code():
     repo = Path(__file__).resolve().parent.parent
     doc = (repo / "docs/troubleshooting.md").read_text()
     found: set[str] = set()
-    for mod in ("ldcheck", "doctor"):
-        src = (repo / "pyxis_hook" / f"{mod}.py").read_text()
+    from pyxis_hook.diag import doctor as doctor_mod, ldcheck
+
+    for mod in (ldcheck, doctor_mod):
+        src = Path(mod.__file__).read_text()
         found |= set(re.findall(r'Finding\([^,()]+,\s*"([a-z0-9-]+)"', src))
         found |= set(re.findall(r'gap\("([a-z0-9-]+)"', src))
     assert len(found) > 40

@@ -260,7 +260,7 @@ def render(m: dict[str, float], spread: dict[str, float], rounds: int, peer: boo
     lines = ["| case | median ms | ±IQR/2 ms | × bare python | × ldconfig -r (same image) | × runc run no hook |",
              "|---|---:|---:|---:|---:|---:|"]
     for name, v in m.items():
-        img = next((i for i in IMAGES if name.endswith(f", {i}") or name.endswith(f", {i} image")), None)
+        img = next((i for i in IMAGES if name.endswith((f", {i}", f", {i} image"))), None)
         ld = m.get(f"ldconfig -r, {img} image") if img else None
         rn = m.get(f"runc run, no hook, {img}") if img else None
         lines.append(f"| {name} | {v * 1e3:.1f} | {spread[name] * 1e3:.1f} | {v / bare:.2f} | "
@@ -332,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fixtures built in {time.perf_counter() - t0:.1f} s under {work}", file=sys.stderr)
         all_cases = cases(w)
         if args.only:
-            keep = set(["bare python -I -S", "hook, 4 GPUs, small", "hook, 1 GPUs, small"])
+            keep = {"bare python -I -S", "hook, 4 GPUs, small", "hook, 1 GPUs, small"}
             all_cases = {k: v for k, v in all_cases.items() if k in keep or any(o in k for o in args.only)}
         for fn in all_cases.values():  # warm-up: snapshots written, page cache filled
             fn()

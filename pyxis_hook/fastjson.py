@@ -45,7 +45,7 @@ def loads(text: str | bytes):
         return _slow(text)
     start = len(text) - len(text.lstrip(_WHITESPACE))
     try:
-        value, end = _json.make_scanner(_Decoder())(text, start)
+        value, end = _json.make_scanner(_Decoder())(text, start)  # type: ignore[arg-type]  # a decoder's attributes, no json
     except (StopIteration, ValueError, SystemError):
         # SystemError: for an error inside an object the C scanner looks up json.decoder's
         # JSONDecodeError, which is not imported here, and returns no exception at all

@@ -14,7 +14,7 @@ import time
 
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 
-_state = {"fd": -1, "file_level": 20, "stderr_level": 30, "path": ""}
+_state: dict = {"fd": -1, "file_level": 20, "stderr_level": 30, "path": ""}
 
 
 def configure(log_file: str = "", level: str = "info", stderr_level: str = "warning") -> None:

@@ -54,6 +54,17 @@ def field(*, default=_MISSING, default_factory=_MISSING, compare: bool = True):
     return Field(default, default_factory, compare)
 
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import dataclass_transform
+else:  # what typing's does at run time; importing typing costs the hook ~3 ms a start
+
+    def dataclass_transform(**_):
+        return lambda f: f
+
+
+# a type checker reads a record as the dataclass it behaves as (PEP 681): fields, __init__, frozen
+@dataclass_transform(frozen_default=True, field_specifiers=(field,))
 def record(cls=None, /, *, frozen: bool = True):
     """Class decorator: make `cls` a record of its annotated fields (see the module docstring)."""
 

@@ -117,5 +117,5 @@ def test_real_debian_libcuda(line, expected):
     realdriver.require_driver_root(line, "debian")  # skips outside CI only; in CI a failed download fails
     tree = realdriver.extract(line) / realdriver.TRIPLET_DIR
     version = realdriver.driver_version(line)
-    (lib,) = [p for p in tree.rglob(f"libcuda.so.{version}")]
+    (lib,) = list(tree.rglob(f"libcuda.so.{version}"))
     assert cuda_driver_version(str(lib)) == expected

@@ -25,7 +25,7 @@ from fixtures.synth import build_lib
 from fixtures.synthdriver import LIB, OLD, V, make_driver
 from pyxis_hook.host import snapshot
 from pyxis_hook.spec.config import Config
-from pyxis_hook.errors import DriverError
+from pyxis_hook.errors import DriverError, SnapshotError
 from pyxis_hook.host.inventory import DriverFile, Inventory
 from pyxis_hook.host.discovery import discover
 from pyxis_hook.host.snapshot import load_or_build
@@ -276,7 +276,7 @@ def test_corrupt_snapshot_is_rebuilt(tmp_path, content):
     good = load_or_build(c)
     path = Path(snapshot.snapshot_path(c))
     path.write_bytes(content)
-    with pytest.raises(Exception):
+    with pytest.raises(SnapshotError):
         snapshot.load(c)
     assert load_or_build(c) == good
     assert snapshot.load(c) == good
@@ -298,7 +298,7 @@ def test_snapshot_for_other_config_or_world_writable_not_trusted(tmp_path):
     os.chmod(path.parent, 0o755)
     other = replace(c, mps_pipe_dir="/elsewhere")
     assert snapshot.snapshot_path(other) != str(path)
-    with pytest.raises(Exception):
+    with pytest.raises(SnapshotError):
         snapshot.load(other)
 
 

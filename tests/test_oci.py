@@ -127,7 +127,7 @@ def test_env_pairs_accepted():
 @given(st.lists(st.tuples(st.sampled_from("ABC"), st.text(max_size=3))))
 def test_env_map_is_last_wins(pairs):
     m = env_map([f"{k}={v}" for k, v in pairs])
-    for k in set(k for k, _ in pairs):
+    for k in {k for k, _ in pairs}:
         assert m[k] == [v for kk, v in pairs if kk == k][-1]
     assert set(m) == {k for k, _ in pairs}
 

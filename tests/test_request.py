@@ -614,7 +614,7 @@ def test_property_last_duplicate_wins_through_oci(pairs):
     from pyxis_hook.spec.oci import env_map
 
     env = env_map([f"{k}={v}" for k, v in pairs])
-    last = {k: v for k, v in pairs}
+    last = dict(pairs)
     assert outcome(env, None, CFG, HOST) == outcome(last, None, CFG, HOST)
 
 

@@ -257,7 +257,7 @@ def _open_proc_sources(plan: Plan, fds: list[int], messages: list[str]) -> list[
         if not name or not _NAME_CHARS.issuperset(name) or name in (".", ".."):
             raise ApplyError(f"/proc/driver/nvidia: bad file name {name!r} in plan")
     for bus in view.gpu_dirs:
-        if not gpus.is_full_bus_id(bus):  # a GPU dir name: hex, ':' and '.', never '/' or '..' 
+        if not gpus.is_full_bus_id(bus):  # a GPU dir name: hex, ':' and '.', never '/' or '..'
             raise ApplyError(f"/proc/driver/nvidia: bad GPU bus id {bus!r} in plan")
     gpus_dir = f"{view.host_dir}/gpus"
     if view.gpu_dirs:

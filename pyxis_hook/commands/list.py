@@ -104,6 +104,6 @@ def run(args, config) -> int:
         return e.exit_code
     doc = list_dict(inv, caps, gpus, migs, nodes, warnings)
     sys.stdout.write(json.dumps(doc, indent=2) + "\n" if args.json else format_text(doc))
-    for e in inv.errors:
-        error_line(str(e))
+    for err in inv.errors:
+        error_line(str(err))
     return rc

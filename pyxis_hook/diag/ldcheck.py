@@ -34,6 +34,10 @@ from pyxis_hook.plan.build import COMPAT_DIR, ContainerFacts, cuda_compat
 from pyxis_hook.record import record, replace
 from pyxis_hook.rootfs import resolve_in_root, try_resolve_in_root
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from pyxis_hook.loader.ldcache import LdCache
+
 #: the 32-bit loader that runs next to a 64-bit machine's own (ldcache.LOADER_FLAGS keys)
 LOADER32 = {"x86_64": "i386", "aarch64": "armhf"}
 
@@ -115,7 +119,7 @@ class SearchSetup:
     elfclass: int
     machine: int
     ld_library_path: tuple[str, ...]
-    cache: object | None  # ldcache.LdCache after injection, or None
+    cache: LdCache | None  # after injection
     system_dirs: tuple[str, ...]
     subdirs: tuple[str, ...] = ("",)
     hwcaps: tuple[str, ...] = ()
@@ -401,9 +405,9 @@ def compat_verdict(rootfs: str, real: str, facts: ContainerFacts | None, driver_
         judged = facts
     else:
         version = _lib_version(os.path.basename(real))
-        note = _note_of(rootfs, real) if os.path.basename(real).startswith("libcuda.so.") else None
+        drivers = _note_of(rootfs, real) if os.path.basename(real).startswith("libcuda.so.") else None
         judged = ContainerFacts(rootfs, compat_libcuda=f"libcuda.so.{version}" if version else "",
-                                compat_drivers=note)
+                                compat_drivers=drivers)
         if not version:
             return False, f"{real} has no driver version in its name"
     use, note = cuda_compat(replace(config or Config(), cuda_compat="ldconfig"), ("compute",), judged, driver_version)

@@ -421,4 +421,4 @@ def run_hook(step: str, stdin_bytes: bytes, config, *, links=(), folders=(), lib
         return
     # "self": createContainer hooks already run in the container's mount namespace, and the
     # state's pid is the container-namespace pid (runc: 1), meaningless in the host /proc.
-    apply_plan(plan, "self", config)  # type: ignore[arg-type]  (hook plans carry no cgroup rules)
+    apply_plan(plan, "self", config)  # hook plans carry no cgroup rules

@@ -27,6 +27,10 @@ from pyxis_hook.rootfs import resolve_in_root, to_root_relative
 from pyxis_hook.host.inventory import ARCHES, DriverFile, Inventory, NonDriverDep, VERSIONED_RE, _VERSION_RE, driver_major, ipc_files, stat_signature
 
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # hints only: elf.py is loaded when discovery reads a library
+    from pyxis_hook.loader.elf import ElfInfo
+
 #: glibc's own libraries: always in the image, never worth recording as a missing dependency
 GLIBC_SONAMES = frozenset((
     "libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0", "librt.so.1", "libutil.so.1",
@@ -274,7 +278,7 @@ def _libraries(st: _State, cache, entries, kind: str, abi: int, elfclass: int, m
                     order.append(real)
                 item["keys"].append(e.key)
 
-    infos: dict[str, object] = {}
+    infos: dict[str, ElfInfo] = {}
     chosen: list[str] = []
     for real in order:
         info = _read_elf_checked(st, elf, real, elfclass, machine)
@@ -511,7 +515,7 @@ def _cuda_version(st: _State) -> int | None:
     if lib is None:
         return None
     try:
-        from pyxis_hook.host import cudaversion  # type: ignore[attr-defined]
+        from pyxis_hook.host import cudaversion
     except ImportError:
         return None
     try:

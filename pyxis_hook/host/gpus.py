@@ -519,7 +519,7 @@ def _read_mig(r: _Reader, nv: str, gpus: tuple[Gpu, ...]) -> tuple[MigDevice, ..
             gi = _numbered(gname, "gi")
             if gi is not None:
                 gis.append(gi)
-        devs = []
+        devs: list[MigDevice] = []
         for gi in sorted(gis):
             gi_rel = f"{base}/gi{gi}/access"
             gi_minor = _cap_minor(r, os.path.join(nv, gi_rel))

@@ -329,6 +329,6 @@ def _abi_note(raw: bytes, data: str, align: int) -> tuple[int, int, int, int] | 
         if next_pos > len(raw) or next_pos <= pos:
             return None
         if ntype == NT_GNU_ABI_TAG and raw[name_off:name_off + namesz] == b"GNU\0" and descsz >= 16:
-            return struct.unpack_from(end + "IIII", raw, desc_off)  # type: ignore[return-value]
+            return struct.unpack_from(end + "IIII", raw, desc_off)
         pos = next_pos
     return None

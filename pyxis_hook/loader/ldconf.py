@@ -522,7 +522,7 @@ def _widened(pattern: str) -> str:
 def _strsep(text: str) -> list[str]:
     """strsep(" \\t") keeping only non-empty tokens (the other whitespace stays in the token)."""
     out = []
-    token = []
+    token: list[str] = []
     for c in text:
         if c in _BLANK:
             if token:

@@ -266,9 +266,9 @@ def merge_cache(data: bytes, scan_dirs: Sequence[str], libs: Iterable[InjectedLi
         return MergeResult(data, (), tuple(present), "compat")
     out: list[L.CacheEntry] = []
     prev = 0
-    for pos, _rank, e in inserts:
+    for pos, _rank, entry in inserts:
         out.extend(entries[prev:pos])
-        out.append(e)
+        out.append(entry)
         prev = pos
     out.extend(entries[prev:])
     new = L.serialize_cache(out, cache.generator, "compat")
@@ -365,7 +365,7 @@ def _merge_new(data: bytes, scan_dirs, libs, name: str) -> MergeResult:
     out_rows += rows[6 * prev:]
     strings_end = new_table_end + len(blob) + len(new_strings)
     new_ext = 0
-    tail = b""
+    tail: bytes | bytearray = b""
     if ext_off:
         new_ext = strings_end + (-strings_end) % 4
         move = new_ext - ext_off
@@ -506,7 +506,7 @@ def libs_from_plan(update) -> tuple[InjectedLib, ...]:
     `update_container_cache` through apply's unchanged call.
     """
     first = set(getattr(update, "first_dirs", ()))
-    return tuple(InjectedLib(*row, first=row[0] in first) for row in update.libs)
+    return tuple(InjectedLib(d, n, s, f, first=d in first) for d, n, s, f in update.libs)
 
 
 def preview(rootfs: str, update) -> str | None:

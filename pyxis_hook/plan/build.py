@@ -425,8 +425,8 @@ def build_plan(request: "Request", inventory: "Inventory", facts: ContainerFacts
         files_out = tuple((name, patch_params(text) if name == "params" else text) for name, text in proc_files)
         proc_driver = ProcDriverView(host_dir=os.path.join(host.proc_root, "driver/nvidia"), files=files_out,
                                      gpu_dirs=gpu_dirs)
-        for m in request.mig_devices:
-            for p in m.proc_paths:
+        for mig in request.mig_devices:
+            for p in mig.proc_paths:
                 rel = p[len("/proc"):] if p.startswith("/proc/") else p
                 mounts.append(MountEdit(os.path.join(host.proc_root, rel.lstrip("/")), p, "file", PROC_OPTIONS,
                                         "", "mig access file"))

@@ -14,6 +14,11 @@ from pyxis_hook.spec.config import Config
 from pyxis_hook.plan.build import Plan
 from pyxis_hook.record import record
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # hints only: both are loaded by prepare() anyway, after the void check
+    from pyxis_hook.host.inventory import Inventory
+    from pyxis_hook.spec.request import Request
+
 PROC_DRIVER_FILES = ("params", "version", "registry")
 PROC_FILE_LIMIT = 1 << 20
 
@@ -22,8 +27,8 @@ PROC_FILE_LIMIT = 1 << 20
 class Prepared:
     """Everything decided for one container; `inventory` is None for a void request."""
 
-    request: object  # request.Request
-    inventory: object | None  # inventory.Inventory
+    request: Request
+    inventory: Inventory | None
     plan: Plan
 
 

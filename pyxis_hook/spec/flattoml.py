@@ -18,7 +18,7 @@ from __future__ import annotations
 
 _BARE_KEY = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 #: control characters TOML allows nowhere outside multi-line strings except tab (and LF as the line end)
-_CONTROL = frozenset(chr(c) for c in (*range(0x00, 0x09), *range(0x0A, 0x20), 0x7F))
+_CONTROL = frozenset(chr(c) for c in (*range(0x09), *range(0x0A, 0x20), 0x7F))
 _WS = " \t"
 
 

@@ -72,7 +72,7 @@ def _load_json(data: bytes, what: str, error: type[OciError]) -> object:
     try:
         return fastjson.loads(text)
     except ValueError as e:  # json.JSONDecodeError from fastjson's slow path, or int()'s digit limit
-        where = f" at line {e.lineno} column {e.colno}" if hasattr(e, "lineno") else ""
+        where = f" at line {e.lineno} column {e.colno}" if hasattr(e, "lineno") else ""  # type: ignore[attr-defined]
         raise error(f"{what}: not valid JSON: {getattr(e, 'msg', e)}{where}") from None
     except RecursionError:
         raise error(f"{what}: not valid JSON: nested too deeply") from None

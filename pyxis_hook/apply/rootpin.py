@@ -111,7 +111,8 @@ def _runtime_mount(rootfs: str, pid: int, root_fd: int, where: str, proc: str) -
         try:
             fd = theirs_root.open(rootfs, os.O_PATH | os.O_DIRECTORY)
         except PathError as e:
-            why = os.strerror(e.errno) if getattr(e, "errno", 0) else str(e)
+            err = getattr(e, "errno", 0)  # a RootPathError keeps it
+            why = os.strerror(err) if err else str(e)
             raise RootfsError(f"root.path {rootfs}: not a directory in the mount namespace of container "
                               f"process {pid}: {why}") from None
     try:

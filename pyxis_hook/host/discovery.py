@@ -24,7 +24,8 @@ from pyxis_hook.host.gpus import HostGpus, discover_gpus
 from pyxis_hook.record import field, record, replace
 from pyxis_hook.spec.require import version_key
 from pyxis_hook.rootfs import resolve_in_root, to_root_relative
-from pyxis_hook.host.inventory import ARCHES, DriverFile, Inventory, NonDriverDep, VERSIONED_RE, _VERSION_RE, driver_major, ipc_files, stat_signature
+from pyxis_hook.host.inventory import (ARCHES, VERSIONED_RE, _VERSION_RE, DriverFile, Inventory, NonDriverDep,
+                                       driver_major, ipc_files, stat_signature)
 
 
 TYPE_CHECKING = False

@@ -80,7 +80,7 @@ def _image_with_copies(bundle, line: str, occupant: str) -> dict[str, bytes]:
 def _mapped(out: str) -> dict[str, set[int]]:
     """stem -> inodes of the files the process mapped for it."""
     got: dict[str, set[int]] = {stem: set() for stem in STEMS}
-    for dev, ino, path in re.findall(r"^map (\S+) (\d+) (\S+)$", out, re.M):
+    for _dev, ino, path in re.findall(r"^map (\S+) (\d+) (\S+)$", out, re.M):
         for stem in STEMS:
             if os.path.basename(path).startswith(stem):
                 got[stem].add(int(ino))

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The speed goals of issue 7 (G1-G4) and the issue-4 measurements, in one run, interleaved.
+"""The hook's speed targets and its cost beside runc and glibc's ldconfig, in one run, interleaved.
 
     sudo python bench/run.py [--peer PATH] [--rounds 11] [--imports]
 
@@ -15,7 +15,7 @@ every round running every case once in a shuffled order:
 
 * `bare`: `python -I -S -c pass`, the interpreter's floor;
 * `ldconfig -r`: glibc's full cache rebuild of the image, what
-  nvidia-container-cli's time is dominated by (issue 7);
+  nvidia-container-cli's time is dominated by (its own work is a flat ~9 ms);
 * `hook`: `python -I -S .../pyxis_hook/__main__.py prestart` with the OCI state on stdin,
   for a container process started here (`unshare -m` over the rootfs,
   standing in for runc's container before pivot_root), so one hook run is
@@ -63,7 +63,7 @@ DRIVER_VERSION = "535.216.03"
 GPU_COUNTS = (1, 4, 8, 64)
 IMAGES = {"small": 0, "1k": 1000, "5k": 5000}
 GPU_ENV = ("NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=compute,utility")
-#: nvidia-container-cli's own work per start, measured in issue 7 (its time minus its ldconfig run)
+#: nvidia-container-cli's own work per start, measured once on these fixtures (its time minus its ldconfig run)
 PEER_OWN_MS = 9.0
 
 
@@ -236,22 +236,22 @@ def cases(w: World) -> dict[str, object]:
 
 
 def goals(m: dict[str, float], peer: bool) -> list[tuple[str, str, float, float, bool]]:
-    """(goal, how, value, limit, met)."""
+    """(what is compared, how, value, limit, met): the speed targets bench/README.md states."""
     out = []
     small4 = m["hook, 4 GPUs, small"]
     if peer:
         ref, how = m["peer configure, 4 GPUs, small"], "hook / nvidia-container-cli configure, small, 4 GPUs"
     else:
         ref = PEER_OWN_MS / 1000 + m["ldconfig -r, small image"]
-        how = (f"hook / est. C tool (its own {PEER_OWN_MS:.0f} ms, issue 7, + ldconfig -r measured here), "
+        how = (f"hook / est. C tool (its own {PEER_OWN_MS:.0f} ms + ldconfig -r measured here), "
                "small, 4 GPUs")
-    out.append(("G1", how, small4 / ref, 1.5, small4 / ref <= 1.5))
+    out.append(("GPU start / C-tool estimate", how, small4 / ref, 1.5, small4 / ref <= 1.5))
     r = m["hook, 4 GPUs, 5k"] / small4
-    out.append(("G2", "hook 5,000-lib image / hook small image (4 GPUs)", r, 1.3, r <= 1.3))
+    out.append(("5,000-lib image / small image", "hook 5,000-lib image / hook small image (4 GPUs)", r, 1.3, r <= 1.3))
     r = m["hook, 64 GPUs, small"] / m["hook, 1 GPUs, small"]
-    out.append(("G3", "hook 64 GPUs / 1 GPU (small image)", r, 1.3, r <= 1.3))
+    out.append(("64 GPUs / 1 GPU", "hook 64 GPUs / 1 GPU (small image)", r, 1.3, r <= 1.3))
     r = m["hook, no GPU asked (void), small"] / m["bare python -I -S"]
-    out.append(("G4", "hook, no GPU asked / python -I -S -c pass", r, 1.3, r <= 1.3))
+    out.append(("no GPU / bare interpreter", "hook, no GPU asked / python -I -S -c pass", r, 1.3, r <= 1.3))
     return out
 
 
@@ -266,7 +266,7 @@ def render(m: dict[str, float], spread: dict[str, float], rounds: int, peer: boo
         lines.append(f"| {name} | {v * 1e3:.1f} | {spread[name] * 1e3:.1f} | {v / bare:.2f} | "
                      f"{'' if ld is None or name.startswith('ldconfig') else f'{v / ld:.2f}'} | "
                      f"{'' if rn is None or not name.startswith('runc run +') else f'{v / rn:.2f}'} |")
-    lines += ["", "| goal | ratio | limit | met |", "|---|---:|---:|---|"]
+    lines += ["", "| target | ratio | limit | met |", "|---|---:|---:|---|"]
     for g, how, val, lim, met in goals(m, peer):
         lines.append(f"| {g}: {how} | {val:.2f} | ≤ {lim} | {'yes' if met else 'no'} |")
     return "\n".join(lines)
@@ -315,7 +315,7 @@ def imports(w: World) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="pyxis-hook speed goals G1-G4 (issue 7) and issue-4 figures")
+    ap = argparse.ArgumentParser(description="pyxis-hook speed targets and its cost beside runc and ldconfig")
     ap.add_argument("--peer", metavar="PATH", help="an nvidia-container-cli binary to time interleaved")
     ap.add_argument("--rounds", type=int, default=11, help="runs of each case (median); default 11")
     ap.add_argument("--work", metavar="DIR", help="where to build the fixtures (default: a temp dir, removed)")

@@ -10,7 +10,7 @@ import sys
 
 if not __package__:  # run as a file: no site scan, find ourselves
     # `posix` is os's builtin core: under -S nothing has imported `os` yet, and it costs ~1 ms of
-    # the ~9 ms a container that asks for no GPU may take (issue 7 G4); os is used only for a link
+    # the ~9 ms a container that asks for no GPU may take (1.3x a bare interpreter); os is used only for a link
     import posix
 
     def _mode(path: str) -> int:

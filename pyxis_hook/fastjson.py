@@ -4,7 +4,7 @@ Why: the hook reads three small JSON documents per container start (the
 OCI state, config.json, the inventory snapshot).  `import json` costs
 ~1.5 ms, and its decoder compiles regular expressions at import, which
 brings in `re`, `enum` and `functools`: ~5 ms more on a path whose whole
-budget is tens of milliseconds (issue 7).  `_json.make_scanner` is the C
+budget is tens of milliseconds.  `_json.make_scanner` is the C
 scanner `json` itself uses; given the attributes a default JSONDecoder has,
 it parses exactly what `json.loads` parses.
 

@@ -1,4 +1,4 @@
-"""The hook path's plain-string parsers against the regular expressions they replaced (issue 7).
+"""The hook path's plain-string parsers against the regular expressions they replaced.
 
 `re` and the `enum` it imports cost ~5 ms per container start, so the
 parsers on the hook's path are string code.  Each is checked here, on

@@ -183,7 +183,7 @@ def test_asdict_recurses_like_dataclasses():
 
 
 def test_the_package_imports_no_dataclasses():
-    """The point of records (issue 7): nothing in pyxis_hook pulls in dataclasses or inspect."""
+    """The point of records (start-up time): nothing in pyxis_hook pulls in dataclasses or inspect."""
     code = ("import sys, os, importlib, pyxis_hook\n"  # not pkgutil: it imports inspect
             "top = pyxis_hook.__path__[0]\n"
             "for d, subdirs, files in sorted(os.walk(top)):\n"  # every subpackage, however deep

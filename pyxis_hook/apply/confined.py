@@ -53,7 +53,7 @@ import os
 import resource
 import select
 import stat
-from _signal import SIGKILL  # the C module: signal.py's enums cost the hook ~4 ms a start (issue 7)
+from _signal import SIGKILL  # the C module: signal.py's enums cost the hook ~4 ms a start
 
 from pyxis_hook.apply import kernel
 from pyxis_hook.errors import ApplyError

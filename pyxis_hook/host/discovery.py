@@ -39,7 +39,7 @@ GLIBC_SONAMES = frozenset((
     "ld64.so.2", "libgcc_s.so.1",
 ))
 #: a pattern is a string: `re` compiles and caches it on first use (compiling every one at import
-#: cost the hook ~3 ms a start, issue 7)
+#: cost the hook ~3 ms a start)
 _INFER_RE = rf"^lib(?:cuda|nvidia-ml)\.so\.({_VERSION_RE})$"
 
 

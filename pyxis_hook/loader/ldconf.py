@@ -454,7 +454,7 @@ def name_matches(name: str, pattern: str) -> bool:
 
     Debian's `include /etc/ld.so.conf.d/*.conf` is read on every container
     start, and fnmatch costs ~7 ms of imports there (`re` and the `enum` it
-    brings; issue 7).  `*` and `?` are matched here, greedily with one
+    brings).  `*` and `?` are matched here, greedily with one
     backtrack point as usual; a bracket expression goes to fnmatch itself.
     """
     if "[" in pattern:

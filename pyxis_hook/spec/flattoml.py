@@ -2,7 +2,7 @@
 
 Why: the hook reads pyxis.conf on every container start, and `tomllib`
 costs ~8 ms there (it imports `re`, `typing`, `datetime` and compiles its
-regular expressions), a sixth of the hook's time (issue 7).  A pyxis.conf
+regular expressions), a sixth of the hook's time.  A pyxis.conf
 is a list of `key = value` lines with strings, booleans and one-line string
 arrays, which this module reads in well under a millisecond.
 

@@ -10,7 +10,7 @@ allows.
 
 Only the standard library (os, stat; JSON through fastjson) is imported, and only the fields
 something downstream reads are parsed into records: this module is on the
-per-container hot path (issue 7), where every class built at import and every
+per-container hot path, where every class built at import and every
 field parsed per start counts.  What is read: `root.path`, `process.env`,
 `process.capabilities.bounding` (the privileged test), `annotations` and
 `linux.devices` (the CDI proc-driver step).  `mounts`, `hooks`,

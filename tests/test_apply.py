@@ -491,7 +491,7 @@ def v1_devices_cgroup(world):
     if not cg.parent.is_dir():
         from fixtures.realdriver import in_ci
 
-        if in_ci():  # CI's machines have the hybrid v1 layout (test-machines.md): its absence is a failure
+        if in_ci():  # CI's machines have the hybrid v1 layout: its absence is a failure
             pytest.fail("no cgroup v1 devices hierarchy")
         pytest.skip("no cgroup v1 devices hierarchy")
     cg.mkdir()

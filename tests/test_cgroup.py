@@ -211,7 +211,7 @@ def test_real_v1_devices_cgroup(tmp_path):
     if mount is None:
         from fixtures.realdriver import in_ci
 
-        if in_ci():  # CI's machines have the hybrid v1 layout (test-machines.md): its absence is a failure
+        if in_ci():  # CI's machines have the hybrid v1 layout: its absence is a failure
             pytest.fail("no v1 devices hierarchy on this machine")
         pytest.skip("no v1 devices hierarchy on this machine")
     cg = Path(mount) / f"pyxis-hook-test-{os.getpid()}"

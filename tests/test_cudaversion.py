@@ -111,7 +111,7 @@ def test_parse_rejects(bad):
 @pytest.mark.slow
 @pytest.mark.parametrize("line,expected", [("535", 12020), ("470", 11040)])
 def test_real_debian_libcuda(line, expected):
-    """The real driver answers without a GPU or kernel module (real-driver-files.md)."""
+    """The real driver answers without a GPU or kernel module (Debian's 535 and 470 packages)."""
     from fixtures import realdriver
 
     realdriver.require_driver_root(line, "debian")  # skips outside CI only; in CI a failed download fails

@@ -92,7 +92,7 @@ def test_compat_hwcap_names_are_read_from_file_start_like_glibc():
     hw = [e for e in c.entries if e.is_hwcaps]
     assert [e.hwcap_name for e in hw] == ["x86-64-v2", "x86-64-v3"]
     assert all(e.loader_hwcap_name != e.hwcap_name for e in hw)
-    # ... so the loader cannot use them (loader.md §4)
+    # ... so the loader cannot use them (docs/loader.md)
     assert L.lookup(c, "libfoo.so.1", hwcaps=("x86-64-v3", "x86-64-v2"))[0].hwcap_name is None
 
 

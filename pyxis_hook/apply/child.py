@@ -16,7 +16,7 @@ still on the host, so error reporting, logging and a second container work
 as before.  The child sends one marshal'ed result up a pipe; the parent turns a
 failure into one PyxisHookError line (the same class the child raised).
 
-Safety rules kept here (security.md §5):
+Safety rules kept here (docs/security.md):
 - sources are host paths opened on the host *before* entering the container
   namespace and checked with fstat (regular file / directory / socket as the
   plan says; a char device with exactly the planned st_rdev, else "invalid
@@ -294,7 +294,7 @@ def _cgroup_target(plan: Plan, pid, proc: str, fds: list[int], messages: list[st
     fails the start with nothing to undo.  Never inside a Slurm job: the
     step's cgroup is the boundary Slurm computed, and the container's
     cgroup below it inherits it; rules we wrote there could only try to
-    widen it (gpu-requests.md §8 rule 5).
+    widen it (docs/slurm.md).
     """
     from pyxis_hook.host import cgroup
 

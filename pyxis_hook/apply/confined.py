@@ -1,7 +1,7 @@
 """Run the host's ldconfig inside a container rootfs without trusting anything in it.
 
 ldconfig must see the container's files (its ld.so.conf, its library dirs) but
-runs with our privileges, so it is boxed in (security.md §5 rule 5, the
+runs with our privileges, so it is boxed in (docs/security.md; the
 CVE-2025-23267 / CVE-2024-0136 class):
 
 - the binary is the *host's*, opened before any namespace is entered and
@@ -130,7 +130,7 @@ def sealed_copy_from_fd(src: int, what: str) -> int:
 
 def ldconfig_argv(lib_dirs: tuple[str, ...] | list[str], conf: str = "/etc/ld.so.conf",
                   cache: str = "/etc/ld.so.cache") -> list[str]:
-    """The command line, as libnvidia-container builds it (driver-files.md §8).
+    """The command line, as libnvidia-container builds it (`src/nvc_ldcache.c`).
 
     Order matters: glibc's ldconfig scans its command-line dirs first, in
     the order given, before ld.so.conf's, and among equal cache entries

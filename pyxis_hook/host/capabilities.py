@@ -3,7 +3,7 @@
 Pure data, kept apart from the discovery code so the lists can be read and
 reviewed against their source in one place.  The library lists are
 *prefixes* matched against ld.so.cache keys, exactly as libnvidia-container's
-`src/nvc_info.c` uses them (driver-files.md §2); the DT_NEEDED closure in
+`src/nvc_info.c` uses them; the DT_NEEDED closure in
 `host/inventory.py` adds what no list names (libnvidia-glsi, -tls, -glcore for
 libGLX_nvidia on older lists).
 

@@ -1,7 +1,7 @@
 """Reading a process's device cgroup: version, devices path, v1 rules, Slurm job/step.
 
 The hook needs three answers about the container's init process before it
-touches device access (driver-files.md §10, gpu-requests.md §8 rule 5):
+touches device access (libnvidia-container `src/cgroup.c`; docs/slurm.md):
 which cgroup layout the host uses (v1, v2 or hybrid: v1 controllers plus a
 cgroup2 mount), where that process's devices cgroup lives on the host, and
 whether it sits in a Slurm job/step cgroup — in which case Slurm's rules are

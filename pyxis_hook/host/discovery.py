@@ -1,7 +1,7 @@
 """Discovery: the host driver's files per capability, read from the driver root.
 
 `discover(config)` builds an `Inventory` the way libnvidia-container does
-(driver-files.md §2-§3): ld.so.cache keys matched against per-capability
+(`src/nvc_info.c`, `src/ldcache.c`): ld.so.cache keys matched against per-capability
 prefixes, values resolved *inside* the driver root, the exact driver-version
 suffix rule, the libnvidia-tls ABI-note check, 64- and 32-bit entries.  On
 top of that it walks the DT_NEEDED closure inside the driver (libGLX_nvidia

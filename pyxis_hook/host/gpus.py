@@ -16,7 +16,7 @@ still print what it found.
 
 The host index of a GPU is its rank after sorting by PCI id (domain, bus,
 device, function as integers), which is NVML's order on an unconstrained
-host and what Slurm's global GPU ids count (gpu-requests.md §8 rule 1).  It is
+host and what Slurm's global GPU ids count (docs/slurm.md).  It is
 NOT the device minor.  Excluded GPUs (`GPU Excluded: Yes`) get no index:
 NVML does not enumerate them either.
 """

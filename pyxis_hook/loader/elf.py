@@ -6,7 +6,7 @@ Two readers with different costs:
   `os.pread` + `struct`.  They are what the resolver uses to decide, as glibc's
   `open_verify` does, whether a candidate file is skipped (wrong class or
   machine) or makes the load fail (bad magic, short file, ...).
-* `read_elf` uses pyelftools (37 ms to import, loader.md §7), so this module is
+* `read_elf` uses pyelftools (~37 ms to import), so this module is
   never imported on the hook's per-container path.  It reads the dynamic
   section through PT_DYNAMIC and maps DT_STRTAB through PT_LOAD, never through
   section headers, because stripped libraries may have none.

@@ -8,7 +8,7 @@ the file is bounds-checked: a corrupt or truncated cache raises
 struct.error.
 
 Layouts follow glibc's `sysdeps/generic/dl-cache.h` and `elf/cache.c`
-(see docs loader.md §4):
+(docs/loader.md, "The ld.so.cache file"):
 
 * old format ``ld.so-1.7.0``: 16-byte header, 12-byte entries, string offsets
   relative to the end of the entry array;
@@ -20,7 +20,7 @@ Layouts follow glibc's `sysdeps/generic/dl-cache.h` and `elf/cache.c`
 
 Known glibc quirk reproduced on purpose: the glibc-hwcaps name indices are
 offsets from the *new header*, but ldconfig -p and ld.so add them to the
-*file start*.  In a compat cache that yields garbage names (loader.md §4), so
+*file start*.  In a compat cache that yields garbage names (docs/loader.md), so
 `CacheEntry` carries both the intended name (`hwcap_name`) and the name glibc
 actually sees (`loader_hwcap_name`).
 """

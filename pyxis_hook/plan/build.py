@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # only for type hints: plan/build.py imports nothing heavy
     from pyxis_hook.host.inventory import DriverFile, Inventory
     from pyxis_hook.spec.request import Request
 
-#: where CUDA images keep the forward-compat driver (driver-files.md §9)
+#: where CUDA images keep the forward-compat driver (NVIDIA's `enable-cuda-compat` hook)
 COMPAT_DIR = "/usr/local/cuda/compat"
 
 #: mount options, as CDI/OCI spell them
@@ -256,7 +256,7 @@ def cuda_compat(config: "Config", capabilities: "Iterable[str]", facts: Containe
                 driver_version: str | None) -> tuple[bool, str]:
     """Whether the image's forward-compat libcuda is put before the host driver's, and why.
 
-    NVIDIA's rule (nvidia-cdi-hook `enable-cuda-compat`, driver-files.md §9):
+    NVIDIA's rule (nvidia-cdi-hook `enable-cuda-compat`):
     with a `.note.cuda.fwd_compatibility`, only when the host driver's major
     is among the note's "Driver" branches and the compat version is newer;
     without the note, when its major is newer than the host's.  Only for the
@@ -299,7 +299,7 @@ def ldcache_update(config: "Config", facts: ContainerFacts, lib_dirs: "Iterable[
     `libs` are (container dir, DriverFile, SONAME) or ready (dir, file name,
     SONAME, cache flags) rows.  Merge needs the image's /etc/ld.so.conf and
     at least one row, else ldconfig runs.  An `ldconfig` key without '@'
-    names a binary in the image, which is never run (security.md): that is
+    names a binary in the image, which is never run (docs/security.md): that is
     a problem of the plan, never a silent switch to the host's binary.
     `compat` (what `cuda_compat` decided) puts COMPAT_DIR first in
     `lib_dirs` and `first_dirs`, and its libraries (`facts.compat_libs`)

@@ -4,7 +4,8 @@ The hook's early exit (`commands/prestart.certainly_void`) decides with it
 before any other module is loaded (such a start costs at most 1.3x a bare
 interpreter), and `request.void_request`
 gives the full path the same answer with its reason, so the two can never
-disagree.  NVIDIA's rules (gpu-requests.md): NVIDIA_VISIBLE_DEVICES unset
+disagree.  NVIDIA's rules (nvidia-container-toolkit
+`internal/config/image/cuda_image.go`): NVIDIA_VISIBLE_DEVICES unset
 means no GPU unless the image is a legacy CUDA image (CUDA_VERSION without
 NVIDIA_REQUIRE_CUDA); empty, or any token `void`, means no GPU.
 """

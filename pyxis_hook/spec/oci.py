@@ -42,7 +42,7 @@ MAX_STATE_BYTES = 1024 * 1024
 class StateError(OciError):
     """The state JSON lacks `bundle`/`pid` or is not JSON: the caller misused the hook.
 
-    oci-hooks.md §2 asks for exit status 2 (usage) in that case, unlike a
+    That is exit status 2 (usage), unlike a
     broken bundle, which fails the container with 1.
     """
 

@@ -5,7 +5,7 @@
 GPUs (`gpus.HostGpus`) and pyxis.conf into a `Request`.  It is pure: no file
 is read, so `plan` can show the decision for any environment and the tests
 can try every form.  The rules are NCT's (hook) and libnvidia-container's
-(CLI) as described in gpu-requests.md §2–§6; the Slurm policy is §8:
+(CLI: `src/cli/common.c`, `src/cli/dsl.c`); the Slurm policy is docs/slurm.md's:
 
 * NVIDIA_VISIBLE_DEVICES unset/empty/`void` -> void: not a GPU container,
   nothing is injected and nothing else is even parsed (as NCT exits early).
@@ -86,7 +86,7 @@ class Request:
     allocation: tuple[int, ...] | None = None
     #: e.g. "SLURM_STEP_GPUS=0,1" ("" when no allocation)
     allocation_source: str = ""
-    #: legacy CUDA_VERSION image (gpu-requests.md §5)
+    #: legacy CUDA_VERSION image (NCT `IsLegacy`)
     legacy: bool = False
     #: things the user should fix but that do not stop the container
     warnings: tuple[str, ...] = ()

@@ -6,7 +6,7 @@ runtime.  Users meet the failure message more often than any other, so it
 keeps NCT's searchable text ("requirement error: unsatisfied condition: …")
 and adds what the host actually has and how to override the check.
 
-Grammar (LNC `src/cli/dsl.c`, gpu-requests.md §4): within one value, spaces
+Grammar (LNC `src/cli/dsl.c`): within one value, spaces
 separate OR-groups and commas separate AND-terms; a term is `name op value`
 with name in cuda/driver/arch/brand (any case) and op one of
 `= == != < <= > >=`.  Separate variables are ANDed.
@@ -88,7 +88,7 @@ def requirements_disabled(env: Mapping[str, str], config_disable: bool = False) 
 
 
 def legacy_cuda_version(env: Mapping[str, str]) -> str | None:
-    """`major.minor` of CUDA_VERSION when the image is *legacy* (gpu-requests.md §5), else None.
+    """`major.minor` of CUDA_VERSION when the image is *legacy*, else None.
 
     Legacy = CUDA_VERSION non-empty and NVIDIA_REQUIRE_CUDA unset or empty
     (NCT `IsLegacy`).  An unparsable CUDA_VERSION then fails, as in NCT.

@@ -1,6 +1,6 @@
 """Real rootful podman (Debian 4.3.1): hooks.d prestart, CDI `--device`, and the precreate stage.
 
-Flags from test-machines.md (runc: crun refuses the hybrid cgroup layout;
+Flags the CI machines need (runc: crun refuses the hybrid cgroup layout;
 cgroupfs + file events: no systemd; ulimits at or under the hard limits: no
 CAP_SYS_RESOURCE).  podman 4.3 has no --cdi-spec-dir option: it reads
 /etc/cdi and /var/run/cdi, so the CDI tests write a spec with a test-only

@@ -4,7 +4,7 @@ slurmctld and slurmd run on this host as root with their own munge daemon,
 ports, spool and state dirs (nothing under /etc is touched).  gres.conf names
 `/dev/nvidia[0-3]`, fake nodes made with mknod (only where absent, removed
 afterwards); `cgroup.conf` has ConstrainDevices=yes on the v1 device
-controller (test-machines.md).  The container is started by `srun` through
+controller.  The container is started by `srun` through
 `runc run` with our prestart hook; the launcher copies the step's SLURM_* and
 CUDA_VISIBLE_DEVICES into config.json's process.env as podman `--env-host`
 or Pyxis would.  While another job holds GPUs 0 and 1, `srun --gres=gpu:2`

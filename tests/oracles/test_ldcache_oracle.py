@@ -336,7 +336,7 @@ def test_lookup_agrees_with_ld_so(tmp_path, fmt):
             got = L.search_cache(c, soname, L.LOADER_FLAGS["x86_64"], hwcaps=hw)
             assert got is not None and expect is not None
             assert got.value == expect, (fmt, mask, soname)
-    # the loader really used glibc-hwcaps in the new format and could not in compat (loader.md §4)
+    # the loader really used glibc-hwcaps in the new format and could not in compat (docs/loader.md)
     foo = loader_choice(root, LD64, "/bin/app", "libfoo.so.1", None)
     if "x86-64-v3" in supported:
         assert ("/glibc-hwcaps/" in foo) == (fmt == "new")

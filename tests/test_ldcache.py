@@ -253,13 +253,23 @@ def test_fuzzed_caches_raise_only_ldcacheerror(fmt, cut, flips):
     for pos, val in flips:
         if pos < len(data):
             data[pos] = val
+    intact = bytes(data) == L.serialize_cache(SAMPLE, GEN, fmt) and cut >= len(data)
     data = bytes(data[:cut])
     try:
         c = L.parse_cache(data, "fuzz")
         L.format_ldconfig_p(c, "fuzz")
         L.lookup(c, "libfoo.so.1", hwcaps=("x86-64-v3",))
     except LdCacheError as e:
+        assert not intact, e  # an untouched cache always reads
         assert str(e).startswith("fuzz: ") or "fuzz" in str(e)
+        return
+    if intact and fmt != "old":  # read back, the entries write the very same bytes (old: no hwcap field)
+        assert L.serialize_cache(c.old_entries if fmt == "old" else c.entries, c.generator, fmt) == data
+    # whatever reads, reads the same after a round trip through the writer (in the format it came in)
+    if c.fmt in ("new", "compat", "old"):
+        entries = c.old_entries if c.fmt == "old" else c.entries
+        again = L.parse_cache(L.serialize_cache(entries, c.generator, c.fmt), "again")
+        assert (again.old_entries if c.fmt == "old" else again.entries) == entries
 
 
 @given(st.binary(max_size=300))

@@ -13,7 +13,7 @@ import stat
 import sys
 from pathlib import Path
 
-from e2e.conftest import Result, mount_table, run_container
+from e2e.conftest import Host, Result, fresh_rootfs, make_host, mount_table, run_container
 from fixtures.container import make_bundle
 
 HOOK = Path(__file__).resolve().parent / "hook.py"
@@ -26,6 +26,16 @@ def fault_hook(conf: Path, fault: str = "", stage: str = "prestart", timeout: in
     if timeout is not None:
         entry["timeout"] = timeout
     return entry
+
+
+def host_and_image(base: Path) -> tuple[Host, dict[str, Path], Path]:
+    """A fake GPU host in `base` with a conf per ld.so.cache mode, and an image (a lower dir)."""
+    host = make_host(base)
+    confs = {}
+    for mode in ("merge", "ldconfig"):
+        host.conf = base / f"pyxis-{mode}.conf"
+        confs[mode] = host.write_conf(ldcache=mode)
+    return host, confs, fresh_rootfs(base / "image")
 
 
 def start(where: Path, rootfs: Path, hook: dict, env: tuple[str, ...], script: str, *,

@@ -22,8 +22,8 @@ import subprocess
 
 import pytest
 
-from e2e.conftest import fresh_rootfs, make_host
-from faults.rig import fault_hook, hook_errors, mounts_under, snapshots, start, upper_files
+from e2e.conftest import make_host
+from faults.rig import fault_hook, host_and_image, hook_errors, mounts_under, snapshots, start, upper_files
 from fixtures.overlay import overlay
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root, pytest.mark.slow]
@@ -42,14 +42,7 @@ FAILED = {"ldconfig": "Exec format error"}
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory):
     """One fake GPU host (a conf per ld.so.cache mode) and one image for the module."""
-    base = tmp_path_factory.mktemp("faults")
-    host = make_host(base)
-    confs = {}
-    for mode in ("merge", "ldconfig"):
-        host.conf = base / f"pyxis-{mode}.conf"
-        confs[mode] = host.write_conf(ldcache=mode)
-    image = fresh_rootfs(base / "image")
-    return host, confs, image
+    return host_and_image(tmp_path_factory.mktemp("faults"))
 
 
 def _run(rig, where, fault: str = "", *, mode: str = "merge", env=GPU, **kw):

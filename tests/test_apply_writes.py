@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from fixtures.overlay import overlay
 from fixtures.synth import build_lib
 from pyxis_hook.apply.child import apply_plan
 from pyxis_hook.errors import PyxisHookError
@@ -46,25 +47,11 @@ def layered(tmp_path):
     build_lib(lower / LIBDIR.lstrip("/"), "libimage.so.1", filename="libimage.so.1.0")
     os.symlink("libcuda.so.0", lower / LIBDIR.lstrip("/") / "libcuda.so")  # an old link: replaced by rename
     subprocess.run(["ldconfig", "-r", str(lower)], check=True)
-    layer, root = tmp_path / "layer", tmp_path / "rootfs"
-    layer.mkdir()
-    root.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(layer)], check=True)
-    try:
-        (layer / "upper").mkdir()
-        (layer / "work").mkdir()
-        subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
-                        f"lowerdir={lower},upperdir={layer}/upper,workdir={layer}/work", str(root)], check=True)
-        try:
-            p = _container(root)
-            yield host, root, layer, p.pid
-            p.kill()
-            p.wait()
-        finally:
-            subprocess.run(["umount", str(root)], check=True)
-    finally:
-        subprocess.run(["umount", str(layer)], check=True)
-
+    with overlay(lower, tmp_path, size="256k") as (root, layer):
+        p = _container(root)
+        yield host, root, layer, p.pid
+        p.kill()
+        p.wait()
 
 def fill(fs: Path) -> None:
     """Fill the filesystem at `fs` to the last block."""

@@ -45,6 +45,7 @@ import marshal
 import os
 import stat
 import sys
+from _signal import SIGKILL  # the C module: signal.py's enums cost the hook ~4 ms a start
 
 from pyxis_hook.host import gpus
 from pyxis_hook.apply import kernel
@@ -101,9 +102,12 @@ def apply_plan(plan: Plan, pid: int | str, config=None, *, proc: str = "/proc", 
     `config` is accepted for the design's signature and not read.  Every
     message is logged here, once.  Raises PathError/ApplyError with one
     line; on error nothing is left mounted or created in the rootfs and no
-    cgroup rule was written.  (One exception: the kernel refusing a rule
-    after devices.allow opened leaves the mounts, in the mount namespace
-    of a container whose start then fails.)
+    cgroup rule was written.  The rules are written by the child, through
+    the devices.allow fd opened here, after the mounts and links and before
+    the ld.so.cache: a rule the kernel refuses undoes the mounts and links
+    like any other failure.  (A refused rule leaves those before it, and a
+    failed cache update the rules, in the cgroup of a container whose start
+    fails: the runtime removes it.)
     """
     del config  # the plan says everything: apply never re-decides what the planner decided
     messages: list[str] = []
@@ -129,10 +133,8 @@ def apply_plan(plan: Plan, pid: int | str, config=None, *, proc: str = "/proc", 
         owner = (owner_st.st_uid, owner_st.st_gid)
         exe_fd = _ldconfig_fd(plan, fds)
         allow = _cgroup_target(plan, pid, proc, fds, messages) if plan.cgroup_rules else None
-        result = _in_child(plan, ns_fd, binds, gpu_dirs, exe_fd, owner, root)
+        result = _in_child(plan, ns_fd, binds, gpu_dirs, exe_fd, owner, root, allow)
         messages += result["messages"]
-        if allow is not None:
-            messages.append(_cgroup_write(plan, *allow))
     finally:
         for fd in fds:
             os.close(fd)
@@ -344,8 +346,9 @@ def _cgroup_write(plan: Plan, fd: int, allow: str) -> str:
 # -------------------------------------------------------- in the namespace
 
 
-def _in_child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner, root) -> dict:
+def _in_child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner, root, allow) -> dict:
     r, w = os.pipe2(os.O_CLOEXEC)
+    parent = os.getpid()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - measured through the tests' results
         # Whatever happens below, this process ends here: it must never return into the
@@ -353,9 +356,15 @@ def _in_child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner, root) -> d
         status = 1
         try:
             os.close(r)
+            # dies with the hook: a runtime that kills the hook (its hook timeout, a SIGKILL)
+            # waits for the hook's stdout/stderr to close, which this process holds too, and
+            # must not find the rootfs still being written after it gave up on the start
+            kernel.prctl(kernel.PR_SET_PDEATHSIG, SIGKILL)
+            if os.getppid() != parent:  # the hook died before the line above
+                os._exit(1)
             out: dict
             try:
-                out = _child(plan, ns_fd, binds, gpu_dirs, exe_fd, owner, root)
+                out = _child(plan, ns_fd, binds, gpu_dirs, exe_fd, owner, root, allow)
             except PyxisHookError as e:
                 out = {"error": str(e), "class": type(e).__name__}
             except BaseException as e:  # noqa: BLE001 - a bug: log the frames, report one line
@@ -433,7 +442,7 @@ class _NoImports:
         raise ImportError(f"no import inside the container's mount namespace: {name}")
 
 
-def _child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner, root) -> dict:
+def _child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner, root, allow) -> dict:
     sys.meta_path.insert(0, _NoImports)  # this forked child only
     kernel.setns(ns_fd, kernel.CLONE_NEWNS, "container mount namespace")
     undo = _Undo()
@@ -470,7 +479,9 @@ def _child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner, root) -> dict
                     messages.append(f"symlink {s.container_path} not created: a file of the image is there")
             if plan.proc_driver is not None:
                 mounted += _proc_view(plan, rfs, gpu_dirs, undo, new_api, messages)
-            _ldcache(plan, rfs, exe_fd, messages)
+            if allow is not None:  # the host's devices.allow, opened before the fork: no name resolved here
+                messages.append(_cgroup_write(plan, *allow))
+            _ldcache(plan, rfs, exe_fd, messages)  # last: the one write the undo cannot take back
         except BaseException:
             problems = undo.run() + rfs.rollback()
             for p in problems:

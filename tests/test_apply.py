@@ -846,6 +846,19 @@ def test_every_message_is_logged_once(world, tmp_path):
         assert text.count(f"info: {m}\n") == (2 if m in res.messages and m in res2.messages else 1), m
 
 
+def test_a_syscall_the_kernel_refuses_in_the_child_is_the_runtime_s_one_apply_error_line(world, monkeypatch):
+    """A refused setns is no bug: its line reaches the runtime as an ApplyError, word for word."""
+    host, root, pid = world
+
+    def refused(fd, nstype, what=""):
+        raise kernel.SyscallError(f"setns {what}: Operation not permitted", errno.EPERM)
+
+    monkeypatch.setattr(kernel, "setns", refused)
+    with pytest.raises(ApplyError, match=r"^setns container mount namespace: Operation not permitted$"):
+        apply_plan(_basic_plan(host, root), pid)
+    assert _mounts_under(pid, root) == {}
+
+
 def test_internal_error_in_the_child_is_one_line_and_a_file_free_trace_in_the_log(world, tmp_path, monkeypatch):
     """A bug after setns: the runtime gets one line; the log gets the frames, read from no file
     (traceback/linecache would import and open paths that name the image's files there)."""

@@ -53,7 +53,7 @@ import struct
 
 from pyxis_hook.loader import ldcache as L
 from pyxis_hook.loader.cachefile import write_cache
-from pyxis_hook.errors import LdCacheError, PathError, PyxisHookError
+from pyxis_hook.errors import InternalSignal, LdCacheError, PathError, PyxisHookError
 from pyxis_hook.record import record
 
 #: typing.TYPE_CHECKING without importing typing (~3 ms on the hook's path)
@@ -78,7 +78,7 @@ CACHE_LIMIT = 64 << 20
 CACHE = "/etc/ld.so.cache"
 
 
-class CannotMerge(LdCacheError):
+class CannotMerge(InternalSignal):
     """The image's loader setup is one the merge cannot reproduce exactly: use ldconfig."""
 
 
@@ -517,7 +517,7 @@ def preview(rootfs: str, update) -> str | None:
         with RootFS(rootfs) as rfs:
             data, dirs, mapped = model_image(rfs, libs_from_plan(update))
             merge_cache(data, dirs, mapped, CACHE)
-    except PyxisHookError as e:  # CannotMerge, a corrupt cache, a path refused inside the rootfs
+    except (CannotMerge, PyxisHookError) as e:  # a corrupt cache, a path refused inside the rootfs
         return str(e)
     except OSError as e:
         return f"{rootfs}: {e.strerror}"

@@ -32,7 +32,7 @@ from typing import Callable
 
 from pyxis_hook.loader import cpu as loadercpu
 from pyxis_hook.loader.elf import EHDR_SIZE, ET_DYN, ET_EXEC, PHDR_SIZE, ElfInfo, parse_header, read_elf
-from pyxis_hook.errors import ElfError, LdCacheError, PathError
+from pyxis_hook.errors import ElfError, InternalSignal, LdCacheError, PathError
 from pyxis_hook.record import record
 from pyxis_hook.rootfs import resolve_in_root
 
@@ -103,7 +103,7 @@ class Dependency:
     interpreter: bool = False
 
 
-class LoadFailed(ElfError):
+class LoadFailed(InternalSignal):
     """The loader would stop: a candidate file is unusable (glibc's 'error while loading shared libraries')."""
 
     def __init__(self, name: str, reason: str) -> None:

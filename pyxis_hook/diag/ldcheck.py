@@ -242,28 +242,23 @@ def compat_rows(rootfs: str, facts: ContainerFacts) -> tuple[tuple[str, str, str
 def loader_of(elfclass: int, machine: str | None = None) -> tuple[int, str | None, str | None]:
     """(ELF e_machine, PT_INTERP, the kernel's AT_PLATFORM) of the container's loader for a class on this machine.
 
-    From `inventory.ARCHES` (which e_machine the driver's libraries of each
-    class have here) and resolve's per-(class, machine) loader tables; None
-    where glibc has no such loader (32-bit on ppc64le).
+    From `machines.MACHINES` (which e_machine the driver's libraries of each
+    class have here; x86-64's for a machine without a row) and resolve's
+    per-(class, machine) loader tables; None where glibc has no such loader
+    (32-bit on ppc64le).
     """
-    from pyxis_hook.host import inventory
-    from pyxis_hook.loader import resolve
+    from pyxis_hook.loader import machines, resolve
 
-    machine = machine or os.uname().machine
-    arch = inventory.ARCHES.get(machine, inventory.ARCHES["x86_64"])
-    em = (arch[2] if elfclass == 64 else arch[3]) or 0
+    row = machines.machine(machine or os.uname().machine) or machines.MACHINES["x86_64"]
+    em = (row.em if elfclass == 64 else row.em32) or 0
     return em, resolve.DEFAULT_RTLD.get((elfclass, em)), resolve.DEFAULT_PLATFORM.get(em)
 
 
 def _fallback_dirs(elfclass: int, machine: str | None = None) -> tuple[str, ...]:
     """Debian's and RHEL's default dirs, for an image whose ld.so cannot be inspected."""
-    from pyxis_hook.plan.container import TRIPLETS
+    from pyxis_hook.loader import machines
 
-    machine = machine or os.uname().machine
-    triplet, triplet32 = TRIPLETS.get(machine, (f"{machine}-linux-gnu", None))
-    if elfclass == 64:
-        return (f"/lib/{triplet}", f"/usr/lib/{triplet}", "/lib64", "/usr/lib64", "/lib", "/usr/lib")
-    return ((f"/lib/{triplet32}", f"/usr/lib/{triplet32}") if triplet32 else ()) + ("/lib", "/usr/lib")
+    return machines.lib_dirs(machine or os.uname().machine, elfclass)
 
 
 def search_setup(rootfs: str, elfclass: int, ld_library_path: str, cache) -> SearchSetup:

@@ -54,6 +54,7 @@ import struct
 from pyxis_hook.loader import ldcache as L
 from pyxis_hook.loader.cachefile import write_cache
 from pyxis_hook.errors import InternalSignal, LdCacheError, PathError, PyxisHookError
+from pyxis_hook.loader.machines import MACHINES, abi_byte
 from pyxis_hook.record import record
 
 #: typing.TYPE_CHECKING without importing typing (~3 ms on the hook's path)
@@ -64,14 +65,7 @@ if TYPE_CHECKING:
 #: ldconfig's built-in directories, after the configured ones (Debian 12's glibc 2.36, measured with
 #: `ldconfig -v`: "(from <builtin>:0)"); the fallback runs the host's ldconfig, so these are the host's.
 BUILTIN_DIRS: dict[str, tuple[str, ...]] = {
-    "x86_64": ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib", "/usr/lib"),
-    "aarch64": ("/lib/aarch64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/lib", "/usr/lib"),
-    "ppc64le": ("/lib/powerpc64le-linux-gnu", "/usr/lib/powerpc64le-linux-gnu", "/lib", "/usr/lib"),
-}
-
-#: the ABI byte ldconfig sets for a 64-bit library of each machine (readelflib.c)
-_ABI64 = {"x86_64": L.FLAG_X8664_LIB64, "aarch64": L.FLAG_AARCH64_LIB64, "ppc64le": L.FLAG_POWERPC_LIB64,
-          "s390x": L.FLAG_S390_LIB64, "riscv64": L.FLAG_RISCV_FLOAT_ABI_DOUBLE}
+    m.name: (f"/lib/{m.triplet}", f"/usr/lib/{m.triplet}", "/lib", "/usr/lib") for m in MACHINES.values()}
 
 #: a cache larger than this is not read (ldconfig's own for 10,000 libraries is ~1 MiB)
 CACHE_LIMIT = 64 << 20
@@ -111,7 +105,7 @@ def cache_flags(elfclass: int | None, needed: Iterable[str] = (), machine: str |
     """
     if elfclass == 64:
         machine = machine or os.uname().machine
-        return _ABI64.get(machine, 0) | L.FLAG_ELF_LIBC6
+        return abi_byte(machine) | L.FLAG_ELF_LIBC6
     needed = set(needed)
     if needed & {"libc.so.6", "libm.so.6"}:
         return L.FLAG_ELF_LIBC6

@@ -638,7 +638,7 @@ def test_proc_view_without_host_gpu_dir(world):
 
 
 def _merge_plan(host: Path, root: Path, ldconfig: str = "/sbin/ldconfig") -> Plan:
-    from pyxis_hook.loader.ldmerge import cache_flags
+    from pyxis_hook.loader.ldcache import written_flags as cache_flags
 
     rows = ((LIBDIR, "libcuda.so.535.104.05", "libcuda.so.1", cache_flags(64)),
             (LIBDIR, "libnvidia-ml.so.535.104.05", "libnvidia-ml.so.1", cache_flags(64)))

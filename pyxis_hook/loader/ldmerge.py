@@ -7,7 +7,7 @@ image's cache already describes the image, so the same result is reached by
 inserting the new entries where ldconfig would have put them:
 
 * key = SONAME, value = `<dir>/<SONAME>` (the link ldconfig makes; the hook's
-  plan makes it too), flags from the ELF class (`cache_flags`);
+  plan makes it too), flags from the ELF class (`ldcache.written_flags`);
 * position: ldconfig keeps its list sorted with `compare` (elf/cache.c) and
   inserts a new entry *after* the equal ones already there, so entries that
   compare equal (same key and flags, plain) are in directory scan order —
@@ -54,7 +54,7 @@ import struct
 from pyxis_hook.loader import ldcache as L
 from pyxis_hook.loader.cachefile import write_cache
 from pyxis_hook.errors import InternalSignal, LdCacheError, PathError, PyxisHookError
-from pyxis_hook.loader.machines import MACHINES, abi_byte
+from pyxis_hook.loader.machines import MACHINES
 from pyxis_hook.record import record
 
 #: typing.TYPE_CHECKING without importing typing (~3 ms on the hook's path)
@@ -81,7 +81,7 @@ class InjectedLib:
     """One library the hook puts in the container, as ldconfig would index it.
 
     `dir` is the container directory it is mounted in, `name` its file name,
-    `soname` its DT_SONAME, `flags` the cache flags (`cache_flags`).
+    `soname` its DT_SONAME, `flags` the cache flags (`ldcache.written_flags`).
     `first`: `dir` is scanned before the image's configured directories, as
     a directory on ldconfig's command line is (CUDA forward compat: the
     image's own /usr/local/cuda/compat, whose SONAME links must already be
@@ -93,25 +93,6 @@ class InjectedLib:
     soname: str
     flags: int
     first: bool = False
-
-
-def cache_flags(elfclass: int | None, needed: Iterable[str] = (), machine: str | None = None) -> int:
-    """The flags glibc 2.36's ldconfig gives an ELF library (readelflib.c process_elf_file).
-
-    64-bit: always libc6 with the machine's ABI byte (0x0303 on x86-64).
-    32-bit: libc6 (3) when it needs libc.so.6/libm.so.6, libc5 (2) for the .5
-    ones, else plain ELF (1) — measured: a 32-bit library without DT_NEEDED
-    prints as "(ELF)".  The i386 loader accepts 1 and 3.
-    """
-    if elfclass == 64:
-        machine = machine or os.uname().machine
-        return abi_byte(machine) | L.FLAG_ELF_LIBC6
-    needed = set(needed)
-    if needed & {"libc.so.6", "libm.so.6"}:
-        return L.FLAG_ELF_LIBC6
-    if needed & {"libc.so.5", "libm.so.5"}:
-        return L.FLAG_ELF_LIBC5
-    return L.FLAG_ELF
 
 
 def indexed_by_ldconfig(name: str) -> bool:

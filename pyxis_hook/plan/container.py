@@ -162,7 +162,8 @@ def compat_facts(rootfs: str, machine: str | None = None):
 
 def _compat_facts(rfs, machine: str):
     from pyxis_hook.loader.ldcache import libcmp
-    from pyxis_hook.loader.ldmerge import cache_flags, indexed_by_ldconfig
+    from pyxis_hook.loader.ldcache import written_flags
+    from pyxis_hook.loader.ldmerge import indexed_by_ldconfig
 
     dfd = rfs.open(COMPAT_DIR, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -211,7 +212,7 @@ def _compat_facts(rfs, machine: str):
         soname = soname or name
         if name in links and name != soname and name.endswith(".so") and soname.startswith(name):
             soname = name  # search_dir: the `libfoo.so` link for ld(1) gets its own entry
-        flags = cache_flags(cls, needed, machine)
+        flags = written_flags(cls, needed, machine)
         old = found.get(soname)
         if old is not None and old[1] != flags:
             problem = problem or f"{soname} with two ELF classes"

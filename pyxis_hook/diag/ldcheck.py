@@ -261,35 +261,24 @@ def search_setup(rootfs: str, elfclass: int, ld_library_path: str, cache) -> Sea
         dirs = _fallback_dirs(elfclass)
         hwcaps, legacy, legacy_ok = (), (), None
     subdirs = tuple(f"glibc-hwcaps/{h}" for h in hwcaps) + tuple(legacy) + ("",)
-    lib_token = dirs[0].lstrip("/") if dirs else "lib"
-    llp = []
-    for d in (resolve.split_search_path(ld_library_path) if ld_library_path else ()):
-        # $LIB/$PLATFORM expand as in ld.so; $ORIGIN (the main program's dir) is unknown here: dropped
-        expanded = resolve.expand_dst(d, None, lib_token, platform) if "$" in d else d
-        if expanded is not None:
-            llp.append(expanded or ".")
-    return SearchSetup(elfclass, machine, tuple(llp), cache, tuple(dirs), subdirs, tuple(hwcaps), legacy_ok)
+    # $LIB/$PLATFORM expand as in ld.so; $ORIGIN (the main program's dir) is unknown here: dropped
+    dst = resolve.LoaderEnv(lib_token=dirs[0].lstrip("/") if dirs else "lib", platform=platform)
+    llp = resolve.fillin(resolve.split_search_path(ld_library_path), None, dst) if ld_library_path else ()
+    return SearchSetup(elfclass, machine, llp, cache, tuple(dirs), subdirs, tuple(hwcaps), legacy_ok)
 
 
 def _candidates(setup: SearchSetup, name: str):
-    from pyxis_hook.loader import ldcache
+    """resolve's search order (`resolve.search_order`) for a name a program without RPATH/RUNPATH dlopens."""
+    from pyxis_hook.loader import ldcache, resolve
 
-    for d in setup.ld_library_path:
-        for sub in setup.subdirs:
-            yield _join(d, sub, name), "LD_LIBRARY_PATH"
-    if setup.cache is not None:
+    def cached() -> str | None:
         hit = ldcache.lookup(setup.cache, name, ldcache.accepted_flags(setup.elfclass), hwcaps=setup.hwcaps,
                              legacy_ok=setup.legacy_cache_ok)
-        if hit:
-            yield hit[0].value, "ld.so.cache"
-    for d in setup.system_dirs:
-        for sub in setup.subdirs:
-            yield _join(d, sub, name), "default dir"
+        return hit[0].value if hit else None
 
-
-def _join(d: str, sub: str, name: str) -> str:
-    base = d if d.endswith("/") else d + "/"
-    return base + (sub + "/" if sub else "") + name
+    return resolve.search_order(name, ld_library_path=setup.ld_library_path,
+                                cached=cached if setup.cache is not None else None,
+                                system_dirs=setup.system_dirs, subdirs=setup.subdirs)
 
 
 def _skip_reason(rootfs: str, path: str, elfclass: int, machine: int) -> str:

@@ -638,7 +638,7 @@ def test_proc_view_without_host_gpu_dir(world):
 
 
 def _merge_plan(host: Path, root: Path, ldconfig: str = "/sbin/ldconfig") -> Plan:
-    from pyxis_hook.loader.ldmerge import cache_flags
+    from pyxis_hook.loader.ldcache import written_flags as cache_flags
 
     rows = ((LIBDIR, "libcuda.so.535.104.05", "libcuda.so.1", cache_flags(64)),
             (LIBDIR, "libnvidia-ml.so.535.104.05", "libnvidia-ml.so.1", cache_flags(64)))
@@ -844,6 +844,19 @@ def test_every_message_is_logged_once(world, tmp_path):
     assert any("already this hook's view" in m for m in res2.messages)
     for m in res.messages + res2.messages:
         assert text.count(f"info: {m}\n") == (2 if m in res.messages and m in res2.messages else 1), m
+
+
+def test_a_syscall_the_kernel_refuses_in_the_child_is_the_runtime_s_one_apply_error_line(world, monkeypatch):
+    """A refused setns is no bug: its line reaches the runtime as an ApplyError, word for word."""
+    host, root, pid = world
+
+    def refused(fd, nstype, what=""):
+        raise kernel.SyscallError(f"setns {what}: Operation not permitted", errno.EPERM)
+
+    monkeypatch.setattr(kernel, "setns", refused)
+    with pytest.raises(ApplyError, match=r"^setns container mount namespace: Operation not permitted$"):
+        apply_plan(_basic_plan(host, root), pid)
+    assert _mounts_under(pid, root) == {}
 
 
 def test_internal_error_in_the_child_is_one_line_and_a_file_free_trace_in_the_log(world, tmp_path, monkeypatch):

@@ -40,6 +40,30 @@ def test_internal_error_without_log_file_says_how_to_get_one(tmp_path, monkeypat
     assert "ZeroDivisionError" in err and "set log-file in pyxis.conf" in err and err.count("\n") == 1
 
 
+def test_internal_signals_are_no_user_errors(tmp_path, monkeypatch, capsys):
+    """CannotMerge, LoadFailed, SnapshotError and SyscallError are caught by their own callers:
+    one that reaches the CLI is a bug (exit 70), never a `pyxis-hook: error:` line of exit 3,
+    and an `except PyxisHookError` around user errors never swallows one."""
+    from pyxis_hook.apply.kernel import SyscallError
+    from pyxis_hook.loader.ldmerge import CannotMerge
+    from pyxis_hook.loader.resolve import LoadFailed
+
+    conf = tmp_path / "pyxis.conf"
+    conf.write_text("")
+    signals = (CannotMerge("c"), LoadFailed("libx.so", "file too short"), errors.SnapshotError("s"),
+               SyscallError("mount /x: Permission denied", 1))
+    for signal in signals:
+        assert isinstance(signal, errors.InternalSignal) and not isinstance(signal, errors.PyxisHookError)
+
+        def raises(args, config, signal=signal):
+            raise signal
+
+        monkeypatch.setattr(info, "run", raises)
+        assert cli.main(["--config", str(conf), "info"]) == errors.INTERNAL
+        err = capsys.readouterr().err
+        assert err.startswith(f"pyxis-hook: error: internal error: {type(signal).__name__}: "), err
+
+
 def test_no_command_prints_usage_exit_2():
     r = run_cli()
     assert r.returncode == 2 and "usage: pyxis-hook" in r.stderr

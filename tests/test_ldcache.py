@@ -696,3 +696,16 @@ def test_command_text_and_json(tmp_path, capsysbinary):
     (tmp_path / "etc/ld.so.cache").write_bytes(b"junk")
     assert main(["ldcache", "--root", str(tmp_path)]) == 3  # errors.FAILED
     assert b"ld.so.cache: not an ld.so.cache file" in capsysbinary.readouterr().err
+
+
+def test_what_ldconfig_writes_is_what_the_loader_accepts():
+    """`written_flags` (ldconfig's readelflib.c) for a library of each class lands in `accepted_flags`
+    (the loader's `_dl_cache_check_flags`) on every machine with a driver row."""
+    from pyxis_hook.loader import machines
+
+    for name in machines.MACHINES:
+        assert L.written_flags(64, (), name) in L.accepted_flags(64, name), name
+    assert L.written_flags(32, ("libc.so.6",), "x86_64") in L.accepted_flags(32, "x86_64")
+    assert L.written_flags(32, (), "x86_64") == L.FLAG_ELF in L.accepted_flags(32, "x86_64")
+    assert L.accepted_flags(32, "ppc64le") == L.accepted_flags(64, "mips") == L.LOADER_FLAGS["generic"]
+    assert L.accepted_flags(64, "s390x") == (0x0403,) and L.written_flags(64, (), "s390x") == 0x0403

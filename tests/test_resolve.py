@@ -29,7 +29,7 @@ from pyxis_hook.loader.resolve import (
     EM_X86_64,
     LoaderEnv,
     cache_lookup_for,
-    _fillin,
+    fillin,
     detect_hwcaps,
     expand_dst,
     format_ldd,
@@ -62,7 +62,7 @@ def test_expand_dst(text, expected):
 
 def test_known_token_without_value_drops_the_element():
     assert expand_dst("/p/$PLATFORM/x", "/o", "lib", None) is None
-    assert _fillin(("/p/$PLATFORM", "/q"), "/o", LoaderEnv(platform=None)) == ("/q",)
+    assert fillin(("/p/$PLATFORM", "/q"), "/o", LoaderEnv(platform=None)) == ("/q",)
 
 
 @given(st.text(alphabet="abAZ09_/${}.", max_size=30))
@@ -80,9 +80,9 @@ def test_split_search_path_on_colon_and_semicolon():
     assert split_search_path("/a:/b;/c::") == ("/a", "/b", "/c", "", "")
 
 
-def test_fillin_normalises_like_glibc():
+def testfillin_normalises_like_glibc():
     env = LoaderEnv()
-    assert _fillin(("/a/", "/a", "", "/b//", "/"), "/o", env) == ("/a", ".", "/b", "/")
+    assert fillin(("/a/", "/a", "", "/b//", "/"), "/o", env) == ("/a", ".", "/b", "/")
 
 
 # ----------------------------------------------------------------- per-root defaults
@@ -299,3 +299,42 @@ def test_cli_json_matches_schema(root, capsys, tmp_path):
     doc = json.loads(out)
     jsonschema.validate(doc, load_schema("ldd.schema.json"))
     assert rc == 127 and "not an ELF file" in doc["files"][0]["error"]["reason"]
+
+
+def test_search_order_is_glibcs_one_model():
+    """RPATH (only without RUNPATH), LD_LIBRARY_PATH, RUNPATH, the cache's first hit, the system dirs;
+    DF_1_NODEFLIB drops the system dirs and a cache hit inside them (elf/dl-load.c `_dl_map_object`)."""
+    from pyxis_hook.loader.resolve import search_order
+
+    asked = []
+
+    def cached():
+        asked.append(1)
+        return "/usr/lib/libx.so.1"
+
+    order = list(search_order("libx.so.1", rpath=[(("/r",), "RPATH of /bin/p")], ld_library_path=("/l",),
+                              runpath=(("/u",), "RUNPATH of /bin/p"), cached=cached, system_dirs=("/usr/lib",),
+                              subdirs=("glibc-hwcaps/x86-64-v3", "")))
+    assert order == [("/r/glibc-hwcaps/x86-64-v3/libx.so.1", "RPATH of /bin/p"), ("/r/libx.so.1", "RPATH of /bin/p"),
+                     ("/l/glibc-hwcaps/x86-64-v3/libx.so.1", "LD_LIBRARY_PATH"), ("/l/libx.so.1", "LD_LIBRARY_PATH"),
+                     ("/u/glibc-hwcaps/x86-64-v3/libx.so.1", "RUNPATH of /bin/p"), ("/u/libx.so.1", "RUNPATH of /bin/p"),
+                     ("/usr/lib/libx.so.1", "ld.so.cache"),
+                     ("/usr/lib/glibc-hwcaps/x86-64-v3/libx.so.1", "default dir"), ("/usr/lib/libx.so.1", "default dir")]
+    first = search_order("libx.so.1", ld_library_path=("/l",), cached=cached, system_dirs=("/usr/lib",))
+    asked.clear()
+    assert next(first) == ("/l/libx.so.1", "LD_LIBRARY_PATH") and asked == []  # the cache only when reached
+    assert list(search_order("libx.so.1", cached=cached, system_dirs=("/usr/lib",), nodeflib=True)) == []
+
+
+def test_ldcheck_walks_resolves_order(tmp_path):
+    """ldcheck's candidates are `search_order`'s, LD_LIBRARY_PATH filled in as glibc's `fillin_rpath`
+    does it: trailing slashes stripped, repeats dropped, an element naming $ORIGIN (unknown to a dlopen
+    check) dropped."""
+    from pyxis_hook.diag import ldcheck
+
+    setup = ldcheck.search_setup(str(tmp_path), 64, "/opt/a/:$ORIGIN/x:/opt/a:", None)
+    assert setup.ld_library_path == ("/opt/a", ".")
+    from pyxis_hook.loader.resolve import search_order
+
+    assert list(ldcheck._candidates(setup, "libx.so.1")) == list(search_order(
+        "libx.so.1", ld_library_path=("/opt/a", "."), system_dirs=setup.system_dirs, subdirs=setup.subdirs))

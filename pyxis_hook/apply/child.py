@@ -367,6 +367,8 @@ def _in_child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner, root, allo
                 out = _child(plan, ns_fd, binds, gpu_dirs, exe_fd, owner, root, allow)
             except PyxisHookError as e:
                 out = {"error": str(e), "class": type(e).__name__}
+            except kernel.SyscallError as e:  # a mount, setns or umount the kernel refused: its own line
+                out = {"error": str(e), "class": "ApplyError"}
             except BaseException as e:  # noqa: BLE001 - a bug: log the frames, report one line
                 log.error(f"apply: internal error\n{log.frames(e)}")  # no traceback module: nothing read here
                 out = {"error": f"internal error while applying the plan: {type(e).__name__}",
@@ -415,7 +417,7 @@ class _Undo:
             fd, path = self.mount_fds.pop()
             try:
                 kernel.umount2(kernel.proc_fd_path(fd), kernel.MNT_DETACH, what=path)
-            except ApplyError as e:
+            except (ApplyError, kernel.SyscallError) as e:
                 problems.append(str(e))
             finally:
                 os.close(fd)
@@ -552,7 +554,7 @@ def _reopen_mounted(entry: Entry, undo: _Undo) -> int:
         try:
             kernel.umount2(f"{kernel.proc_fd_path(entry.parent_fd)}/{entry.name}",
                            kernel.MNT_DETACH | kernel.UMOUNT_NOFOLLOW, what=entry.path)
-        except ApplyError as u:
+        except (ApplyError, kernel.SyscallError) as u:
             log.error(f"rollback: {u}")
         if isinstance(e, PyxisHookError):
             raise

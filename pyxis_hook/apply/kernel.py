@@ -5,9 +5,10 @@ syscall, and the ones that matter for safety (openat2, open_tree,
 move_mount, mount_setattr, fsopen/fsmount) have no glibc wrapper on older
 glibc, so everything goes through `syscall(2)` with the generic numbers
 (identical on every architecture from 424 on).  Each wrapper raises
-`SyscallError` (an `ApplyError` carrying `errno`) with one line naming the
+`SyscallError` (an `InternalSignal` carrying `errno`) with one line naming the
 operation, the path and the errno text, so callers can both branch on the
-errno (ENOSYS -> fallback, ENOENT -> create) and show the message as is.
+errno (ENOSYS -> fallback, ENOENT -> create) and show the message as is
+(apply's child reports it as an `ApplyError`, RootFS as a `RootPathError`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import ctypes
 import errno as _errno
 import os
 
-from pyxis_hook.errors import ApplyError
+from pyxis_hook.errors import ApplyError, InternalSignal
 
 # --- constants (linux/sched.h, linux/mount.h, linux/openat2.h, linux/prctl.h) ---
 CLONE_NEWNS = 0x00020000
@@ -101,7 +102,7 @@ HAVE_OPENAT2: bool | None = None
 HAVE_NEW_MOUNT_API: bool | None = None
 
 
-class SyscallError(ApplyError):
+class SyscallError(InternalSignal):
     """A syscall failed; `errno` is kept so callers can pick a fallback."""
 
     def __init__(self, message: str, err: int):

@@ -38,9 +38,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from pyxis_hook.loader.ldcache import LdCache
 
-#: the 32-bit loader that runs next to a 64-bit machine's own (ldcache.LOADER_FLAGS keys)
-LOADER32 = {"x86_64": "i386", "aarch64": "armhf"}
-
 #: well-known non-driver dependencies -> (Debian/Ubuntu package, RHEL package)
 PACKAGES = {
     "libX11.so.6": ("libx11-6", "libX11"),
@@ -61,7 +58,7 @@ CUDART_PREFIX = "libcudart.so."
 
 
 @record
-class InjectedLib:
+class InjectedFile:
     """A driver library as the container gets it: `container_path` (the versioned file) and
     `names`, every name it answers to in that directory (file, SONAME link, extra links);
     `covered`: the image's own files the hook covers with it there (`plan.link_edit`)."""
@@ -148,7 +145,7 @@ class LdcheckReport:
 # ------------------------------------------------------------------ what gets injected
 
 
-def injected_libs(inventory, capabilities, facts) -> tuple[InjectedLib, ...]:
+def injected_libs(inventory, capabilities, facts) -> tuple[InjectedFile, ...]:
     """The libraries `inventory.select(capabilities)` puts into the container described by `facts`
     (lib -> facts.lib_dir/name, lib32 -> facts.lib32_dir/name, as plan.build_plan places them).
 
@@ -170,15 +167,15 @@ def injected_libs(inventory, capabilities, facts) -> tuple[InjectedLib, ...]:
                 names.append(link)
             if isinstance(edit, MountEdit):
                 covered.append(edit.container_path)
-        out.append(InjectedLib(f.soname, f"{d}/{f.name}", tuple(dict.fromkeys(names)), f.host_path,
+        out.append(InjectedFile(f.soname, f"{d}/{f.name}", tuple(dict.fromkeys(names)), f.host_path,
                                f.elfclass or (64 if f.kind == "lib" else 32), f.capability, tuple(f.needed),
                                tuple(covered)))
     return tuple(out)
 
 
-def virtual_files(rootfs: str, libs: tuple[InjectedLib, ...]) -> dict[tuple[str, str], InjectedLib]:
+def virtual_files(rootfs: str, libs: tuple[InjectedFile, ...]) -> dict[tuple[str, str], InjectedFile]:
     """(host dir, file name) -> injected library, for every name an injected library answers to."""
-    out: dict[tuple[str, str], InjectedLib] = {}
+    out: dict[tuple[str, str], InjectedFile] = {}
     for lib in libs:
         d = try_resolve_in_root(rootfs, os.path.dirname(lib.container_path))
         if d is None:
@@ -188,32 +185,19 @@ def virtual_files(rootfs: str, libs: tuple[InjectedLib, ...]) -> dict[tuple[str,
     return out
 
 
-def cache_flags(elfclass: int, machine: str | None = None) -> tuple[int, ...]:
-    """The cache flags the container's ld.so of a class accepts on this machine (`ldcache.LOADER_FLAGS`).
-
-    x86-64: 0x0303 (64-bit), 0x0001/0x0003 (i386); aarch64: 0x0A03 (64-bit),
-    0x0003/0x0903 (armhf).  An unknown machine gets glibc's generic answer.
-    """
-    from pyxis_hook.loader import ldcache
-
-    machine = machine or os.uname().machine
-    name = machine if elfclass == 64 else LOADER32.get(machine, "generic")
-    return ldcache.LOADER_FLAGS.get(name, ldcache.LOADER_FLAGS["generic"])
-
-
-def cache_after_injection(image_cache, libs: tuple[InjectedLib, ...], first: tuple = ()):
+def cache_after_injection(image_cache, libs: tuple[InjectedFile, ...], first: tuple = ()):
     """The image's cache (or an empty one) with one entry per injected SONAME, as the hook leaves it.
 
-    Each entry gets the flags ldconfig would give the file (`ldmerge.cache_flags`:
+    Each entry gets the flags ldconfig would give the file (`ldcache.written_flags`:
     a 32-bit library without DT_NEEDED is plain ELF, 0x0001), as the hook's merge writes them.
     `first` are (dir, file name, SONAME, flags) rows of a directory the hook puts before the
     injected one (CUDA forward compat, `LdcacheUpdate.first_dirs`): in the real cache both
     entries are listed and the first wins, so here the first dir's entry takes the slot.
     """
-    from pyxis_hook.loader import ldcache, ldmerge
+    from pyxis_hook.loader import ldcache
 
     added = [ldcache.CacheEntry(lib.soname, f"{os.path.dirname(lib.container_path)}/{lib.soname}",
-                                ldmerge.cache_flags(lib.elfclass, lib.needed)) for lib in libs]
+                                ldcache.written_flags(lib.elfclass, lib.needed)) for lib in libs]
     if first:
         ahead = [ldcache.CacheEntry(soname, f"{d}/{name}", flags) for d, name, soname, flags in first]
         taken = {(e.key, e.flags) for e in ahead}
@@ -242,28 +226,23 @@ def compat_rows(rootfs: str, facts: ContainerFacts) -> tuple[tuple[str, str, str
 def loader_of(elfclass: int, machine: str | None = None) -> tuple[int, str | None, str | None]:
     """(ELF e_machine, PT_INTERP, the kernel's AT_PLATFORM) of the container's loader for a class on this machine.
 
-    From `inventory.ARCHES` (which e_machine the driver's libraries of each
-    class have here) and resolve's per-(class, machine) loader tables; None
-    where glibc has no such loader (32-bit on ppc64le).
+    From `machines.MACHINES` (which e_machine the driver's libraries of each
+    class have here; x86-64's for a machine without a row) and resolve's
+    per-(class, machine) loader tables; None where glibc has no such loader
+    (32-bit on ppc64le).
     """
-    from pyxis_hook.host import inventory
-    from pyxis_hook.loader import resolve
+    from pyxis_hook.loader import machines, resolve
 
-    machine = machine or os.uname().machine
-    arch = inventory.ARCHES.get(machine, inventory.ARCHES["x86_64"])
-    em = (arch[2] if elfclass == 64 else arch[3]) or 0
+    row = machines.machine(machine or os.uname().machine) or machines.MACHINES["x86_64"]
+    em = (row.em if elfclass == 64 else row.em32) or 0
     return em, resolve.DEFAULT_RTLD.get((elfclass, em)), resolve.DEFAULT_PLATFORM.get(em)
 
 
 def _fallback_dirs(elfclass: int, machine: str | None = None) -> tuple[str, ...]:
     """Debian's and RHEL's default dirs, for an image whose ld.so cannot be inspected."""
-    from pyxis_hook.plan.container import TRIPLETS
+    from pyxis_hook.loader import machines
 
-    machine = machine or os.uname().machine
-    triplet, triplet32 = TRIPLETS.get(machine, (f"{machine}-linux-gnu", None))
-    if elfclass == 64:
-        return (f"/lib/{triplet}", f"/usr/lib/{triplet}", "/lib64", "/usr/lib64", "/lib", "/usr/lib")
-    return ((f"/lib/{triplet32}", f"/usr/lib/{triplet32}") if triplet32 else ()) + ("/lib", "/usr/lib")
+    return machines.lib_dirs(machine or os.uname().machine, elfclass)
 
 
 def search_setup(rootfs: str, elfclass: int, ld_library_path: str, cache) -> SearchSetup:
@@ -282,35 +261,24 @@ def search_setup(rootfs: str, elfclass: int, ld_library_path: str, cache) -> Sea
         dirs = _fallback_dirs(elfclass)
         hwcaps, legacy, legacy_ok = (), (), None
     subdirs = tuple(f"glibc-hwcaps/{h}" for h in hwcaps) + tuple(legacy) + ("",)
-    lib_token = dirs[0].lstrip("/") if dirs else "lib"
-    llp = []
-    for d in (resolve.split_search_path(ld_library_path) if ld_library_path else ()):
-        # $LIB/$PLATFORM expand as in ld.so; $ORIGIN (the main program's dir) is unknown here: dropped
-        expanded = resolve.expand_dst(d, None, lib_token, platform) if "$" in d else d
-        if expanded is not None:
-            llp.append(expanded or ".")
-    return SearchSetup(elfclass, machine, tuple(llp), cache, tuple(dirs), subdirs, tuple(hwcaps), legacy_ok)
+    # $LIB/$PLATFORM expand as in ld.so; $ORIGIN (the main program's dir) is unknown here: dropped
+    dst = resolve.LoaderEnv(lib_token=dirs[0].lstrip("/") if dirs else "lib", platform=platform)
+    llp = resolve.fillin(resolve.split_search_path(ld_library_path), None, dst) if ld_library_path else ()
+    return SearchSetup(elfclass, machine, llp, cache, tuple(dirs), subdirs, tuple(hwcaps), legacy_ok)
 
 
 def _candidates(setup: SearchSetup, name: str):
-    from pyxis_hook.loader import ldcache
+    """resolve's search order (`resolve.search_order`) for a name a program without RPATH/RUNPATH dlopens."""
+    from pyxis_hook.loader import ldcache, resolve
 
-    for d in setup.ld_library_path:
-        for sub in setup.subdirs:
-            yield _join(d, sub, name), "LD_LIBRARY_PATH"
-    if setup.cache is not None:
-        hit = ldcache.lookup(setup.cache, name, cache_flags(setup.elfclass), hwcaps=setup.hwcaps,
+    def cached() -> str | None:
+        hit = ldcache.lookup(setup.cache, name, ldcache.accepted_flags(setup.elfclass), hwcaps=setup.hwcaps,
                              legacy_ok=setup.legacy_cache_ok)
-        if hit:
-            yield hit[0].value, "ld.so.cache"
-    for d in setup.system_dirs:
-        for sub in setup.subdirs:
-            yield _join(d, sub, name), "default dir"
+        return hit[0].value if hit else None
 
-
-def _join(d: str, sub: str, name: str) -> str:
-    base = d if d.endswith("/") else d + "/"
-    return base + (sub + "/" if sub else "") + name
+    return resolve.search_order(name, ld_library_path=setup.ld_library_path,
+                                cached=cached if setup.cache is not None else None,
+                                system_dirs=setup.system_dirs, subdirs=setup.subdirs)
 
 
 def _skip_reason(rootfs: str, path: str, elfclass: int, machine: int) -> str:
@@ -329,7 +297,7 @@ def _skip_reason(rootfs: str, path: str, elfclass: int, machine: int) -> str:
 
 
 def resolve_soname(rootfs: str, name: str, setup: SearchSetup,
-                   virtual: Mapping[tuple[str, str], InjectedLib] | None = None) -> Resolution:
+                   virtual: Mapping[tuple[str, str], InjectedFile] | None = None) -> Resolution:
     """Where the container's ld.so finds `name` (as dlopen'ed by a program without RPATH)."""
     from pyxis_hook.loader import resolve
 
@@ -518,7 +486,7 @@ def library_findings(rootfs: str, res: Resolution, driver_version: str | None, f
     return out
 
 
-def covered_findings(lib: InjectedLib) -> list[Finding]:
+def covered_findings(lib: InjectedFile) -> list[Finding]:
     """The image's own files at `lib`'s link paths, which the hook covers with the host's file."""
     return [Finding(
         "warning", "image-file-covered",
@@ -529,7 +497,7 @@ def covered_findings(lib: InjectedLib) -> list[Finding]:
 
 
 def missing_dep_findings(rootfs: str, deps, setups: Mapping[int, SearchSetup],
-                         virtual: Mapping[tuple[str, str], InjectedLib]) -> list[Finding]:
+                         virtual: Mapping[tuple[str, str], InjectedFile]) -> list[Finding]:
     """Non-driver DT_NEEDED of injected libraries (GLX's libX11.so.6) that the image lacks."""
     out = []
     for dep in deps:
@@ -650,7 +618,7 @@ def cuda_findings(env: Mapping[str, str], cuda: CudaFacts, host_cuda: int | None
 
 
 def loader_setup_findings(rootfs: str, image_cache, cache_problem: str | None,
-                          virtual: Mapping[tuple[str, str], InjectedLib], config) -> list[Finding]:
+                          virtual: Mapping[tuple[str, str], InjectedFile], config) -> list[Finding]:
     from pyxis_hook.loader.ldconf import read_ld_so_conf
 
     out: list[Finding] = []
@@ -842,7 +810,7 @@ def check_image(rootfs: str, env: Mapping[str, str], inventory, config, *, capab
                          tuple(results), tuple(findings))
 
 
-def _present_findings(rootfs: str, lib: InjectedLib) -> list[Finding]:
+def _present_findings(rootfs: str, lib: InjectedFile) -> list[Finding]:
     """--pid: the injected file must be there and be the host's file (same inode through the bind mount)."""
     try:
         st = os.stat(resolve_in_root(rootfs, lib.container_path))

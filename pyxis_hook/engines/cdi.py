@@ -48,10 +48,10 @@ def cdi_facts(machine: str | None = None) -> ContainerFacts:
     passes these dirs on ldconfig's command line, so the loader finds the
     libraries in any image.
     """
-    from pyxis_hook.plan.container import TRIPLETS
+    from pyxis_hook.loader.machines import triplets
 
     machine = machine or platform.machine()
-    triplet, triplet32 = TRIPLETS.get(machine, (f"{machine}-linux-gnu", None))
+    triplet, triplet32 = triplets(machine)
     return ContainerFacts(rootfs="/", lib_dir=f"/usr/lib/{triplet}",
                           lib32_dir=f"/usr/lib/{triplet32}" if triplet32 else "", has_ld_so_conf=True)
 

@@ -24,7 +24,7 @@ from pyxis_hook.host.gpus import HostGpus, discover_gpus
 from pyxis_hook.record import field, record, replace
 from pyxis_hook.spec.require import version_key
 from pyxis_hook.rootfs import resolve_in_root, to_root_relative
-from pyxis_hook.host.inventory import (ARCHES, VERSIONED_RE, _VERSION_RE, DriverFile, Inventory, NonDriverDep,
+from pyxis_hook.host.inventory import (VERSIONED_RE, _VERSION_RE, DriverFile, Inventory, NonDriverDep,
                                        driver_major, ipc_files, stat_signature)
 
 
@@ -67,10 +67,14 @@ class _State:
 
 
 def _arch() -> tuple[int, int | None, int, int | None]:
-    machine = os.uname().machine
-    if machine not in ARCHES:
-        raise DriverError(f"unsupported machine {machine!r} (supported: {', '.join(ARCHES)})")
-    return ARCHES[machine]
+    """(64-bit cache ABI byte, 32-bit one, ELF e_machine 64, 32) of this machine (`machines.MACHINES`)."""
+    from pyxis_hook.loader.machines import MACHINES
+
+    name = os.uname().machine
+    m = MACHINES.get(name)
+    if m is None:
+        raise DriverError(f"unsupported machine {name!r} (supported: {', '.join(MACHINES)})")
+    return m.abi, m.abi32, m.em, m.em32
 
 
 def discover(config, *, strict: bool = True, host: HostGpus | None = None) -> Inventory:

@@ -18,13 +18,6 @@ from pyxis_hook.rootfs import resolve_in_root, to_root_relative
 
 KINDS = ("lib", "lib32", "bin", "firmware", "ipc", "icd")
 
-#: machine -> (64-bit cache ABI flag, 32-bit cache ABI flag, ELF e_machine 64, ELF e_machine 32)
-ARCHES = {
-    "x86_64": (0x0300, 0x0000, 62, 3),
-    "aarch64": (0x0A00, 0x0900, 183, 40),
-    "ppc64le": (0x0500, None, 21, None),
-}
-
 _VERSION_RE = r"\d{3}\.\d+(?:\.\d+)?"  # driver versions: 470.256.02, 535.104.05, 550.54
 VERSIONED_RE = rf"^(lib[^/]*\.so)\.({_VERSION_RE})$"
 

@@ -69,7 +69,7 @@ def _vendor_subdirs(root: str, d: str) -> list[str]:
 def scan_root(root: str, machine: str | None = None) -> tuple[ldcache.LdCache, tuple[str, ...]]:
     """(a cache-like index of the driver libraries under `root`, the host paths of the dirs read)."""
     from pyxis_hook.loader import elf
-    from pyxis_hook.loader.ldmerge import cache_flags
+    from pyxis_hook.loader.ldcache import written_flags
 
     machine = machine or os.uname().machine
     entries: list[ldcache.CacheEntry] = []
@@ -99,7 +99,7 @@ def scan_root(root: str, machine: str | None = None) -> tuple[ldcache.LdCache, t
             if info.etype != 3:  # ET_DYN only, as ldconfig
                 continue
             key = info.soname or name
-            flags = cache_flags(info.elfclass, info.needed, machine)
+            flags = written_flags(info.elfclass, info.needed, machine)
             if (key, flags) in seen:
                 continue  # an earlier directory (or the real file next to its link) wins, as in ldconfig
             seen.add((key, flags))

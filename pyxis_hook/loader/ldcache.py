@@ -90,6 +90,45 @@ LOADER_FLAGS: dict[str, tuple[int, ...]] = {
     "generic": (0x0001, 0x0003),
 }
 
+
+
+def accepted_flags(elfclass: int, machine: str | None = None) -> tuple[int, ...]:
+    """The cache flags the ld.so of a class on `machine` accepts (`LOADER_FLAGS`, `_dl_cache_check_flags`).
+
+    x86-64: 0x0303 (64-bit), 0x0001/0x0003 (i386); aarch64: 0x0A03 (64-bit),
+    0x0003/0x0903 (armhf).  A machine without a loader of that class gets glibc's generic answer.
+    """
+    from pyxis_hook.loader.machines import machine as row_of
+
+    name = machine or os.uname().machine
+    row = row_of(name)
+    if elfclass == 64:
+        key = row.cache_loader if row is not None else name
+    else:
+        key = row.cache_loader32 if row is not None else "generic"
+    return LOADER_FLAGS.get(key, LOADER_FLAGS["generic"])
+
+
+def written_flags(elfclass: int | None, needed: Iterable[str] = (), machine: str | None = None) -> int:
+    """The flags glibc 2.36's ldconfig writes for an ELF library (readelflib.c process_elf_file).
+
+    64-bit: always libc6 with the machine's ABI byte (0x0303 on x86-64).
+    32-bit: libc6 (3) when it needs libc.so.6/libm.so.6, libc5 (2) for the .5
+    ones, else plain ELF (1) — measured: a 32-bit library without DT_NEEDED
+    prints as "(ELF)".  The i386 loader accepts 1 and 3 (`accepted_flags`).
+    """
+    from pyxis_hook.loader.machines import abi_byte
+
+    if elfclass == 64:
+        return abi_byte(machine or os.uname().machine) | FLAG_ELF_LIBC6
+    needed = set(needed)
+    if needed & {"libc.so.6", "libm.so.6"}:
+        return FLAG_ELF_LIBC6
+    if needed & {"libc.so.5", "libm.so.5"}:
+        return FLAG_ELF_LIBC5
+    return FLAG_ELF
+
+
 # Per-ABI text of `ldconfig -p` (elf/cache.c print_entry).  Keys absent here
 # print as ",<decimal>".  Versions differ: 2.36 still knows IA-64, 2.38 adds
 # LoongArch, 2.37 dropped the libc4/ELF/libc5 type names.

@@ -7,7 +7,7 @@ image's cache already describes the image, so the same result is reached by
 inserting the new entries where ldconfig would have put them:
 
 * key = SONAME, value = `<dir>/<SONAME>` (the link ldconfig makes; the hook's
-  plan makes it too), flags from the ELF class (`cache_flags`);
+  plan makes it too), flags from the ELF class (`ldcache.written_flags`);
 * position: ldconfig keeps its list sorted with `compare` (elf/cache.c) and
   inserts a new entry *after* the equal ones already there, so entries that
   compare equal (same key and flags, plain) are in directory scan order —
@@ -53,7 +53,8 @@ import struct
 
 from pyxis_hook.loader import ldcache as L
 from pyxis_hook.loader.cachefile import write_cache
-from pyxis_hook.errors import LdCacheError, PathError, PyxisHookError
+from pyxis_hook.errors import InternalSignal, LdCacheError, PathError, PyxisHookError
+from pyxis_hook.loader.machines import MACHINES
 from pyxis_hook.record import record
 
 #: typing.TYPE_CHECKING without importing typing (~3 ms on the hook's path)
@@ -64,21 +65,14 @@ if TYPE_CHECKING:
 #: ldconfig's built-in directories, after the configured ones (Debian 12's glibc 2.36, measured with
 #: `ldconfig -v`: "(from <builtin>:0)"); the fallback runs the host's ldconfig, so these are the host's.
 BUILTIN_DIRS: dict[str, tuple[str, ...]] = {
-    "x86_64": ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib", "/usr/lib"),
-    "aarch64": ("/lib/aarch64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/lib", "/usr/lib"),
-    "ppc64le": ("/lib/powerpc64le-linux-gnu", "/usr/lib/powerpc64le-linux-gnu", "/lib", "/usr/lib"),
-}
-
-#: the ABI byte ldconfig sets for a 64-bit library of each machine (readelflib.c)
-_ABI64 = {"x86_64": L.FLAG_X8664_LIB64, "aarch64": L.FLAG_AARCH64_LIB64, "ppc64le": L.FLAG_POWERPC_LIB64,
-          "s390x": L.FLAG_S390_LIB64, "riscv64": L.FLAG_RISCV_FLOAT_ABI_DOUBLE}
+    m.name: (f"/lib/{m.triplet}", f"/usr/lib/{m.triplet}", "/lib", "/usr/lib") for m in MACHINES.values()}
 
 #: a cache larger than this is not read (ldconfig's own for 10,000 libraries is ~1 MiB)
 CACHE_LIMIT = 64 << 20
 CACHE = "/etc/ld.so.cache"
 
 
-class CannotMerge(LdCacheError):
+class CannotMerge(InternalSignal):
     """The image's loader setup is one the merge cannot reproduce exactly: use ldconfig."""
 
 
@@ -87,7 +81,7 @@ class InjectedLib:
     """One library the hook puts in the container, as ldconfig would index it.
 
     `dir` is the container directory it is mounted in, `name` its file name,
-    `soname` its DT_SONAME, `flags` the cache flags (`cache_flags`).
+    `soname` its DT_SONAME, `flags` the cache flags (`ldcache.written_flags`).
     `first`: `dir` is scanned before the image's configured directories, as
     a directory on ldconfig's command line is (CUDA forward compat: the
     image's own /usr/local/cuda/compat, whose SONAME links must already be
@@ -99,25 +93,6 @@ class InjectedLib:
     soname: str
     flags: int
     first: bool = False
-
-
-def cache_flags(elfclass: int | None, needed: Iterable[str] = (), machine: str | None = None) -> int:
-    """The flags glibc 2.36's ldconfig gives an ELF library (readelflib.c process_elf_file).
-
-    64-bit: always libc6 with the machine's ABI byte (0x0303 on x86-64).
-    32-bit: libc6 (3) when it needs libc.so.6/libm.so.6, libc5 (2) for the .5
-    ones, else plain ELF (1) — measured: a 32-bit library without DT_NEEDED
-    prints as "(ELF)".  The i386 loader accepts 1 and 3.
-    """
-    if elfclass == 64:
-        machine = machine or os.uname().machine
-        return _ABI64.get(machine, 0) | L.FLAG_ELF_LIBC6
-    needed = set(needed)
-    if needed & {"libc.so.6", "libm.so.6"}:
-        return L.FLAG_ELF_LIBC6
-    if needed & {"libc.so.5", "libm.so.5"}:
-        return L.FLAG_ELF_LIBC5
-    return L.FLAG_ELF
 
 
 def indexed_by_ldconfig(name: str) -> bool:
@@ -517,7 +492,7 @@ def preview(rootfs: str, update) -> str | None:
         with RootFS(rootfs) as rfs:
             data, dirs, mapped = model_image(rfs, libs_from_plan(update))
             merge_cache(data, dirs, mapped, CACHE)
-    except PyxisHookError as e:  # CannotMerge, a corrupt cache, a path refused inside the rootfs
+    except (CannotMerge, PyxisHookError) as e:  # a corrupt cache, a path refused inside the rootfs
         return str(e)
     except OSError as e:
         return f"{rootfs}: {e.strerror}"

@@ -28,11 +28,11 @@ import os
 import re
 import stat
 import struct
-from typing import Callable
+from typing import Callable, Iterable, Iterator
 
 from pyxis_hook.loader import cpu as loadercpu
 from pyxis_hook.loader.elf import EHDR_SIZE, ET_DYN, ET_EXEC, PHDR_SIZE, ElfInfo, parse_header, read_elf
-from pyxis_hook.errors import ElfError, LdCacheError, PathError
+from pyxis_hook.errors import ElfError, InternalSignal, LdCacheError, PathError
 from pyxis_hook.record import record
 from pyxis_hook.rootfs import resolve_in_root
 
@@ -103,7 +103,7 @@ class Dependency:
     interpreter: bool = False
 
 
-class LoadFailed(ElfError):
+class LoadFailed(InternalSignal):
     """The loader would stop: a candidate file is unusable (glibc's 'error while loading shared libraries')."""
 
     def __init__(self, name: str, reason: str) -> None:
@@ -143,7 +143,7 @@ def split_search_path(value: str) -> tuple[str, ...]:
     return tuple(re.split(r"[:;]", value))
 
 
-def _fillin(elements: tuple[str, ...], origin: str | None, env: LoaderEnv) -> tuple[str, ...]:
+def fillin(elements: tuple[str, ...], origin: str | None, env: LoaderEnv) -> tuple[str, ...]:
     """`fillin_rpath`: expand DSTs, drop unexpandable ones, '' -> './', strip trailing '/', drop repeats."""
     out: list[str] = []
     for el in elements:
@@ -157,6 +157,39 @@ def _fillin(elements: tuple[str, ...], origin: str | None, env: LoaderEnv) -> tu
         if d not in out:
             out.append(d)
     return tuple(out)
+
+
+def search_order(name: str, *, rpath: Iterable[tuple[tuple[str, ...], str]] = (),
+                 ld_library_path: tuple[str, ...] = (), runpath: tuple[tuple[str, ...], str] | None = None,
+                 cached: Callable[[], str | None] | None = None, system_dirs: tuple[str, ...] = (),
+                 subdirs: tuple[str, ...] = ("",), nodeflib: bool = False) -> Iterator[tuple[str, str]]:
+    """(path, how) in the order ld.so tries them for a name without '/' (glibc elf/dl-load.c `_dl_map_object`).
+
+    The RPATH groups of the loading chain (given only when the loader has no
+    RUNPATH), LD_LIBRARY_PATH, the loader's RUNPATH, the ld.so.cache's first
+    hit (`cached`, asked only when reached; not one in a system dir under
+    DF_1_NODEFLIB), then the system dirs (none under DF_1_NODEFLIB).  Every
+    dir is tried with each of `subdirs` (glibc-hwcaps, legacy hwcap subdirs,
+    "" for the dir itself).  The one model of the order: the resolver and
+    ldcheck walk it, each with its own test of a candidate.
+    """
+    for dirs, how in rpath:
+        yield from _in_dirs(name, dirs, subdirs, how)
+    yield from _in_dirs(name, ld_library_path, subdirs, "LD_LIBRARY_PATH")
+    if runpath is not None:
+        yield from _in_dirs(name, runpath[0], subdirs, runpath[1])
+    path = cached() if cached is not None else None
+    if path is not None and not (nodeflib and any(path.startswith(d.rstrip("/") + "/") for d in system_dirs)):
+        yield path, "ld.so.cache"
+    if not nodeflib:
+        yield from _in_dirs(name, system_dirs, subdirs, "default dir")
+
+
+def _in_dirs(name: str, dirs: Iterable[str], subdirs: tuple[str, ...], how: str) -> Iterator[tuple[str, str]]:
+    for d in dirs:
+        base = d if d.endswith("/") else d + "/"
+        for sub in subdirs:
+            yield base + (sub + "/" if sub else "") + name, how
 
 
 # --------------------------------------------------------------------- per-root defaults
@@ -422,16 +455,6 @@ class _Resolver:
     def subdirs(self) -> tuple[str, ...]:
         return tuple(f"glibc-hwcaps/{h}" for h in self.env.hwcaps) + self.env.legacy_subdirs + ("",)
 
-    def open_path(self, name: str, dirs: tuple[str, ...], want: _Want, how: str):
-        for d in dirs:
-            for sub in self.subdirs():
-                base = d if d.endswith("/") else d + "/"
-                path = base + (sub + "/" if sub else "") + name
-                status, info, fid = self.open_verify(path, want, name)
-                if status == "ok":
-                    return path, info, fid, how
-        return None
-
     # -- one DT_NEEDED name
 
     def search(self, name: str, loader: _Obj, want: _Want):
@@ -441,58 +464,48 @@ class _Resolver:
             status, info, fid = self.open_verify(name, want, name)
             return (name, info, fid, "path in DT_NEEDED") if status == "ok" else None
         loader_info = loader.info
-        has_runpath = loader_info is not None and loader_info.runpath is not None
-        if not has_runpath:
-            did_main = False
-            l: _Obj | None = loader
-            while l is not None:
-                dirs = self.rpath_of(l)
-                if dirs is not None:
-                    hit = self.open_path(name, dirs, want, f"RPATH of {l.path}")
-                    if hit:
-                        return hit
-                    did_main |= l is main
-                l = l.loader
-            if not did_main:
-                dirs = self.rpath_of(main)
-                if dirs is not None:
-                    hit = self.open_path(name, dirs, want, f"RPATH of {main.path}")
-                    if hit:
-                        return hit
-        if env.ld_library_path:
-            dirs = _fillin(split_search_path(env.ld_library_path), main.origin, env)
-            hit = self.open_path(name, dirs, want, "LD_LIBRARY_PATH")
-            if hit:
-                return hit
-        if has_runpath:
+        runpath = None
+        if loader_info is not None and loader_info.runpath is not None:
             if loader.runpath_dirs is None:
-                loader.runpath_dirs = _fillin(loader_info.runpath, loader.origin, env)
-            hit = self.open_path(name, loader.runpath_dirs, want, f"RUNPATH of {loader.path}")
-            if hit:
-                return hit
-        nodeflib = loader_info is not None and loader_info.nodeflib
-        if env.cache is not None:
-            cached = env.cache(name, want.elfclass, want.machine)
-            if cached:
-                path = cached[0]
-                if nodeflib and any(path.startswith(d.rstrip("/") + "/") for d in env.system_dirs):
-                    path = None
-                if path is not None:
-                    status, info, fid = self.open_verify(path, want, name)
-                    if status == "ok":
-                        return path, info, fid, "ld.so.cache"
-        if not nodeflib:
-            hit = self.open_path(name, env.system_dirs, want, "default dir")
-            if hit:
-                return hit
+                loader.runpath_dirs = fillin(loader_info.runpath, loader.origin, env)
+            runpath = (loader.runpath_dirs, f"RUNPATH of {loader.path}")
+        llp = fillin(split_search_path(env.ld_library_path), main.origin, env) if env.ld_library_path else ()
+        lookup = env.cache
+
+        def cached() -> str | None:
+            return next(iter(lookup(name, want.elfclass, want.machine)), None) if lookup is not None else None
+
+        for path, how in search_order(name, rpath=self.rpath_groups(loader) if runpath is None else (),
+                                      ld_library_path=llp, runpath=runpath, cached=cached,
+                                      system_dirs=env.system_dirs, subdirs=self.subdirs(),
+                                      nodeflib=loader_info is not None and loader_info.nodeflib):
+            status, info, fid = self.open_verify(path, want, name)
+            if status == "ok":
+                return path, info, fid, how
         return None
+
+    def rpath_groups(self, loader: _Obj) -> Iterator[tuple[tuple[str, ...], str]]:
+        """The RPATHs ld.so searches for `loader`'s needs: up its loading chain, then the main object's."""
+        main = self.chain[0]
+        did_main = False
+        l: _Obj | None = loader
+        while l is not None:
+            dirs = self.rpath_of(l)
+            if dirs is not None:
+                yield dirs, f"RPATH of {l.path}"
+                did_main |= l is main
+            l = l.loader
+        if not did_main:
+            dirs = self.rpath_of(main)
+            if dirs is not None:
+                yield dirs, f"RPATH of {main.path}"
 
     def rpath_of(self, obj: _Obj) -> tuple[str, ...] | None:
         info = obj.info
         if info is None or info.rpath is None or info.runpath is not None:
             return None
         if obj.rpath_dirs is None:
-            obj.rpath_dirs = _fillin(info.rpath, obj.origin, self.env)
+            obj.rpath_dirs = fillin(info.rpath, obj.origin, self.env)
         return obj.rpath_dirs
 
     def map_name(self, name: str, loader: _Obj, want: _Want) -> _Obj | None:

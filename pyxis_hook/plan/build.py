@@ -345,10 +345,10 @@ def _cache_rows(libs: "Iterable[tuple]") -> tuple[tuple[str, str, str, int], ...
         if len(lib) == 4:
             rows.append(tuple(lib))
             continue
-        from pyxis_hook.loader.ldmerge import cache_flags  # a cached import after the first
+        from pyxis_hook.loader.ldcache import written_flags  # a cached import after the first
 
         d, f, soname = lib
-        rows.append((d, f.name, soname, cache_flags(f.elfclass, f.needed)))
+        rows.append((d, f.name, soname, written_flags(f.elfclass, f.needed)))
     return tuple(rows)
 
 

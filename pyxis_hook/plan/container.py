@@ -20,16 +20,10 @@ import stat
 import struct
 
 from pyxis_hook.errors import ElfError, PathError
+from pyxis_hook.loader import machines
 from pyxis_hook.plan.build import COMPAT_DIR, ContainerFacts, link_paths
 from pyxis_hook.record import replace
 from pyxis_hook.rootfs import try_resolve_in_root
-
-#: machine -> (Debian multiarch triplet, 32-bit companion triplet or None)
-TRIPLETS = {
-    "x86_64": ("x86_64-linux-gnu", "i386-linux-gnu"),
-    "aarch64": ("aarch64-linux-gnu", None),
-    "ppc64le": ("powerpc64le-linux-gnu", None),
-}
 
 
 def _exists(rootfs: str, path: str) -> bool:
@@ -49,7 +43,7 @@ def container_facts(rootfs: str, *, machine: str | None = None, files=()) -> Con
     the image holds at their links' paths becomes `link_occupants`.
     """
     machine = machine or os.uname().machine  # not `platform` (hook path imports)
-    triplet, triplet32 = TRIPLETS.get(machine, (f"{machine}-linux-gnu", None))
+    triplet, triplet32 = machines.triplets(machine)
     debian_like = _exists(rootfs, "/etc/debian_version")
     if debian_like:
         lib_dir = f"/usr/lib/{triplet}"
@@ -168,7 +162,8 @@ def compat_facts(rootfs: str, machine: str | None = None):
 
 def _compat_facts(rfs, machine: str):
     from pyxis_hook.loader.ldcache import libcmp
-    from pyxis_hook.loader.ldmerge import cache_flags, indexed_by_ldconfig
+    from pyxis_hook.loader.ldcache import written_flags
+    from pyxis_hook.loader.ldmerge import indexed_by_ldconfig
 
     dfd = rfs.open(COMPAT_DIR, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -217,7 +212,7 @@ def _compat_facts(rfs, machine: str):
         soname = soname or name
         if name in links and name != soname and name.endswith(".so") and soname.startswith(name):
             soname = name  # search_dir: the `libfoo.so` link for ld(1) gets its own entry
-        flags = cache_flags(cls, needed, machine)
+        flags = written_flags(cls, needed, machine)
         old = found.get(soname)
         if old is not None and old[1] != flags:
             problem = problem or f"{soname} with two ELF classes"
@@ -234,8 +229,6 @@ def _is_versioned(name: str) -> bool:
     return is_dotted_number(name[len("libcuda.so."):])
 
 
-#: e_machine of the machines ldconfig's flags are modelled for
-_MACHINES = {"x86_64": (62, 3), "aarch64": (183, None), "ppc64le": (21, None)}
 _ET_DYN = 3
 
 
@@ -265,7 +258,8 @@ def _read_elf_facts(fd: int, size: int, machine: str, want_note: bool):
     else:
         (etype, emach, _v, _e, phoff, shoff, _f, _eh, phentsize, phnum, shentsize, shnum,
          shstrndx) = struct.unpack_from("<HHIIIIIHHHHHH", ident, 16)
-    m64, m32 = _MACHINES.get(machine, (None, None))
+    row = machines.machine(machine)  # the machines whose ldconfig flags the merge models (`merge32`)
+    m64, m32 = (row.em, row.em32 if row.merge32 else None) if row is not None else (None, None)
     if emach != (m64 if cls == 64 else m32):
         raise ElfFactsError(f"ELF machine {emach} ({cls}-bit)")
     if etype != _ET_DYN:

@@ -106,7 +106,7 @@ def inject(root: Path, *, m32: bool = False) -> tuple[ldmerge.InjectedLib, ...]:
             link.unlink()
         if not link.exists() and soname != name:
             os.symlink(name, link)
-        libs.append(ldmerge.InjectedLib(d, name, soname, ldmerge.cache_flags(cls, needed, "x86_64")))
+        libs.append(ldmerge.InjectedLib(d, name, soname, L.written_flags(cls, needed, "x86_64")))
     return tuple(libs)
 
 

@@ -62,6 +62,14 @@ class PyxisHookError(Exception):
 
     exit_code = FAILED
 
+    def __str__(self) -> str:
+        """One line, whatever the message quotes: a control character the input carried
+        (a newline in an environment value, a path) is shown escaped, as Python writes it."""
+        text = super().__str__()
+        if text.isprintable():
+            return text
+        return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
 
 class UsageError(PyxisHookError):
     """Bad command line."""

@@ -141,3 +141,10 @@ def test_the_exit_code_table_is_in_help_and_the_troubleshooting_guide():
     for code, meaning in errors.EXIT_CODES:
         assert f"  {code:<4}{meaning}" in text
         assert f"| {code} | {meaning} |" in guide
+
+
+def test_an_error_quoting_a_control_character_is_still_one_line():
+    """A value with a newline (an image's environment) is quoted escaped: the runtime shows one line."""
+    e = errors.RequestError("NVIDIA_VISIBLE_DEVICES: '0\n0\r\x1b[2J': unknown device")
+    assert str(e) == "NVIDIA_VISIBLE_DEVICES: '0\\n0\\r\\x1b[2J': unknown device"
+    assert str(errors.RequestError("GPU é ok")) == "GPU é ok"

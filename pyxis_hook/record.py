@@ -9,7 +9,7 @@ that was 25 of its 70 ms.  A record builds the same methods from closures:
 no source text, no compile, a few microseconds a class.
 
 What a record is, exactly as `@dataclass(frozen=True)` would make it
-(tests/test_record.py checks each point against `dataclasses` itself):
+(tests/unit/base/test_record.py checks each point against `dataclasses` itself):
 `__init__` taking the annotated fields in order, positionally or by
 keyword, with defaults and default factories; `__repr__`
 `Name(field=value, ...)`; `__eq__` over the compared fields of the same

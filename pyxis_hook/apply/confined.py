@@ -66,7 +66,7 @@ from pyxis_hook.errors import ApplyError
 #: chmod of a leftover ld.so.cache~ that another uid owns (and unlinks in sticky dirs).  Not kept:
 #: CAP_DAC_READ_SEARCH (DAC_OVERRIDE already reads and searches everything; what it adds is
 #: open_by_handle_at, the "shocker" way out of a container), CAP_CHOWN (ldconfig chowns nothing), and
-#: everything else (SYS_ADMIN, SYS_CHROOT, MKNOD, SETUID, NET_*, ...).  tests/test_confined.py
+#: everything else (SYS_ADMIN, SYS_CHROOT, MKNOD, SETUID, NET_*, ...).  tests/root/test_confined.py
 #: shows each kept one is needed.
 KEEP_CAPS = 1 << kernel.CAP_DAC_OVERRIDE | 1 << kernel.CAP_FOWNER
 

@@ -2,7 +2,7 @@
 
 `NVIDIA_REQUIRE_CUDA` and legacy `CUDA_VERSION` images are checked against
 this number (12020 = CUDA 12.2).  `cuDriverGetVersion` answers without a GPU
-or kernel module (tests/test_cudaversion.py asks Debian's real driver), but loading libcuda pulls a large
+or kernel module (tests/unit/host/test_cudaversion.py asks Debian's real driver), but loading libcuda pulls a large
 closed library, its constructors and threads into whatever process loads it
 — and a hook process that later calls setns(CLONE_NEWNS) must stay
 single-threaded.  So the call runs in a short-lived child: `python -I -S`

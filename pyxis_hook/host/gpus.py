@@ -224,7 +224,7 @@ def _node_to_dict(n: DeviceNode) -> dict:
 # ---------------------------------------------------------------- PCI ids
 
 # The parsers below are plain string code, not regular expressions: `re` (with the `enum` it
-# imports) costs the hook ~5 ms a start and these run on every one.  tests/test_gpus.py
+# imports) costs the hook ~5 ms a start and these run on every one.  tests/unit/host/test_gpus.py
 # checks each against the regular expression it replaces.
 _HEX = frozenset("0123456789abcdefABCDEF")
 

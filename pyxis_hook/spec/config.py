@@ -208,7 +208,7 @@ def _cdi_kind(v: str) -> bool:
 
 
 #: re.search(pattern, value) for the patterns schemas/pyxis-conf.schema.json uses, as string code:
-#: `re` costs the hook ~5 ms of imports per start.  tests/test_config.py checks each
+#: `re` costs the hook ~5 ms of imports per start.  tests/unit/spec/test_config.py checks each
 #: against re; a pattern missing here still works (through re), just slower.
 PATTERN_CHECKS = {
     "^/": lambda v: v.startswith("/"),

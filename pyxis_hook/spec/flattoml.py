@@ -11,7 +11,7 @@ that subset (tables, dotted or quoted keys, escapes, multi-line values,
 numbers, dates, repeated keys, stray control characters...) and the caller
 then asks tomllib, which decides, and words any syntax error.  Whatever
 `loads` does return equals what tomllib returns for the same text
-(tests/test_flattoml.py checks that on generated documents).
+(tests/unit/spec/test_flattoml.py checks that on generated documents).
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ _LEGACY_MIG = r"(?i)^MIG-(GPU-[0-9a-fA-F-]+)/([0-9]{1,9})/([0-9]{1,9})$"
 
 
 # Token shapes in plain string code, not `re` (~5 ms of imports per start);
-# tests/test_parsers_vs_regex.py checks each against the regular expression it replaces.
+# tests/unit/spec/test_parsers_vs_regex.py checks each against the regular expression it replaces.
 def _is_index(tok: str) -> bool:
     """1-9 ASCII digits (bounded: int() of a 5,000-digit token would raise, and nothing is that big)."""
     return 0 < len(tok) <= 9 and _DIGITS.issuperset(tok)

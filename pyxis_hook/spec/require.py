@@ -128,7 +128,7 @@ def _operator_span(text: str) -> tuple[int, int] | None:
 
 def parse_term(text: str, variable: str = "NVIDIA_REQUIRE_*", expression: str = "") -> Term:
     # plain string code, not `re` (~5 ms of imports): a CUDA image's NVIDIA_REQUIRE_CUDA is parsed
-    # on every start of it; tests/test_parsers_vs_regex.py checks it against the regex
+    # on every start of it; tests/unit/spec/test_parsers_vs_regex.py checks it against the regex
     span = _operator_span(text)
     if span is None:
         raise _invalid(variable, expression or text, text, "no operator (use one of = != < <= > >=)")

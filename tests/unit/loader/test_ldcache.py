@@ -545,37 +545,6 @@ def test_ld_so_conf_symlink_loops_are_reported_not_raised(tmp_path, conf_mode):
     assert conf.unmatched_includes == (("/etc/ld.so.conf", 2, "/etc/loop/x.conf"),)
 
 
-@pytest.mark.root
-@pytest.mark.parametrize("kind", ["fifo", "device", "huge", "dir"])
-def test_ld_so_conf_fifo_device_and_huge_file_are_not_read(tmp_path, conf_mode, no_hang, kind):
-    import stat as S
-
-    from pyxis_hook.loader.ldconf import CONF_LIMIT, DEVICE, LIMIT, NOT_REGULAR
-
-    write(tmp_path, "/etc/ld.so.conf", "/opt/a\ninclude /etc/ld.so.conf.d/*.conf\n/opt/b\n")
-    d = tmp_path / "etc/ld.so.conf.d"
-    d.mkdir()
-    f = d / "1.conf"
-    if kind == "fifo":
-        os.mkfifo(f)
-    elif kind == "device":
-        os.mknod(f, S.S_IFCHR | 0o666, os.makedev(1, 5))  # /dev/zero: never ends
-    elif kind == "huge":
-        f.write_bytes(b"/opt/huge\n" + b"#" * CONF_LIMIT)
-    else:
-        f.mkdir()  # ldconfig reads a directory as empty, silently
-    write(tmp_path, "/etc/ld.so.conf.d/2.conf", "/opt/two\n")
-    conf = _read_conf(tmp_path, conf_mode)
-    if kind == "dir":
-        assert conf.dirs == ("/opt/a", "/opt/two", "/opt/b") and not conf.truncated
-        return
-    assert conf.dirs == ("/opt/a",)  # the read stops at the first problem
-    assert conf.truncated and conf.unsafe and len(conf.problems) == 1
-    assert conf.stop == {"fifo": NOT_REGULAR, "device": DEVICE, "huge": LIMIT}[kind]
-    assert "/etc/ld.so.conf.d/1.conf" in conf.problems[0]
-    assert {"fifo": "a FIFO", "device": "a character device", "huge": "larger than"}[kind] in conf.problems[0]
-
-
 def test_existing_dirs_one_name_per_inode(tmp_path, conf_mode):
     from pyxis_hook.loader.ldconf import dirs_by_inode, existing_dirs
     from pyxis_hook.rootfs import RootFS

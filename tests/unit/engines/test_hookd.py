@@ -16,7 +16,7 @@ from pyxis_hook.spec.config import load_schema
 from pyxis_hook.spec.config import Config
 from pyxis_hook.engines.hookd import HOOK_ENV_PATH, hook_document, hook_env
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _validate(doc):

@@ -136,7 +136,7 @@ def test_the_exit_code_table_is_in_help_and_the_troubleshooting_guide():
     import subprocess
 
     text = subprocess.run([sys.executable, "-m", "pyxis_hook", "--help"], capture_output=True, text=True).stdout
-    guide = (Path(__file__).resolve().parent.parent / "docs" / "troubleshooting.md").read_text()
+    guide = (Path(__file__).resolve().parents[3] / "docs" / "troubleshooting.md").read_text()
     assert len({code for code, _ in errors.EXIT_CODES}) == len(errors.EXIT_CODES)
     for code, meaning in errors.EXIT_CODES:
         assert f"  {code:<4}{meaning}" in text

@@ -26,7 +26,7 @@ from pyxis_hook.apply.child import apply_plan
 from pyxis_hook.errors import PyxisHookError
 from pyxis_hook.loader.ldcache import written_flags as cache_flags
 from pyxis_hook.plan.build import LdcacheUpdate, MountEdit, Plan, SymlinkEdit
-from test_apply import LIBDIR, _container, _mounts_under
+from root.test_apply import LIBDIR, _container, _mounts_under
 
 pytestmark = pytest.mark.root
 

@@ -14,7 +14,7 @@ from pyxis_hook.plan.prepare import prepare
 from pyxis_hook.plan.build import COMPAT_DIR, ContainerFacts, cuda_compat, ldcache_update
 from pyxis_hook.record import replace
 from schema_check import validate
-from test_plan import VERSION, _plan, world  # noqa: F401 - the module-scoped fixture
+from unit.plan.test_plan import VERSION, _plan, world  # noqa: F401 - the module-scoped fixture
 
 HOST = "535.216.03"
 ROWS = (("libcuda.so.550.54.15", "libcuda.so.1", 0x303), ("libcuda.so", "libcuda.so", 0x303))

@@ -112,7 +112,7 @@ def test_installed_schemas_found_by_walking_up_from_the_package(tmp_path):
     import shutil
     from pathlib import Path
 
-    repo = Path(__file__).resolve().parent.parent
+    repo = Path(__file__).resolve().parents[3]
     site = tmp_path / "p/lib/python3.11/site-packages"
     shutil.copytree(repo / "pyxis_hook", site / "pyxis_hook", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(repo / "schemas", tmp_path / "p/share/pyxis-hook/schemas")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import stat
 import subprocess
 
 import pytest
@@ -205,22 +204,6 @@ def test_missing_nodes_are_warnings(tmp_path):
     assert host.node("/dev/nvidia-modeset").problem == "missing"
 
 
-@pytest.mark.root
-def test_wrong_device_numbers_are_reported(tmp_path):
-    tree = make_host_tree(tmp_path)
-    dev = tmp_path / "dev"
-    (dev / "nvidia1").unlink()
-    os.mknod(dev / "nvidia1", 0o666 | stat.S_IFCHR, os.makedev(195, 7))
-    (dev / "nvidia-uvm").unlink()
-    (dev / "nvidia-uvm").write_text("")
-    host = discover(tree)
-    text = "\n".join(host.warnings)
-    assert f"{dev}/nvidia1: invalid device node: is 195:7, expected 195:1" in text
-    assert f"{dev}/nvidia-uvm: not a character device" in text
-    ok = host.node("/dev/nvidia0")
-    assert ok.exists and ok.problem is None and ok.mode == 0o666
-
-
 def test_mig(tmp_path):
     tree = make_host_tree(tmp_path, gpus=fake_gpus(2, minors=[3, 1]), mig={3: {2: [0, 1], 9: []}, 1: {0: [0]}},
                           make_nodes=ROOT)
@@ -347,19 +330,6 @@ def test_fixture_without_root_skips_nodes_and_says_so(tmp_path, monkeypatch):
     assert not (tmp_path / "dev" / "nvidiactl").exists()
     host = discover(tree)
     assert host.imex_channels == (2,)  # listed from the directory even as plain files
-
-
-@pytest.mark.root
-def test_fixture_params_and_nodes(tmp_path):
-    tree = make_host_tree(tmp_path, modify_device_files=True)
-    params = (tmp_path / "proc/driver/nvidia/params").read_text()
-    assert "ModifyDeviceFiles: 1" in params.splitlines()
-    assert (tmp_path / "proc/driver/nvidia/registry").is_file()
-    st_ = os.stat(tmp_path / "dev/nvidiactl")
-    assert stat.S_ISCHR(st_.st_mode) and (os.major(st_.st_rdev), os.minor(st_.st_rdev)) == (195, 255)
-    assert sorted(os.path.basename(p) for p in tree.nodes_made) == sorted(
-        ["nvidiactl", "nvidia0", "nvidia1", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"])
-    assert tree.nodes_skipped is None
 
 
 def test_mig_uuids_are_asked_of_the_driver_roots_nvml_only(tmp_path, monkeypatch):

@@ -107,31 +107,6 @@ def test_nvidia_uvm_not_loaded(tmp_path, driver):
 # --------------------------------------------------------------------- device nodes
 
 
-@pytest.mark.root
-def test_device_nodes_ok(tmp_path, driver):
-    cfg = host_config(tmp_path, driver)
-    fs = doctor.check_devices(discover(cfg, strict=False).host, cfg)
-    assert [f.code for f in fs] == ["device-nodes"]
-    assert fs[0].what.startswith("6 device node(s) present")  # ctl, nvidia0, nvidia1, uvm, uvm-tools, modeset
-
-
-@pytest.mark.root
-def test_device_node_missing_wrong_and_too_strict(tmp_path, driver):
-    cfg = host_config(tmp_path, driver)
-    dev = Path(cfg.dev_root) / "dev"
-    (dev / "nvidia0").unlink()
-    (dev / "nvidia1").unlink()
-    os.mknod(dev / "nvidia1", 0o666 | 0o020000, os.makedev(195, 7))
-    os.chmod(dev / "nvidiactl", 0o660)
-    fs = doctor.check_devices(discover(cfg, strict=False).host, cfg)
-    nodes = {f.what for f in by_code(fs, "device-node")}
-    assert nodes == {f"{dev}/nvidia0: missing (expected char 195:0)",
-                     f"{dev}/nvidia1: invalid device node: is 195:7, expected 195:1 (expected char 195:1)"}
-    f = only(fs, "device-permissions")
-    assert f.severity == "warning" and f.what == f"{dev}/nvidiactl has mode 0660"
-    assert "NVreg_DeviceFileMode=0666" in f.fix
-
-
 # --------------------------------------------------------------------- persistenced
 
 
@@ -306,17 +281,6 @@ def _conf(tmp_path: Path, cfg: Config, ldconfig: str = "@/sbin/ldconfig") -> Pat
                       dev_root=cfg.dev_root, snapshot_dir=cfg.snapshot_dir, extra=f'ldconfig = "{ldconfig}"\n')
 
 
-@pytest.mark.root
-def test_cli_healthy_host_exits_zero(tmp_path, driver, capsys, monkeypatch):
-    cfg = host_config(tmp_path, driver)
-    conf = _conf(tmp_path, cfg)
-    assert cli.main(["--config", str(conf), "doctor", "--json"]) == 0, capsys.readouterr()
-    doc = json.loads(capsys.readouterr().out)
-    jsonschema.validate(doc, load_schema("doctor.schema.json"))
-    assert doc["ok"] and not [f for f in doc["findings"] if f["severity"] == "error"]
-    assert {"driver", "device-nodes", "host-ldcache", "ldconfig", "config"} <= {f["code"] for f in doc["findings"]}
-
-
 def test_cli_mismatch_exits_one_and_prints_the_fix(tmp_path, driver, capsys):
     cfg = host_config(tmp_path, driver, driver_version="535.216.03", make_nodes=False)
     conf = _conf(tmp_path, cfg)
@@ -351,7 +315,7 @@ def test_troubleshooting_doc_lists_every_finding_code():
     """docs/troubleshooting.md is where users look codes up: every code either command emits is there."""
     import re
 
-    repo = Path(__file__).resolve().parent.parent
+    repo = Path(__file__).resolve().parents[3]
     doc = (repo / "docs/troubleshooting.md").read_text()
     found: set[str] = set()
     from pyxis_hook.diag import doctor as doctor_mod, ldcheck

@@ -88,7 +88,10 @@ def discover(config, *, strict: bool = True, host: HostGpus | None = None) -> In
 
     if host is None:
         host = discover_gpus(config.proc_root, config.dev_root)
-    root = os.path.normpath(os.path.abspath(config.driver_root))
+    # the tree the driver root names now, pinned: when the root is a link flipped to another
+    # driver (an upgrade by a link swap) every path below is still this one tree's, never the
+    # old driver's names resolved in the new one's files
+    root = os.path.realpath(config.driver_root)
     # procfs files are not stat-signed: their inode times change when the kernel
     # re-instantiates them; the snapshot compares the version text instead
     st = _State(root=root)

@@ -7,7 +7,8 @@ provably current:
 
 - keyed by the configuration it was built for (driver/proc/dev roots, PATH,
   MPS dir, graphics-config-files): one file per key under `snapshot-dir`;
-- invalidated by the driver version the kernel module reports now and by the
+- invalidated by the driver version the kernel module reports now, by the tree
+  the driver root leads to now (a link swapped to another driver) and by the
   stat signature (st_dev, st_ino, st_size, st_mtime_ns) of every file it came
   from (ld.so.cache, each library/binary/firmware/ICD file, procfs version);
 - GPU facts (GPUs, MIG devices, nodes) are re-read from procfs on every load,
@@ -108,6 +109,9 @@ def load(config, host=None):
         raise
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise SnapshotError(f"{path}: corrupt: {type(e).__name__}: {e}") from None
+    now = os.path.realpath(config.driver_root)
+    if now != inv.driver_root:  # the inventory names one tree's files (discovery pins it)
+        raise SnapshotError(f"{path}: stale: the driver root now leads to {now}")
     for sig in inv.sources:
         if stat_signature(sig[0]) != sig:
             raise SnapshotError(f"{path}: stale: {sig[0]} changed")

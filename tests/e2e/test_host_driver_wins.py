@@ -23,6 +23,7 @@ import pytest
 
 from e2e.conftest import bundle_for, make_host, mount_table, run_container
 from fixtures.cli import run_cli
+from fixtures.maps import MAPS_C, mapped
 from fixtures.realdriver import TRIPLET_DIR, driver_version, require_driver_root
 from fixtures.synth import build_exe
 from pyxis_hook.rootfs import resolve_in_root
@@ -33,28 +34,6 @@ RUNTIMES = [r for r in ("runc", "crun") if shutil.which(r)]
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
 STEMS = ("libnvidia-ml.so", "libcuda.so")
 
-MAPS_C = r"""
-#include <dlfcn.h>
-#include <stdio.h>
-#include <string.h>
-int main(void) {
-    void *cuda = dlopen("libcuda.so.1", RTLD_NOW);
-    void *nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW);
-    if (!cuda || !nvml) { printf("dlopen: %s\n", dlerror()); return 1; }
-    int (*ver)(int *) = (int (*)(int *))dlsym(cuda, "cuDriverGetVersion");
-    int v = -1;
-    if (ver) ver(&v);
-    printf("cuDriverGetVersion=%d\n", v);
-    FILE *f = fopen("/proc/self/maps", "r");
-    char line[4096], dev[32], path[4096];
-    unsigned long ino;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "%*s %*s %*s %31s %lu %4095s", dev, &ino, path) == 3
-                && (strstr(path, "libcuda") || strstr(path, "libnvidia-ml")))
-            printf("map %s %lu %s\n", dev, ino, path);
-    return 0;
-}
-"""
 
 
 def _image_with_copies(bundle, line: str, occupant: str) -> dict[str, bytes]:
@@ -75,16 +54,6 @@ def _image_with_copies(bundle, line: str, occupant: str) -> dict[str, bytes]:
             put[f"{LIBDIR}/{src.name}"] = src.read_bytes()
     subprocess.run(["ldconfig", "-r", str(bundle / "rootfs")], check=True, capture_output=True)
     return put
-
-
-def _mapped(out: str) -> dict[str, set[int]]:
-    """stem -> inodes of the files the process mapped for it."""
-    got: dict[str, set[int]] = {stem: set() for stem in STEMS}
-    for _dev, ino, path in re.findall(r"^map (\S+) (\d+) (\S+)$", out, re.M):
-        for stem in STEMS:
-            if os.path.basename(path).startswith(stem):
-                got[stem].add(int(ino))
-    return got
 
 
 @pytest.mark.parametrize("occupant, line", [("file", "470"), ("symlink", "550")])
@@ -119,7 +88,7 @@ def test_container_loads_the_host_driver_not_the_images_copy(tmp_path, runtime, 
     assert not [m for m in mount_table() if str(tmp_path) in m], "a mount leaked onto the host"
     assert out.rc == 0, out.stderr + out.stdout
     assert "cuDriverGetVersion=12020" in out.stdout, out.stdout  # 535's libcuda, not 470's 11040 or 550's 12040
-    assert _mapped(out.stdout) == {stem: {host_ino[stem]} for stem in STEMS}, (out.stdout, host_ino)
+    assert mapped(out.stdout, STEMS) == {stem: {host_ino[stem]} for stem in STEMS}, (out.stdout, host_ino)
 
     # one warning line per covered file; the image's own files are left as they were
     log = (tmp_path / "hook.log").read_text()

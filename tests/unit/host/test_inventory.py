@@ -302,6 +302,33 @@ def test_snapshot_for_other_config_or_world_writable_not_trusted(tmp_path):
         snapshot.load(other)
 
 
+def test_driver_root_link_flipped_keeps_each_inventory_on_one_tree(tmp_path):
+    """A driver root that is a link swapped to another driver (an upgrade by a link flip): an
+    inventory taken before the flip still names the files of the tree it was taken from (what the
+    hook opens later is one driver, never the old version's names over the new one's files), and
+    the snapshot taken then is stale after the flip, so the next start takes the new tree."""
+    old = make_driver(tmp_path / "old", OLD, extra=False)
+    new = make_driver(tmp_path / "new", V, extra=False)
+    link = tmp_path / "driver"
+    link.symlink_to(old)
+    c = cfg(link)
+    inv = load_or_build(c)
+    assert inv.driver_version == OLD
+    flipped = tmp_path / "driver.new"
+    flipped.symlink_to(new)
+    flipped.rename(link)
+    for f in inv.files:
+        if f.kind in ("lib", "bin"):
+            assert os.stat(f.host_path).st_ino == os.stat(old / f.path.lstrip("/")).st_ino, f
+    with pytest.raises(SnapshotError, match="stale"):
+        snapshot.load(c)
+    again = load_or_build(c)
+    assert again.driver_version == V
+    assert {f.host_path for f in again.files if f.kind == "lib"} == \
+        {str(new / f.path.lstrip("/")) for f in again.files if f.kind == "lib"}
+    assert snapshot.load(c) == again
+
+
 def test_snapshot_save_failure_is_a_warning(tmp_path, capsys):
     root = make_driver(tmp_path / "root", extra=False)
     blocker = tmp_path / "file"

@@ -159,10 +159,56 @@ def save(config, inv) -> str:
     return path
 
 
+#: how long a start waits for another start that is building the same snapshot, before it builds
+#: its own (a herd of containers on a fresh node: one discovery instead of one per container)
+BUILD_WAIT_S = 10.0
+
+
+def lock_path(config) -> str:
+    """The build lock beside the snapshot (a hidden name: not a snapshot)."""
+    d, name = os.path.split(snapshot_path(config))
+    return os.path.join(d, "." + name.replace(".json", ".lock"))
+
+
+def _build_lock(config):
+    """An fd holding the exclusive build lock, or None (no trusted dir, or still held after BUILD_WAIT_S).
+
+    flock: the kernel drops it when its holder exits, killed or not, so a start killed while
+    building costs the others nothing but the wait.
+    """
+    import fcntl  # only when the snapshot must be built
+    import time
+
+    path = lock_path(config)
+    try:
+        _trusted_dir(path)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
+    except (OSError, SnapshotError):
+        return None
+    try:
+        _trusted_file(fd, path)
+    except SnapshotError:
+        os.close(fd)
+        return None
+    deadline = time.monotonic() + BUILD_WAIT_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except OSError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                log.debug(f"{path}: still held after {BUILD_WAIT_S:.0f} s: building without it")
+                return None
+            time.sleep(0.02)
+
+
 def load_or_build(config, *, strict: bool = True):
     """The current inventory: the snapshot when valid, else a fresh discovery (saved if usable).
 
-    Failure to save is a warning: the hook still works, only slower.
+    Starts that find no valid snapshot at once take a build lock: the first builds, the others
+    wait for it (at most BUILD_WAIT_S) and then load what it saved.  Failure to save is a
+    warning: the hook still works, only slower.
     """
     from pyxis_hook.host.gpus import discover_gpus
 
@@ -171,12 +217,22 @@ def load_or_build(config, *, strict: bool = True):
         return load(config, host)
     except SnapshotError as e:
         log.debug(f"rebuilding the inventory: {e}")
-    from pyxis_hook.host.discovery import discover
+    lock = _build_lock(config)
+    try:
+        if lock is not None:
+            try:
+                return load(config, host)  # built by the start that held the lock
+            except SnapshotError:
+                pass
+        from pyxis_hook.host.discovery import discover
 
-    inv = discover(config, strict=strict, host=host)
-    if inv.usable:
-        try:
-            save(config, inv)
-        except SnapshotError as e:
-            log.warning(str(e))
-    return inv
+        inv = discover(config, strict=strict, host=host)
+        if inv.usable:
+            try:
+                save(config, inv)
+            except SnapshotError as e:
+                log.warning(str(e))
+        return inv
+    finally:
+        if lock is not None:
+            os.close(lock)  # releases the flock

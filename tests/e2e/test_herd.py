@@ -98,7 +98,7 @@ def _which_driver(out: str, trees: dict[str, dict[str, int]]) -> str | None:
 
 
 def _snapshots(d: Path) -> list[Path]:
-    return sorted(d.iterdir())
+    return sorted(p for p in d.iterdir() if not p.name.startswith("."))  # not the build lock
 
 
 def test_herd_builds_one_snapshot_and_every_container_gets_the_host_driver(tmp_path):

@@ -243,6 +243,54 @@ def test_snapshot_saved_atomically_with_modes_and_reused(tmp_path):
     assert load_or_build(c) == inv
 
 
+def test_a_start_waits_for_the_one_building_the_snapshot_and_loads_it(tmp_path, monkeypatch):
+    """A herd on a fresh node: the start that finds the build lock held waits, then loads what the
+    holder saved, instead of running discovery itself."""
+    import fcntl
+    import threading
+
+    from pyxis_hook.host import discovery
+
+    root = make_driver(tmp_path / "root")
+    c = cfg(root)
+    built = discover(c)
+    os.makedirs(c.snapshot_dir, mode=0o755, exist_ok=True)
+    held = os.open(snapshot.lock_path(c), os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(held, fcntl.LOCK_EX)
+
+    def holder_finishes():
+        snapshot.save(c, built)
+        os.close(held)  # releases the lock
+
+    calls = []
+    monkeypatch.setattr(discovery, "discover", lambda *a, **k: calls.append(1) or built)
+    timer = threading.Timer(0.3, holder_finishes)
+    timer.start()
+    try:
+        inv = load_or_build(c)
+    finally:
+        timer.join()
+    assert calls == [] and inv.files == built.files
+    assert sorted(p.name for p in Path(c.snapshot_dir).iterdir() if not p.name.startswith(".")) == \
+        [os.path.basename(snapshot.snapshot_path(c))]
+
+
+def test_a_lock_held_too_long_does_not_stop_the_start(tmp_path, monkeypatch):
+    import fcntl
+
+    root = make_driver(tmp_path / "root")
+    c = cfg(root)
+    os.makedirs(c.snapshot_dir, mode=0o755, exist_ok=True)
+    held = os.open(snapshot.lock_path(c), os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    monkeypatch.setattr(snapshot, "BUILD_WAIT_S", 0.1)
+    try:
+        inv = load_or_build(c)  # builds without the lock
+    finally:
+        os.close(held)
+    assert inv.usable and snapshot.load(c) == inv
+
+
 def test_snapshot_stale_when_a_library_changes(tmp_path):
     root = make_driver(tmp_path / "root", extra=False)
     c = cfg(root)

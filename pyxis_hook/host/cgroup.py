@@ -10,7 +10,7 @@ minors the process may open by reading `devices.list`; on v2 the rules live
 in eBPF programs we do not decode, so the answer is None ("cannot tell").
 
 The parsers take text and are pure; the `read_*` functions are thin readers
-under a given proc-root.  Nothing here writes; writing rules is apply/child.py's job.
+under a given proc-root.  Nothing here writes; writing rules is apply/devcgroup.py's job.
 """
 
 from __future__ import annotations

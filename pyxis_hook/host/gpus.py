@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import stat
 
-from pyxis_hook.record import record, replace
+from pyxis_hook.record import record
 
 #: The NVIDIA control/GPU major is fixed by the driver; uvm, caps, imex are dynamic.
 NVIDIA_MAJOR = 195
@@ -56,7 +56,7 @@ class MigDevice:
     """One MIG compute instance (a GPU instance `gi` plus compute instance `ci`).
 
     procfs cannot tell a MIG device's UUID; `uuid` is None unless an NVML lookup
-    filled it (`discover_gpus(..., nvml=True)`).  `access_minors` are the
+    filled it (`host.nvml.fill_mig_uuids`).  `access_minors` are the
     nvidia-caps minors of the GI and the CI access files (in that order);
     `proc_paths` are those access files as paths under /proc (container-side;
     the host file is `<proc-root>` + the part after "/proc").  `mig_index` is
@@ -398,13 +398,10 @@ def _join(root: str, path: str) -> str:
     return os.path.join(root, path.lstrip("/"))
 
 
-def discover_gpus(proc_root: str = "/proc", dev_root: str = "/", *, nvml: bool = False,
-                  nvml_library: str = "") -> HostGpus:
+def discover_gpus(proc_root: str = "/proc", dev_root: str = "/") -> HostGpus:
     """Read `<proc-root>/driver/nvidia`, `<proc-root>/devices` and `<dev-root>/dev` into a HostGpus.
 
-    With `nvml=True`, MIG device UUIDs are looked up through the driver's
-    NVML at `nvml_library` (`nvml_mig_uuids`; a path, never a bare name that
-    this process's loader would look up); NVML's absence is a warning.
+    MIG device UUIDs stay None: `host.nvml.fill_mig_uuids` asks the driver's NVML for them.
     """
     r = _Reader()
     nv = _join(proc_root, "driver/nvidia")
@@ -444,8 +441,6 @@ def discover_gpus(proc_root: str = "/proc", dev_root: str = "/", *, nvml: bool =
         mig_monitor = minor_map.get("monitor")
 
     imex = _read_imex(r, dev_root)
-    if nvml and mig_devices and nvml_library:
-        mig_devices = _fill_mig_uuids(r, mig_devices, nvml_library)
 
     nodes = _check_nodes(gpus, majors, mig_devices, mig_config, mig_monitor, imex, dev_root)
     for n in nodes:
@@ -631,83 +626,3 @@ def device_nodes_for(host: HostGpus, gpu_minors=(), mig_devices=(), *, uvm: bool
         else:
             out.append(DeviceNode(path, major, minor, None, False, "missing"))
     return tuple(out)
-
-
-# ---------------------------------------------------------------- optional NVML
-
-
-def _fill_mig_uuids(r: _Reader, migs: tuple[MigDevice, ...], library: str) -> tuple[MigDevice, ...]:
-    uuids, reason = nvml_mig_uuids(library)
-    if reason:
-        r.warnings.append(f"{library}: MIG device UUIDs unknown: {reason}")
-    out = []
-    for d in migs:
-        u = uuids.get((d.parent_uuid, d.gi, d.ci))
-        out.append(MigDevice(u, d.parent_uuid, d.gpu_minor, d.gi, d.ci, d.access_minors, d.proc_paths,
-                             d.mig_index) if u else d)
-    return tuple(out)
-
-
-def fill_mig_uuids(host: HostGpus, library: str) -> HostGpus:
-    """`host` with its MIG devices' UUIDs asked from NVML (procfs has none); a warning when NVML cannot say."""
-    if not host.mig_devices or all(m.uuid for m in host.mig_devices):
-        return host
-    r = _Reader()
-    migs = _fill_mig_uuids(r, host.mig_devices, library)
-    return replace(host, mig_devices=migs, warnings=host.warnings + tuple(r.warnings))
-
-
-def nvml_mig_uuids(library: str) -> tuple[dict[tuple[str, int, int], str], str | None]:
-    """{(parent GPU UUID, gi, ci): MIG UUID} via NVML, and a reason when NVML could not answer.
-
-    NVML (and ctypes) are loaded only here, only when asked: the hook path
-    never needs them, and everything works with MIG UUIDs unknown.
-    """
-    import ctypes
-
-    try:
-        lib = ctypes.CDLL(library)
-    except OSError as e:
-        return {}, f"cannot load: {e}"
-    NVML_SUCCESS = 0
-    try:
-        rc = lib.nvmlInit_v2()
-        if rc != NVML_SUCCESS:
-            return {}, f"nvmlInit_v2 returned {rc}"
-    except AttributeError as e:
-        return {}, f"not an NVML library: {e}"
-    out: dict[tuple[str, int, int], str] = {}
-    try:
-        count = ctypes.c_uint(0)
-        rc = lib.nvmlDeviceGetCount_v2(ctypes.byref(count))
-        if rc != NVML_SUCCESS:
-            return {}, f"nvmlDeviceGetCount_v2 returned {rc}"
-        buf = ctypes.create_string_buffer(96)
-        for i in range(count.value):
-            dev = ctypes.c_void_p()
-            if lib.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(dev)) != NVML_SUCCESS:
-                continue
-            if lib.nvmlDeviceGetUUID(dev, buf, 96) != NVML_SUCCESS:
-                continue
-            parent = buf.value.decode()
-            maxn = ctypes.c_uint(0)
-            if lib.nvmlDeviceGetMaxMigDeviceCount(dev, ctypes.byref(maxn)) != NVML_SUCCESS:
-                continue
-            for j in range(maxn.value):
-                mig = ctypes.c_void_p()
-                if lib.nvmlDeviceGetMigDeviceHandleByIndex(dev, j, ctypes.byref(mig)) != NVML_SUCCESS:
-                    continue
-                gi, ci = ctypes.c_uint(0), ctypes.c_uint(0)
-                if (lib.nvmlDeviceGetGpuInstanceId(mig, ctypes.byref(gi)) != NVML_SUCCESS
-                        or lib.nvmlDeviceGetComputeInstanceId(mig, ctypes.byref(ci)) != NVML_SUCCESS
-                        or lib.nvmlDeviceGetUUID(mig, buf, 96) != NVML_SUCCESS):
-                    continue
-                out[(parent, gi.value, ci.value)] = buf.value.decode()
-    except AttributeError as e:
-        return out, f"NVML lacks a MIG function: {e}"
-    finally:
-        try:
-            lib.nvmlShutdown()
-        except AttributeError:
-            pass
-    return out, None

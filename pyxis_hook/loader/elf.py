@@ -3,7 +3,8 @@
 Two readers with different costs:
 
 * `read_header` / `elf_ident` / `elf_header` read only the first 64 bytes with
-  `os.pread` + `struct`.  They are what the resolver uses to decide, as glibc's
+  `os.pread`, decoded by `loader/elfhead.py` (stdlib only, both byte
+  orders).  They are what the resolver uses to decide, as glibc's
   `open_verify` does, whether a candidate file is skipped (wrong class or
   machine) or makes the load fail (bad magic, short file, ...).
 * `read_elf` uses pyelftools (~37 ms to import), so this module is
@@ -21,10 +22,9 @@ import os
 import struct
 
 from pyxis_hook.errors import ElfError
+from pyxis_hook.loader.elfhead import ElfHeader, iter_notes, parse_header
 from pyxis_hook.record import record
 
-ELFMAG = b"\x7fELF"
-EHDR_SIZE = {32: 52, 64: 64}
 PHDR_SIZE = {32: 32, 64: 56}
 
 ET_EXEC = 2
@@ -53,25 +53,6 @@ MACHINE_NAMES = {3: "EM_386", 62: "EM_X86_64", 183: "EM_AARCH64", 40: "EM_ARM", 
 
 #: a dynamic section larger than this is certainly garbage (real ones hold < 100 entries)
 _MAX_DYN_ENTRIES = 1 << 16
-
-
-@record
-class ElfHeader:
-    """The fields of the ELF header glibc's `open_verify` looks at (raw values, not judged)."""
-
-    path: str
-    elfclass: int  # 32 or 64; 0 when EI_CLASS is neither
-    data: str  # "little", "big" or "invalid"
-    ident_version: int
-    osabi: int
-    abiversion: int
-    pad_zero: bool
-    etype: int
-    machine: int
-    version: int
-    phoff: int
-    phentsize: int
-    phnum: int
 
 
 @record
@@ -109,34 +90,6 @@ class ElfInfo:
 
 def _pread(fd: int, size: int, offset: int) -> bytes:
     return os.pread(fd, size, offset)
-
-
-def parse_header(raw: bytes, path: str) -> ElfHeader:
-    """Decode an ELF header from the first bytes of a file.
-
-    Raises ElfError for a missing magic number or fewer bytes than the header
-    of its class needs ("file too short", glibc's wording).
-    """
-    if len(raw) < 16:  # glibc checks the length before the magic: a 7-byte file is "too short"
-        raise ElfError(f"{path}: file too short ({len(raw)} bytes)")
-    if raw[:4] != ELFMAG:
-        raise ElfError(f"{path}: not an ELF file (invalid ELF header)")
-    cls = {1: 32, 2: 64}.get(raw[4], 0)
-    data = {1: "little", 2: "big"}.get(raw[5], "invalid")
-    need = EHDR_SIZE.get(cls, 64)
-    if len(raw) < need:
-        raise ElfError(f"{path}: file too short ({len(raw)} bytes, the ELF header needs {need})")
-    if cls == 0 or data == "invalid":
-        return ElfHeader(path, cls, data, raw[6], raw[7], raw[8], not any(raw[9:16]), 0, 0, 0, 0, 0, 0)
-    end = "<" if data == "little" else ">"
-    if cls == 64:
-        etype, machine, version, _entry, phoff, _shoff, _flags, _ehsize, phentsize, phnum = struct.unpack_from(
-            end + "HHIQQQIHHH", raw, 16)
-    else:
-        etype, machine, version, _entry, phoff, _shoff, _flags, _ehsize, phentsize, phnum = struct.unpack_from(
-            end + "HHIIIIIHHH", raw, 16)
-    return ElfHeader(path, cls, data, raw[6], raw[7], raw[8], not any(raw[9:16]), etype, machine, version,
-                     phoff, phentsize, phnum)
 
 
 def read_header(path: str) -> ElfHeader:
@@ -319,16 +272,7 @@ def _vaddr_to_offset(loads, addr: int) -> int | None:
 def _abi_note(raw: bytes, data: str, align: int) -> tuple[int, int, int, int] | None:
     """The GNU ABI tag (NT_GNU_ABI_TAG, name "GNU"): (os, major, minor, patch), or None."""
     end = "<" if data == "little" else ">"
-    step = 8 if align == 8 else 4
-    pos = 0
-    while pos + 12 <= len(raw):
-        namesz, descsz, ntype = struct.unpack_from(end + "III", raw, pos)
-        name_off = pos + 12
-        desc_off = name_off + ((namesz + step - 1) // step) * step
-        next_pos = desc_off + ((descsz + step - 1) // step) * step
-        if next_pos > len(raw) or next_pos <= pos:
-            return None
-        if ntype == NT_GNU_ABI_TAG and raw[name_off:name_off + namesz] == b"GNU\0" and descsz >= 16:
-            return struct.unpack_from(end + "IIII", raw, desc_off)
-        pos = next_pos
+    for name, ntype, desc in iter_notes(raw, end, align):
+        if ntype == NT_GNU_ABI_TAG and name == b"GNU\0" and len(desc) >= 16:
+            return struct.unpack_from(end + "IIII", desc)
     return None

@@ -31,7 +31,8 @@ import struct
 from typing import Callable, Iterable, Iterator
 
 from pyxis_hook.loader import cpu as loadercpu
-from pyxis_hook.loader.elf import EHDR_SIZE, ET_DYN, ET_EXEC, PHDR_SIZE, ElfInfo, parse_header, read_elf
+from pyxis_hook.loader.elf import ET_DYN, ET_EXEC, PHDR_SIZE, ElfInfo, read_elf
+from pyxis_hook.loader.elfhead import EHDR_SIZE, parse_header
 from pyxis_hook.errors import ElfError, InternalSignal, LdCacheError, PathError
 from pyxis_hook.record import record
 from pyxis_hook.rootfs import resolve_in_root

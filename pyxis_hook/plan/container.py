@@ -18,9 +18,10 @@ import errno
 import os
 import stat
 import struct
+import sys
 
 from pyxis_hook.errors import ElfError, PathError
-from pyxis_hook.loader import machines
+from pyxis_hook.loader import elfhead, machines
 from pyxis_hook.plan.build import COMPAT_DIR, ContainerFacts, link_paths
 from pyxis_hook.record import replace
 from pyxis_hook.rootfs import try_resolve_in_root
@@ -235,9 +236,10 @@ _ET_DYN = 3
 def read_elf_facts(fd: int, size: int, machine: str, want_note: bool = False):
     """(class or 0 for a non-library, DT_SONAME or "", DT_NEEDED, note drivers or None) of an open ELF.
 
-    Little-endian only, bounded reads; raises ElfFactsError for what ldconfig would
-    treat in ways the merge does not model (not ELF, another machine) and
-    for any file it cannot make sense of (the image chooses the bytes).
+    Bounded reads; raises ElfFactsError for what ldconfig would treat in
+    ways the merge does not model (not ELF, another machine, the other byte
+    order than this machine's) and for any file it cannot make sense of
+    (the image chooses the bytes).
     """
     try:
         return _read_elf_facts(fd, size, machine, want_note)
@@ -246,26 +248,24 @@ def read_elf_facts(fd: int, size: int, machine: str, want_note: bool = False):
 
 
 def _read_elf_facts(fd: int, size: int, machine: str, want_note: bool):
-    ident = os.pread(fd, 64, 0)
-    if ident[:4] != b"\x7fELF":
+    try:
+        h = elfhead.parse_header(os.pread(fd, 64, 0), "")
+    except ElfError as e:  # "<path>: what is wrong"; the reader has no path, callers add the name
+        raise ElfFactsError(str(e).partition(": ")[2]) from None
+    if h.elfclass == 0 or h.data == "invalid":
         raise ElfFactsError("not an ELF file")
-    cls = {1: 32, 2: 64}.get(ident[4])
-    if cls is None or ident[5] != 1:
-        raise ElfFactsError("not a little-endian ELF file")
-    if cls == 64:
-        (etype, emach, _v, _e, phoff, shoff, _f, _eh, phentsize, phnum, shentsize, shnum,
-         shstrndx) = struct.unpack_from("<HHIQQQIHHHHHH", ident, 16)
-    else:
-        (etype, emach, _v, _e, phoff, shoff, _f, _eh, phentsize, phnum, shentsize, shnum,
-         shstrndx) = struct.unpack_from("<HHIIIIIHHHHHH", ident, 16)
+    if h.data != sys.byteorder:  # ldconfig reads e_machine in its own byte order: the merge does not model it
+        raise ElfFactsError(f"a {h.data}-endian ELF file on a {sys.byteorder}-endian machine")
+    cls, end, emach, etype = h.elfclass, h.endian, h.machine, h.etype
+    phoff, phentsize, phnum = h.phoff, h.phentsize, h.phnum
     row = machines.machine(machine)  # the machines whose ldconfig flags the merge models (`merge32`)
     m64, m32 = (row.em, row.em32 if row.merge32 else None) if row is not None else (None, None)
     if emach != (m64 if cls == 64 else m32):
         raise ElfFactsError(f"ELF machine {emach} ({cls}-bit)")
     if etype != _ET_DYN:
         return 0, "", (), None
-    ph = struct.Struct("<IIQQQQQQ" if cls == 64 else "<IIIIIIII")
-    dyn = struct.Struct("<qQ" if cls == 64 else "<iI")
+    ph = struct.Struct(end + ("IIQQQQQQ" if cls == 64 else "IIIIIIII"))
+    dyn = struct.Struct(end + ("qQ" if cls == 64 else "iI"))
     loads, dynamic = [], None
     if phnum > MAX_HEADERS or (phnum and phentsize != ph.size):
         raise ElfFactsError("bad program headers")
@@ -305,13 +305,14 @@ def _read_elf_facts(fd: int, size: int, machine: str, want_note: bool):
 
     soname = string(soname_off) if soname_off is not None else ""
     needed = tuple(string(o) for o in needed_offs[:64])
-    note = _note_drivers(fd, size, cls, shoff, shentsize, shnum, shstrndx) if want_note else None
+    note = _note_drivers(fd, size, h) if want_note else None
     return cls, soname, needed, note
 
 
-def _note_drivers(fd, size, cls, shoff, shentsize, shnum, shstrndx) -> tuple[int, ...] | None:
+def _note_drivers(fd, size, h) -> tuple[int, ...] | None:
     """The "Driver" majors of the `.note.cuda.fwd_compatibility` section; None without one (or unreadable)."""
-    sh = struct.Struct("<IIQQQQIIQQ" if cls == 64 else "<IIIIIIIIII")
+    shoff, shentsize, shnum, shstrndx = h.shoff, h.shentsize, h.shnum, h.shstrndx
+    sh = struct.Struct(h.endian + ("IIQQQQIIQQ" if h.elfclass == 64 else "IIIIIIIIII"))
     if not shoff or shnum > MAX_HEADERS or shentsize != sh.size or shstrndx >= shnum:
         return None
     raw = os.pread(fd, shnum * shentsize, shoff)
@@ -327,11 +328,11 @@ def _note_drivers(fd, size, cls, shoff, shentsize, shnum, shstrndx) -> tuple[int
             continue
         if sz > NOTE_LIMIT or off + sz > size:
             return None
-        return _parse_note(os.pread(fd, sz, off), align if align in (4, 8) else 4)
+        return _parse_note(os.pread(fd, sz, off), align if align in (4, 8) else 4, h.endian)
     return None
 
 
-def _parse_note(data: bytes, align: int = 4) -> tuple[int, ...] | None:
+def _parse_note(data: bytes, align: int = 4, endian: str = "<") -> tuple[int, ...] | None:
     """NVIDIA's note: owner "NVIDIA Corporation", a JSON description with "Driver" majors.
 
     Read as NVIDIA's hook reads it (cudacompat/cuda-elf-header.go): name
@@ -343,14 +344,8 @@ def _parse_note(data: bytes, align: int = 4) -> tuple[int, ...] | None:
     """
     from pyxis_hook import fastjson
 
-    pos = 0
-    while pos + 12 <= len(data):
-        namesz, descsz, _type = struct.unpack_from("<III", data, pos)
-        pos += 12
-        name = data[pos:pos + namesz].strip(b"\0")
-        pos += -(-namesz // align) * align
-        desc = data[pos:pos + descsz]
-        pos += -(-descsz // align) * align
+    for raw_name, _type, desc in elfhead.iter_notes(data, endian, align):
+        name = raw_name.strip(b"\0")
         if name != NOTE_OWNER:
             continue
         try:

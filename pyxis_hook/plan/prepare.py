@@ -55,7 +55,7 @@ def with_mig_uuids(inventory):
     loaded in this process, before any namespace is entered (apply forks a
     single-threaded child for that).
     """
-    from pyxis_hook.host import gpus, inventory as inv_mod
+    from pyxis_hook.host import inventory as inv_mod, nvml
 
     lib = next((f.host_path for f in inventory.files if f.kind == "lib" and f.soname == "libnvidia-ml.so.1"), None)
     if lib is None:
@@ -63,7 +63,7 @@ def with_mig_uuids(inventory):
         # and load whatever libnvidia-ml it finds there, not the driver root's
         log.warning("MIG device UUIDs unknown: the driver has no libnvidia-ml.so.1 to ask")
         return inventory
-    return inv_mod.with_host(inventory, gpus.fill_mig_uuids(inventory.host, lib))
+    return inv_mod.with_host(inventory, nvml.fill_mig_uuids(inventory.host, lib))
 
 
 def prepare(config: Config, bundle, *, state=None, check: bool = False, confine: bool = True,

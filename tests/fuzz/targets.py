@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from pyxis_hook.spec import asks, config, oci, require
 from pyxis_hook.host import cgroup, gpus
 from pyxis_hook.engines import cdi, enroot
-from pyxis_hook.loader import elf, ldcache
+from pyxis_hook.loader import elf, elfhead, ldcache
 from pyxis_hook.errors import PyxisHookError
 
 
@@ -73,7 +73,7 @@ def _cache(data: bytes) -> None:
 
 
 def _elf_header(data: bytes) -> None:
-    elf.parse_header(data[:64], "fuzz")
+    elfhead.parse_header(data[:64], "fuzz")
 
 
 def _with_file(data: bytes, fn):

@@ -9,6 +9,7 @@ mountinfo and file stats must not change).
 from __future__ import annotations
 
 import errno
+import importlib.util
 import os
 import shutil
 import stat
@@ -21,6 +22,7 @@ import pytest
 from fixtures.standin import start_standin
 from fixtures.synth import build_lib
 from pyxis_hook.apply import child as apply_mod
+from pyxis_hook.apply import devcgroup
 from pyxis_hook.apply import kernel
 from pyxis_hook import log
 from pyxis_hook.apply.child import apply_plan
@@ -538,7 +540,7 @@ def test_cgroup_explained_on_v2(tmp_path):
     plan = Plan(rootfs="/nonexistent", cgroup_rules=(CgroupRule(195, 0),), cgroup_mode="auto")
     proc = _fake_proc(tmp_path, "0::/system.slice/x.scope\n")
     messages: list[str] = []
-    assert apply_mod._cgroup_target(plan, 42, str(proc), [], messages) is None
+    assert devcgroup.open_allow(plan, 42, str(proc), [], messages) is None
     assert "cgroup v2" in messages[0] and "c 195:0 rw" in messages[0] and "linux.resources.devices" in messages[0]
 
 
@@ -547,7 +549,7 @@ def test_no_rules_inside_a_slurm_step(tmp_path):
     plan = Plan(rootfs="/nonexistent", cgroup_rules=(CgroupRule(195, 0),), cgroup_mode="auto")
     proc = _fake_proc(tmp_path, "12:devices:/slurm/uid_0/job_7/step_0/task_0\n0::/\n")
     messages: list[str] = []
-    assert apply_mod._cgroup_target(plan, 42, str(proc), [], messages) is None
+    assert devcgroup.open_allow(plan, 42, str(proc), [], messages) is None
     assert "not modified" in messages[0] and "Slurm job 7 step 0" in messages[0]
 
 
@@ -555,7 +557,7 @@ def test_v1_cgroup_without_devices_mount_is_one_line(tmp_path):
     plan = Plan(rootfs="/nonexistent", cgroup_rules=(CgroupRule(195, 0),), cgroup_mode="auto")
     proc = _fake_proc(tmp_path, "5:devices:/a/b\n", "31 25 0:27 /.. /bad rw - cgroup cgroup rw,devices\n")
     with pytest.raises(ApplyError, match=r"device cgroup /a/b: no cgroup v1 devices mount"):
-        apply_mod._cgroup_target(plan, 42, str(proc), [], [])
+        devcgroup.open_allow(plan, 42, str(proc), [], [])
 
 
 def test_empty_plan_does_nothing(world):
@@ -760,6 +762,20 @@ def test_the_child_refuses_any_import(world, monkeypatch):
     with pytest.raises(ApplyError, match="no import inside the container's mount namespace: xml"):
         apply_plan(_merge_plan(host, root), pid)
     assert _mounts_under(pid, root) == {}  # rolled back
+
+
+def test_the_childs_modules_are_loaded_with_apply():
+    """Each step the child runs after setns (mounts, the /proc view, the cgroup rules) is imported with apply_plan.
+
+    The child refuses every import once in the container's namespace: a step
+    module loaded lazily there would fail the start (or read the image's file).
+    A fresh interpreter, so nothing is preloaded by the test run.
+    """
+    steps = ("pyxis_hook.apply.mounts", "pyxis_hook.apply.procview", "pyxis_hook.apply.devcgroup")
+    code = f"import sys, pyxis_hook.apply.child; print([m for m in {steps!r} if m not in sys.modules])"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == "[]"
+    assert all(importlib.util.find_spec(m) for m in steps)
 
 
 def test_nothing_is_imported_inside_the_container_namespace(tmp_path):

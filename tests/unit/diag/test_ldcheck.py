@@ -26,7 +26,7 @@ from fixtures.fakedriver import make_fake_driver
 from fixtures.hosttree import make_host_tree
 from fixtures.synth import build_lib
 from pyxis_hook import cli
-from pyxis_hook.diag import ldcheck
+from pyxis_hook.diag import cudacheck, ldcheck, ldmodel
 from pyxis_hook.loader import ldcache
 from pyxis_hook.spec.config import Config, load_schema
 from pyxis_hook.diag.findings import SEVERITIES, Finding, format_finding, worst
@@ -585,19 +585,19 @@ def test_unknown_capability_is_the_hooks_error(host, image):
 def test_loader_and_cache_flags_follow_the_machine():
     assert ldcache.accepted_flags(64, "x86_64") == (0x0303,) and ldcache.accepted_flags(32, "x86_64") == (1, 3)
     assert ldcache.accepted_flags(64, "aarch64") == (0x0A03,) and ldcache.accepted_flags(32, "aarch64") == (3, 0x0903)
-    assert ldcheck.loader_of(64, "aarch64") == (183, "/lib/ld-linux-aarch64.so.1", "aarch64")
-    assert ldcheck.loader_of(64, "x86_64") == (62, "/lib64/ld-linux-x86-64.so.2", "x86_64")
-    assert ldcheck.loader_of(32, "x86_64") == (3, "/lib/ld-linux.so.2", "i686")
-    assert ldcheck._fallback_dirs(64, "aarch64")[:2] == ("/lib/aarch64-linux-gnu", "/usr/lib/aarch64-linux-gnu")
+    assert ldmodel.loader_of(64, "aarch64") == (183, "/lib/ld-linux-aarch64.so.1", "aarch64")
+    assert ldmodel.loader_of(64, "x86_64") == (62, "/lib64/ld-linux-x86-64.so.2", "x86_64")
+    assert ldmodel.loader_of(32, "x86_64") == (3, "/lib/ld-linux.so.2", "i686")
+    assert ldmodel._fallback_dirs(64, "aarch64")[:2] == ("/lib/aarch64-linux-gnu", "/usr/lib/aarch64-linux-gnu")
 
 
 def test_injected_32_bit_entries_get_ldconfigs_flags():
     """As ldmerge writes them: a 32-bit library without DT_NEEDED is plain ELF (1), with libc.so.6 libc6 (3)."""
-    libs = (ldcheck.InjectedFile("libplain.so.1", "/usr/lib/i386-linux-gnu/libplain.so.1.0", (), "/x", 32, "compute"),
-            ldcheck.InjectedFile("libc6ish.so.1", "/usr/lib/i386-linux-gnu/libc6ish.so.1.0", (), "/y", 32, "compute",
+    libs = (ldmodel.InjectedFile("libplain.so.1", "/usr/lib/i386-linux-gnu/libplain.so.1.0", (), "/x", 32, "compute"),
+            ldmodel.InjectedFile("libc6ish.so.1", "/usr/lib/i386-linux-gnu/libc6ish.so.1.0", (), "/y", 32, "compute",
                                 ("libc.so.6",)),
-            ldcheck.InjectedFile("libcuda.so.1", "/usr/lib/x86_64-linux-gnu/libcuda.so.1.0", (), "/z", 64, "compute"))
-    flags = {e.key: e.flags for e in ldcheck.cache_after_injection(None, libs).entries}
+            ldmodel.InjectedFile("libcuda.so.1", "/usr/lib/x86_64-linux-gnu/libcuda.so.1.0", (), "/z", 64, "compute"))
+    flags = {e.key: e.flags for e in ldmodel.cache_after_injection(None, libs).entries}
     assert flags["libplain.so.1"] == 0x0001 and flags["libc6ish.so.1"] == 0x0003
     assert flags["libcuda.so.1"] == ldcache.accepted_flags(64)[0]
 
@@ -608,6 +608,6 @@ def test_cudart_versions_parse_as_cudaversion_does(tmp_path):
     d.mkdir(parents=True)
     for n in ("libcudart.so.12", "libcudart.so.12.4", "libcudart.so.11.8.89", "libcudart.so.x.y"):
         (d / n).write_bytes(b"")
-    facts = ldcheck.cuda_facts(str(root), ())
+    facts = cudacheck.cuda_facts(str(root), ())
     assert dict(facts.cudart) == {"/usr/local/cuda/lib64/libcudart.so.11.8.89": 11080,
                                   "/usr/local/cuda/lib64/libcudart.so.12.4": 12040}

@@ -11,7 +11,6 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from fixtures.hosttree import FakeGpu, fake_gpus, fake_uuid, make_host_tree
-from fixtures.nvml import build_fake_nvml
 from pyxis_hook.host import gpus
 from schema_check import validate
 from pyxis_hook.host.gpus import (
@@ -281,28 +280,6 @@ def test_import_is_cheap():
     assert out.strip() == "[]"
 
 
-# ------------------------------------------------------------------ optional NVML
-
-
-def test_nvml_absent_leaves_mig_uuids_unknown(tmp_path):
-    tree = make_host_tree(tmp_path, mig={0: {2: [0]}}, make_nodes=ROOT)
-    host = discover(tree, nvml=True, nvml_library=str(tmp_path / "no-such-libnvidia-ml.so.1"))
-    assert host.mig_devices[0].uuid is None
-    assert any("MIG device UUIDs unknown: cannot load" in w for w in host.warnings)
-
-
-def test_nvml_fills_mig_uuids(tmp_path):
-    lib = build_fake_nvml(tmp_path / "libnvidia-ml.so.1", fake_uuid(0))
-    tree = make_host_tree(tmp_path / "host", gpus=fake_gpus(1), mig={0: {2: [0, 1, 3]}}, make_nodes=ROOT)
-    host = discover(tree, nvml=True, nvml_library=str(lib))
-    uuids = [(d.gi, d.ci, d.uuid) for d in host.mig_devices]
-    assert uuids == [(2, 0, "MIG-aaaaaaaa-bbbb-cccc-dddd-000000000000"),
-                     (2, 1, "MIG-aaaaaaaa-bbbb-cccc-dddd-000000000001"),
-                     (2, 3, None)]
-    if ROOT:
-        assert host.warnings == ()
-
-
 # ------------------------------------------------------------------ properties and the fixture itself
 
 gpu_sets = st.lists(
@@ -330,18 +307,3 @@ def test_fixture_without_root_skips_nodes_and_says_so(tmp_path, monkeypatch):
     assert not (tmp_path / "dev" / "nvidiactl").exists()
     host = discover(tree)
     assert host.imex_channels == (2,)  # listed from the directory even as plain files
-
-
-def test_mig_uuids_are_asked_of_the_driver_roots_nvml_only(tmp_path, monkeypatch):
-    """Without a libnvidia-ml in the driver inventory the hook loads none (not one its own loader finds)."""
-    from pyxis_hook.plan import prepare as hook
-    from pyxis_hook.host.inventory import Inventory
-
-    tree = make_host_tree(tmp_path, mig={0: {2: [0]}}, make_nodes=ROOT)
-    host = discover(tree)
-    inv = Inventory(driver_version="535.0", cuda_version=None, host=host, files=(), warnings=())
-    loaded = []
-    monkeypatch.setattr(gpus, "nvml_mig_uuids", lambda library: loaded.append(library) or ({}, "x"))
-    assert hook.with_mig_uuids(inv) is inv
-    assert loaded == []
-    assert host.mig_devices[0].uuid is None

@@ -330,11 +330,11 @@ def test_ldcheck_walks_resolves_order(tmp_path):
     """ldcheck's candidates are `search_order`'s, LD_LIBRARY_PATH filled in as glibc's `fillin_rpath`
     does it: trailing slashes stripped, repeats dropped, an element naming $ORIGIN (unknown to a dlopen
     check) dropped."""
-    from pyxis_hook.diag import ldcheck
+    from pyxis_hook.diag import ldmodel
 
-    setup = ldcheck.search_setup(str(tmp_path), 64, "/opt/a/:$ORIGIN/x:/opt/a:", None)
+    setup = ldmodel.search_setup(str(tmp_path), 64, "/opt/a/:$ORIGIN/x:/opt/a:", None)
     assert setup.ld_library_path == ("/opt/a", ".")
     from pyxis_hook.loader.resolve import search_order
 
-    assert list(ldcheck._candidates(setup, "libx.so.1")) == list(search_order(
+    assert list(ldmodel._candidates(setup, "libx.so.1")) == list(search_order(
         "libx.so.1", ld_library_path=("/opt/a", "."), system_dirs=setup.system_dirs, subdirs=setup.subdirs))

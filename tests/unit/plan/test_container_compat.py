@@ -159,7 +159,7 @@ def test_a_link_out_of_the_rootfs_is_never_followed(tmp_path):
 def test_what_the_merge_cannot_model_is_a_problem(tmp_path):
     root = compat_image(tmp_path / "root")
     d = root / COMPAT_DIR.lstrip("/")
-    (d / "libjunk.so.1").write_bytes(b"not an elf")
+    (d / "libjunk.so.1").write_bytes(b"not an elf, long enough for a header " * 2)
     facts = container_facts(str(root), machine="x86_64")
     assert facts.compat_libcuda == "libcuda.so.550.54.15"  # still found
     assert "libjunk.so.1" in facts.compat_problem and "not an ELF" in facts.compat_problem

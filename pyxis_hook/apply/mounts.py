@@ -1,0 +1,187 @@
+"""Host files mounted into a container by fd: opened and checked on the host, bound in the child, undone.
+
+The mount half of apply (docs/security.md): every source is a host path
+opened on the host before the child enters the container's mount
+namespace and checked with fstat (a regular file, a directory or a socket
+as the plan says; a char device with exactly the planned st_rdev, else
+"invalid device node"); it is then mounted by fd onto a target fd that
+`rootfs.RootFS` resolved inside the rootfs, never re-resolved by name.
+With the new mount API the source is cloned on the host with its final
+flags (open_tree + mount_setattr) and moved into place in one step, so no
+read-write window exists; on older kernels it is bound and remounted
+through /proc/self/fd, checking that the reopened target is the source
+inode.  Every mount made is kept as an fd in `Undo`, so a failure later in
+the start can take all of them back, newest first.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from pyxis_hook import log
+from pyxis_hook.apply import kernel
+from pyxis_hook.errors import ApplyError, PyxisHookError
+from pyxis_hook.plan.build import DEV_OPTIONS, Plan
+from pyxis_hook.record import record
+from pyxis_hook.rootfs import Entry
+
+#: mount option -> (MOUNT_ATTR_* for mount_setattr, MS_* for the legacy remount); the values
+#: happen to be equal, the two names are kept so each call site says which API it speaks
+_FLAGS = {"ro": (kernel.MOUNT_ATTR_RDONLY, kernel.MS_RDONLY), "nosuid": (kernel.MOUNT_ATTR_NOSUID, kernel.MS_NOSUID),
+          "nodev": (kernel.MOUNT_ATTR_NODEV, kernel.MS_NODEV), "noexec": (kernel.MOUNT_ATTR_NOEXEC, kernel.MS_NOEXEC)}
+
+
+@record
+class Bind:
+    """One host source, opened and checked on the host, and where it goes.
+
+    `tree` is a detached clone of the source made on the host with the final
+    flags already set (new mount API), or -1 (legacy: the child binds by fd
+    after checking the source is still the same inode).
+    """
+
+    container_path: str
+    fd: int
+    kind: str  # file | dir (mount point type)
+    options: tuple[str, ...]
+    host_path: str
+    tree: int = -1
+    covers: str = ""  # the plan's warning for a bind over a file of the image (MountEdit.covers)
+
+
+def open_sources(plan: Plan, fds: list[int]) -> list[Bind]:
+    """The plan's device nodes and mounts opened on the host and checked to be what the plan says."""
+    binds = []
+    for d in plan.devices:
+        fd = open_host(d.host_path, fds)
+        st = os.fstat(fd)
+        if not stat.S_ISCHR(st.st_mode) or st.st_rdev != os.makedev(d.major, d.minor):
+            got = f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}" if stat.S_ISCHR(st.st_mode) else "not a char device"
+            raise ApplyError(f"invalid device node {d.host_path}: expected c {d.major}:{d.minor}, found {got}")
+        binds.append(Bind(d.path, fd, "file", DEV_OPTIONS, d.host_path))
+    for m in plan.mounts:
+        fd = open_host(m.host_path, fds)
+        st = os.fstat(fd)
+        want = {"file": stat.S_ISREG, "dir": stat.S_ISDIR, "socket": stat.S_ISSOCK}.get(m.kind)
+        if want is None:
+            raise ApplyError(f"mount of {m.host_path}: unknown kind {m.kind!r}")
+        if not want(st.st_mode):
+            raise ApplyError(f"unexpected source file mode for {m.host_path}: not a {m.kind}")
+        binds.append(Bind(m.container_path, fd, "dir" if m.kind == "dir" else "file", m.options, m.host_path,
+                           covers=m.covers))
+    return binds
+
+
+def clone(b: Bind, fds: list[int]) -> Bind:
+    """open_tree(OPEN_TREE_CLONE) + mount_setattr(flags, MS_PRIVATE): a detached, final mount."""
+    from pyxis_hook.record import replace
+
+    attrs = 0
+    for o in b.options:
+        attrs |= _FLAGS.get(o, (0, 0))[0]
+    tree = kernel.open_tree(b.fd, "", kernel.OPEN_TREE_CLONE | kernel.OPEN_TREE_CLOEXEC | kernel.AT_EMPTY_PATH,
+                            what=b.host_path)
+    fds.append(tree)
+    kernel.mount_setattr(tree, "", kernel.AT_EMPTY_PATH, attrs, 0, kernel.MS_PRIVATE, what=b.host_path)
+    return replace(b, tree=tree)
+
+
+def open_host(path: str, fds: list[int]) -> int:
+    """O_PATH fd of a host source; host paths are trusted, symlinks among them (driver-root) are followed."""
+    try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except OSError as e:
+        raise ApplyError(f"{path}: {e.strerror}") from None
+    fds.append(fd)
+    return fd
+
+
+class Undo:
+    """Mounts made so far (as fds of the mount roots), undone newest first."""
+
+    def __init__(self) -> None:
+        self.mount_fds: list[tuple[int, str]] = []
+
+    def add(self, fd: int, path: str) -> None:
+        self.mount_fds.append((fd, path))
+
+    def run(self) -> list[str]:
+        problems = []
+        while self.mount_fds:
+            fd, path = self.mount_fds.pop()
+            try:
+                kernel.umount2(kernel.proc_fd_path(fd), kernel.MNT_DETACH, what=path)
+            except (ApplyError, kernel.SyscallError) as e:
+                problems.append(str(e))
+            finally:
+                os.close(fd)
+        return problems
+
+
+
+def same_file(a: int, b: int) -> bool:
+    """Whether two fds are the same inode (a second hook run finds its own mount there)."""
+    sa, sb = os.fstat(a), os.fstat(b)
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
+def bind(b: Bind, entry: Entry, undo: Undo) -> int:
+    """Put source `b` onto the target entry with its flags; return the new mount's fd (for undo)."""
+    if b.tree >= 0:
+        tree = os.dup(b.tree)
+        try:
+            kernel.move_mount(tree, "", entry.fd, "", kernel.MOVE_MOUNT_F_EMPTY_PATH | kernel.MOVE_MOUNT_T_EMPTY_PATH,
+                              what=entry.path)
+        except BaseException:
+            os.close(tree)
+            raise
+        undo.add(tree, entry.path)
+        return tree
+    # legacy: the host fd belongs to another mount namespace and cannot be a bind source here,
+    # so open the same host path in this one (runc's namespace is a copy of the host's, before
+    # pivot_root) and insist it is the very inode checked on the host.
+    try:
+        src = os.open(b.host_path, os.O_PATH | os.O_CLOEXEC)
+    except OSError as e:
+        raise ApplyError(f"{b.host_path}: not reachable in the container mount namespace: {e.strerror}") from None
+    try:
+        want, got = os.fstat(b.fd), os.fstat(src)
+        if (want.st_dev, want.st_ino) != (got.st_dev, got.st_ino):
+            raise ApplyError(f"{b.host_path}: is another file in the container mount namespace")
+        flags = 0
+        for o in b.options:
+            flags |= _FLAGS.get(o, (0, 0))[1]
+        kernel.mount(kernel.proc_fd_path(src), kernel.proc_fd_path(entry.fd), None, kernel.MS_BIND, what=entry.path)
+    finally:
+        os.close(src)
+    top = reopen_mounted(entry, undo)
+    got = os.fstat(top)
+    if (want.st_dev, want.st_ino) != (got.st_dev, got.st_ino):
+        raise ApplyError(f"{entry.path}: the mount point changed while mounting {b.host_path}")
+    target = kernel.proc_fd_path(top)
+    kernel.mount(None, target, None, kernel.MS_REMOUNT | kernel.MS_BIND | flags, what=entry.path)
+    kernel.mount(None, target, None, kernel.MS_PRIVATE, what=entry.path)
+    return top
+
+
+def reopen_mounted(entry: Entry, undo: Undo) -> int:
+    """Reopen `entry` to get the mount just made on it; if that fails, the mount is undone here.
+
+    Until the reopened fd is in `undo` the new mount has no handle: undo it
+    by the parent dir fd and name (no symlink followed), so a failed reopen
+    leaves nothing mounted.
+    """
+    try:
+        top = entry.reopen()
+    except (OSError, PyxisHookError) as e:
+        try:
+            kernel.umount2(f"{kernel.proc_fd_path(entry.parent_fd)}/{entry.name}",
+                           kernel.MNT_DETACH | kernel.UMOUNT_NOFOLLOW, what=entry.path)
+        except (ApplyError, kernel.SyscallError) as u:
+            log.error(f"rollback: {u}")
+        if isinstance(e, PyxisHookError):
+            raise
+        raise ApplyError(f"{entry.path}: cannot reopen after mounting: {e.strerror}") from None
+    undo.add(top, entry.path)
+    return top

@@ -80,7 +80,7 @@ def certainly_void(data: bytes) -> bool:
     without '=') returns False: the full path then decides and reports.
     """
     try:
-        from pyxis_hook.spec import asks
+        from pyxis_hook import asks
         from pyxis_hook import fastjson
 
         if len(data) > _FAST_LIMIT:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 
 from pyxis_hook.spec import require
-from pyxis_hook.spec.asks import VISIBLE, is_legacy, split_tokens, void_reason
+from pyxis_hook.asks import VISIBLE, is_legacy, split_tokens, void_reason
 from pyxis_hook.spec.config import Config
 from pyxis_hook.errors import RequestError
 from pyxis_hook.host.gpus import Gpu, HostGpus, MigDevice, is_full_bus_id

@@ -14,7 +14,8 @@ from typing import Callable, NamedTuple
 
 from hypothesis import strategies as st
 
-from pyxis_hook.spec import asks, config, oci, require
+from pyxis_hook import asks
+from pyxis_hook.spec import config, oci, require
 from pyxis_hook.host import cgroup, gpus
 from pyxis_hook.engines import cdi, enroot
 from pyxis_hook.loader import elf, elfhead, ldcache

@@ -15,7 +15,7 @@ import re
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from pyxis_hook.apply import child as apply
+from pyxis_hook.apply import procview
 from pyxis_hook.host import cgroup, gpus
 from pyxis_hook.loader import ldconf
 from pyxis_hook.spec import request, require
@@ -138,7 +138,7 @@ def test_operator_span(text):
 @given(st.text(alphabet="abcXYZ019_.+-/ \n:\u00e9", max_size=10))
 @example("params")
 def test_apply_plan_file_names(name):
-    ok = bool(name) and apply._NAME_CHARS.issuperset(name)
+    ok = bool(name) and procview._NAME_CHARS.issuperset(name)
     assert ok == bool(re.fullmatch(r"[A-Za-z0-9_.+-]+", name))
 
 

@@ -89,7 +89,7 @@ def to_root_relative(root: str, host_path: str) -> str:
 # --------------------------------------------------------------------------
 
 #: how often a component that changes type under us (dir <-> symlink) is re-examined before giving up
-_RACE_RETRIES = 8
+RACE_RETRIES = 8
 
 
 def open_regular_path(path: str) -> int:
@@ -143,57 +143,7 @@ class RootPathError(PathError):
         self.errno = err
 
 
-class _Created:
-    """Something RootFS created, remembered by (parent fd, name, inode) so rollback removes only that."""
-
-    __slots__ = ("parent_fd", "name", "kind", "dev", "ino", "old_target")
-
-    def __init__(self, parent_fd: int, name: str, kind: str, st: os.stat_result, old_target: str | None = None):
-        self.parent_fd = parent_fd
-        self.name = name
-        self.kind = kind  # dir | file | symlink
-        self.dev = st.st_dev
-        self.ino = st.st_ino
-        self.old_target = old_target  # a symlink we replaced (restored on rollback)
-
-
-class Entry:
-    """A mount target: an O_PATH fd of it plus its parent fd and name (to reopen it after mounting)."""
-
-    __slots__ = ("parent_fd", "name", "fd", "created", "path")
-
-    def __init__(self, parent_fd: int, name: str, fd: int, created: bool, path: str):
-        self.parent_fd = parent_fd
-        self.name = name
-        self.fd = fd
-        self.created = created
-        self.path = path
-
-    def reopen(self) -> int:
-        """A fresh O_PATH fd of the name: after a mount it refers to the mount on top."""
-        return os.open(self.name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.parent_fd)
-
-    def close(self) -> None:
-        for fd in (self.fd, self.parent_fd):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-
-
-def _temp_symlink(parent: int, name: str, target: str) -> str:
-    """Create a symlink to `target` under a fresh hidden name next to `name`; return that name."""
-    for _ in range(16):
-        tmp = f".{name[:200]}.pyxis-{os.getpid()}-{os.urandom(4).hex()}"
-        try:
-            os.symlink(target, tmp, dir_fd=parent)
-            return tmp
-        except FileExistsError:
-            continue
-    raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), name)
-
-
-def _err(path: str, root: str, e: OSError | int, what: str = "") -> RootPathError:
+def path_error(path: str, root: str, e: OSError | int, what: str = "") -> RootPathError:
     err = e if isinstance(e, int) else (e.errno or 0)
     text = os.strerror(err)
     if err == errno.ELOOP:
@@ -215,10 +165,8 @@ class RootFS:
     are refused.  With openat2 (kernel >= 5.6) the kernel does the walk; the
     fallback walks one component at a time with O_PATH|O_NOFOLLOW fds and
     readlinkat, splicing link text itself, so no kernel-level link is ever
-    followed.  Creation (`ensure_*`, `symlink`) uses the component walk for
-    missing parents, mkdirat/openat(O_CREAT|O_EXCL|O_NOFOLLOW) relative to the
-    verified parent fd and an fstat afterwards (the CVE-2024-0132/0133/0134
-    class), and remembers what it created so `rollback` can remove exactly that.
+    followed.  This class only reads; creation (mount points, links, their
+    rollback) is `apply.rootwrite.WritableRoot`, the writing half.
     """
 
     def __init__(self, path: str, *, fd: int | None = None, owner: tuple[int, int] | None = None,
@@ -235,18 +183,11 @@ class RootFS:
             self.fd = os.open(self.path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) if fd is None else os.dup(fd)
         except OSError as e:
             raise RootPathError(f"container rootfs {self.path}: {e.strerror}", e.errno or 0) from None
-        self.owner = owner
+        self.owner = owner  # who gets what is created inside (WritableRoot, the cache file)
         self.use_openat2 = kernel.have_openat2() if use_openat2 is None else use_openat2
-        self.created: list[_Created] = []
 
     # -- lifetime -------------------------------------------------------
     def close(self) -> None:
-        for c in self.created:
-            try:
-                os.close(c.parent_fd)
-            except OSError:
-                pass
-        self.created = []
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
@@ -272,20 +213,20 @@ class RootFS:
                 return kernel.openat2(self.fd, path, flags, mode,
                                       kernel.RESOLVE_IN_ROOT | kernel.RESOLVE_NO_MAGICLINKS)
             except kernel.SyscallError as e:
-                raise _err(path, self.path, e.errno) from None
+                raise path_error(path, self.path, e.errno) from None
         nofollow = bool(flags & os.O_NOFOLLOW)
-        for _ in range(_RACE_RETRIES):
+        for _ in range(RACE_RETRIES):
             parent, name = self._walk(path, follow_last=not nofollow, create_mode=None)
             try:
                 fd = os.open(name or ".", flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=parent)
             except OSError as e:
-                raise _err(path, self.path, e) from None
+                raise path_error(path, self.path, e) from None
             finally:
                 os.close(parent)
             if nofollow or not stat.S_ISLNK(os.fstat(fd).st_mode):
                 return fd
             os.close(fd)  # became a symlink between the walk and the open: walk again
-        raise _err(path, self.path, errno.ELOOP, "changed while resolving: ")
+        raise path_error(path, self.path, errno.ELOOP, "changed while resolving: ")
 
     def exists(self, path: str) -> bool:
         try:
@@ -316,7 +257,7 @@ class RootFS:
             try:
                 return os.open(f"/proc/self/fd/{pfd}", os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
             except OSError as e:
-                raise _err(path, self.path, e, "cannot open ") from None
+                raise path_error(path, self.path, e, "cannot open ") from None
         finally:
             os.close(pfd)
 
@@ -332,7 +273,7 @@ class RootFS:
         except OSError as e:
             if e.errno == errno.EFBIG:
                 raise RootPathError(f"{path} (in {self.path}): larger than {limit} bytes", errno.EFBIG) from None
-            raise _err(path, self.path, e, "cannot read ") from None
+            raise path_error(path, self.path, e, "cannot read ") from None
 
     def read_text(self, path: str, limit: int = 65536) -> str:
         """Read a small regular text file of the image; FIFOs, devices and huge files are refused."""
@@ -347,7 +288,7 @@ class RootFS:
         /sys) is missing however the path reaches it, as in a view where
         they are masked.  A missing path is a RootPathError with ENOENT.
         """
-        for _ in range(_RACE_RETRIES):
+        for _ in range(RACE_RETRIES):
             names: list[str] = []
             parent, name = self._walk(path, follow_last=True, create_mode=None, names=names, hidden=hidden)
             if name is None:
@@ -355,7 +296,7 @@ class RootFS:
             try:
                 fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
             except OSError as e:
-                raise _err(path, self.path, e) from None
+                raise path_error(path, self.path, e) from None
             finally:
                 os.close(parent)
             mode = os.fstat(fd).st_mode
@@ -364,9 +305,9 @@ class RootFS:
                 continue  # became a symlink between the walk and the open: walk again
             if not names and name in hidden and stat.S_ISDIR(mode):
                 os.close(fd)
-                raise _err(path, self.path, errno.ENOENT)
+                raise path_error(path, self.path, errno.ENOENT)
             return fd, "/" + "/".join([*names, name])
-        raise _err(path, self.path, errno.ELOOP, "changed while resolving: ")
+        raise path_error(path, self.path, errno.ELOOP, "changed while resolving: ")
 
     def _walk(self, path: str, *, follow_last: bool, create_mode: int | None,
               names: list[str] | None = None, hidden: tuple[str, ...] = ()) -> tuple[int, str | None]:
@@ -392,7 +333,7 @@ class RootFS:
                     continue
                 cur = stack[-1] if stack else self.fd
                 is_last = not todo
-                for _ in range(_RACE_RETRIES):
+                for _ in range(RACE_RETRIES):
                     try:
                         target = os.readlink(comp, dir_fd=cur)
                     except OSError as e:
@@ -402,17 +343,17 @@ class RootFS:
                             target = None
                             if not is_last:
                                 if create_mode is None:
-                                    raise _err(path, self.path, e) from None
+                                    raise path_error(path, self.path, e) from None
                                 if not self._mkdir(cur, comp, create_mode, path):
                                     continue
                         else:
-                            raise _err(path, self.path, e) from None
+                            raise path_error(path, self.path, e) from None
                     if target is not None:
                         if is_last and not follow_last:
                             return self._own(stack, cur), comp
                         links += 1
                         if links > MAX_SYMLINKS:
-                            raise _err(path, self.path, errno.ELOOP)
+                            raise path_error(path, self.path, errno.ELOOP)
                         if target.startswith("/"):
                             while stack:
                                 os.close(stack.pop())
@@ -427,15 +368,19 @@ class RootFS:
                     stack.append(fd)
                     resolved.append(comp)
                     if len(resolved) == 1 and comp in hidden:
-                        raise _err(path, self.path, errno.ENOENT)
+                        raise path_error(path, self.path, errno.ENOENT)
                     break
                 else:
-                    raise _err(path, self.path, errno.ELOOP, "changed while resolving: ")
+                    raise path_error(path, self.path, errno.ELOOP, "changed while resolving: ")
             cur = stack[-1] if stack else self.fd
             return self._own(stack, cur), None
         finally:
             for fd in stack:
                 os.close(fd)
+
+    def _mkdir(self, parent: int, name: str, mode: int, path: str) -> bool:
+        """A reading RootFS creates nothing: `apply.rootwrite.WritableRoot` does."""
+        raise path_error(path, self.path, errno.EROFS, "cannot create directory for ")
 
     @staticmethod
     def _own(stack: list[int], cur: int) -> int:
@@ -453,215 +398,11 @@ class RootFS:
                     return None
                 if stat.S_ISLNK(st.st_mode):
                     return None
-                raise _err(path, self.path, errno.ENOTDIR) from None
-            raise _err(path, self.path, e) from None
+                raise path_error(path, self.path, errno.ENOTDIR) from None
+            raise path_error(path, self.path, e) from None
         if not stat.S_ISDIR(os.fstat(fd).st_mode):
             os.close(fd)
             return None
         return fd
 
-    def _mkdir(self, parent: int, name: str, mode: int, path: str) -> bool:
-        """mkdirat relative to a verified fd; False when someone else made it first."""
-        try:
-            os.mkdir(name, mode, dir_fd=parent)
-        except FileExistsError:
-            return False
-        except OSError as e:
-            raise _err(path, self.path, e, "cannot create directory for ") from None
-        self._record(parent, name, "dir", path)
-        return True
 
-    def _record(self, parent: int, name: str, kind: str, path: str, old_target: str | None = None,
-                at: str | None = None) -> None:
-        """Remember what was just created at `at` (default `name`), then give it to the rootfs owner.
-
-        Recorded *before* the chown, so a chown that fails still leaves the
-        entry for rollback to remove.  `at` is a temporary name that the
-        caller is about to rename to `name`.
-        """
-        at = at or name
-        try:
-            st = os.stat(at, dir_fd=parent, follow_symlinks=False)
-            self.created.append(_Created(os.dup(parent), name, kind, st, old_target))
-            if self.owner and (st.st_uid, st.st_gid) != self.owner:
-                os.chown(at, self.owner[0], self.owner[1], dir_fd=parent, follow_symlinks=False)
-        except OSError as e:
-            raise _err(path, self.path, e, "cannot record or chown created ") from None
-
-    def _parent(self, path: str, create_mode: int | None) -> tuple[int, str | None]:
-        """Parent fd + last name: openat2 for an existing parent, else the creating walk."""
-        parts = [c for c in path.split("/") if c not in ("", ".")]
-        if self.use_openat2 and parts and parts[-1] != "..":
-            try:
-                return self.open("/".join(parts[:-1]) or "/", os.O_PATH | os.O_DIRECTORY), parts[-1]
-            except RootPathError as e:
-                if e.errno not in (errno.ENOENT,):
-                    raise _err(path, self.path, e.errno) from None  # name the whole path
-        return self._walk(path, follow_last=False, create_mode=create_mode)
-
-    # -- creation ---------------------------------------------------------
-    def ensure_entry(self, path: str, kind: str = "file", mode: int | None = None) -> Entry:
-        """Make sure a mount point of `kind` ("file" or "dir") exists at `path`; return it as an Entry.
-
-        An existing entry of the right type is reused; a symlink at the target is
-        refused (mounting over it would follow it), as is a type mismatch.
-        """
-        if mode is None:
-            mode = 0o755 if kind == "dir" else 0o644
-        parent, name = self._parent(path, create_mode=0o755)
-        try:
-            if name is None:
-                if kind != "dir":
-                    raise RootPathError(f"{path} (in {self.path}): is a directory", errno.EISDIR)
-                return Entry(parent, ".", os.open(".", os.O_PATH | os.O_CLOEXEC, dir_fd=parent), False, path)
-            for _ in range(_RACE_RETRIES):
-                created = False
-                try:
-                    st = os.stat(name, dir_fd=parent, follow_symlinks=False)
-                except FileNotFoundError:
-                    created = self._create(parent, name, kind, mode, path)
-                    if not created:
-                        continue
-                    st = os.stat(name, dir_fd=parent, follow_symlinks=False)
-                except OSError as e:
-                    raise _err(path, self.path, e) from None
-                self._check_type(st, kind, path)
-                try:
-                    fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
-                except FileNotFoundError:
-                    continue  # removed between stat and open: look again
-                except OSError as e:
-                    raise _err(path, self.path, e) from None
-                fst = os.fstat(fd)
-                if (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino):
-                    os.close(fd)  # replaced between stat and open: look again
-                    continue
-                return Entry(parent, name, fd, created, path)
-            raise _err(path, self.path, errno.ELOOP, "changed while resolving: ")
-        except BaseException:
-            os.close(parent)
-            raise
-
-    def ensure_file(self, path: str, mode: int = 0o644) -> int:
-        """An O_PATH fd of a file mount point at `path`, created (empty) if missing."""
-        e = self.ensure_entry(path, "file", mode)
-        os.close(e.parent_fd)
-        return e.fd
-
-    def ensure_dir(self, path: str, mode: int = 0o755) -> int:
-        """An O_PATH fd of a directory at `path`, created (with missing parents) if missing."""
-        e = self.ensure_entry(path, "dir", mode)
-        os.close(e.parent_fd)
-        return e.fd
-
-    def _create(self, parent: int, name: str, kind: str, mode: int, path: str) -> bool:
-        fd = None
-        try:
-            if kind == "dir":
-                os.mkdir(name, mode, dir_fd=parent)
-            else:
-                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
-                             dir_fd=parent)
-        except FileExistsError:
-            return False
-        except OSError as e:
-            raise _err(path, self.path, e, "cannot create mount point ") from None
-        try:
-            self._record(parent, name, kind, path)  # first: whatever fails next, rollback removes it
-        finally:
-            if fd is not None:
-                try:
-                    os.close(fd)
-                except OSError as e:
-                    raise _err(path, self.path, e, "cannot create mount point ") from None
-        return True
-
-    def _check_type(self, st: os.stat_result, kind: str, path: str) -> None:
-        if stat.S_ISLNK(st.st_mode):
-            raise RootPathError(f"{path} (in {self.path}): is a symlink in the image; refusing to mount over it",
-                                errno.ELOOP)
-        if kind == "dir" and not stat.S_ISDIR(st.st_mode):
-            raise RootPathError(f"{path} (in {self.path}): exists and is not a directory", errno.ENOTDIR)
-        if kind != "dir" and stat.S_ISDIR(st.st_mode):
-            raise RootPathError(f"{path} (in {self.path}): exists and is a directory", errno.EISDIR)
-
-    def symlink(self, path: str, target: str) -> bool:
-        """Create symlink `path` -> `target`; True if something changed.
-
-        A link that already points at `target` is kept; a link pointing elsewhere
-        is replaced (and restored by rollback); any other existing file is an
-        EEXIST RootPathError the caller may choose to ignore.
-        """
-        parent, name = self._parent(path, create_mode=0o755)
-        try:
-            if name is None:
-                raise RootPathError(f"{path} (in {self.path}): is a directory", errno.EISDIR)
-            old = None
-            try:
-                old = os.readlink(name, dir_fd=parent)
-            except FileNotFoundError:
-                pass
-            except OSError as e:
-                if e.errno == errno.EINVAL:
-                    raise RootPathError(f"{path} (in {self.path}): exists and is not a symlink", errno.EEXIST) from None
-                raise _err(path, self.path, e) from None
-            if old == target:
-                return False
-            if old is None:
-                try:
-                    os.symlink(target, name, dir_fd=parent)
-                except OSError as e:
-                    raise _err(path, self.path, e, "cannot create symlink ") from None
-                self._record(parent, name, "symlink", path)
-                return True
-            # replace atomically: the image's link stays in place until the new one is complete
-            try:
-                tmp = _temp_symlink(parent, name, target)
-            except OSError as e:
-                raise _err(path, self.path, e, "cannot create symlink ") from None
-            recorded = len(self.created)
-            try:
-                self._record(parent, name, "symlink", path, old, at=tmp)
-                os.replace(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
-            except BaseException as e:
-                try:
-                    os.unlink(tmp, dir_fd=parent)
-                except OSError:
-                    pass
-                while len(self.created) > recorded:  # nothing of ours is at `name`: forget it
-                    os.close(self.created.pop().parent_fd)
-                if isinstance(e, OSError):
-                    raise _err(path, self.path, e, "cannot replace symlink ") from None
-                raise
-            return True
-        finally:
-            os.close(parent)
-
-    def rollback(self) -> list[str]:
-        """Remove what this RootFS created, newest first; return one line per thing it could not undo.
-
-        Each entry is removed only if the same inode is still there, so a file
-        someone else put in its place is left alone.
-        """
-        problems = []
-        while self.created:
-            c = self.created.pop()
-            try:
-                st = os.stat(c.name, dir_fd=c.parent_fd, follow_symlinks=False)
-                if (st.st_dev, st.st_ino) == (c.dev, c.ino):
-                    if c.kind == "dir":
-                        os.rmdir(c.name, dir_fd=c.parent_fd)
-                    elif c.old_target is not None:  # put the image's link back in one rename
-                        tmp = _temp_symlink(c.parent_fd, c.name, c.old_target)
-                        try:
-                            os.replace(tmp, c.name, src_dir_fd=c.parent_fd, dst_dir_fd=c.parent_fd)
-                        except OSError:
-                            os.unlink(tmp, dir_fd=c.parent_fd)
-                            raise
-                    else:
-                        os.unlink(c.name, dir_fd=c.parent_fd)
-            except OSError as e:
-                problems.append(f"cannot remove {c.name} created in {self.path}: {e.strerror}")
-            finally:
-                os.close(c.parent_fd)
-        return problems

@@ -23,7 +23,7 @@ Safety rules kept here (docs/security.md):
 - the rootfs is the fd `rootpin` found in the container's mount namespace
   when the caller pinned one (prestart): the child never opens `plan.rootfs`
   by name then, so a `root.path` re-pointed since cannot lead it elsewhere;
-- targets are resolved and created inside the rootfs by `rootfs.RootFS`
+- targets are resolved and created inside the rootfs by `rootwrite.WritableRoot`
   (chroot semantics, O_NOFOLLOW creation);
 - any failure undoes every mount (umount2 MNT_DETACH, newest first) and
   removes every mount point, directory and symlink created, so nothing is
@@ -48,7 +48,8 @@ from pyxis_hook import log
 from pyxis_hook.errors import ApplyError, PathError, PyxisHookError
 from pyxis_hook.plan.build import Plan
 from pyxis_hook.record import record
-from pyxis_hook.rootfs import RootFS, RootPathError
+from pyxis_hook.apply.rootwrite import WritableRoot
+from pyxis_hook.rootfs import RootPathError
 
 
 @record
@@ -248,7 +249,8 @@ def _child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner, root, allow) 
     links: list[str] = []
     owner = owner if owner != (0, 0) else None
     # a pinned rootfs is its fd (taken in this namespace), named by its path here, not by plan.rootfs
-    rfs = RootFS(plan.rootfs, owner=owner) if root is None else RootFS(root.ns_path, fd=root.fd, owner=owner)
+    rfs = (WritableRoot(plan.rootfs, owner=owner) if root is None
+           else WritableRoot(root.ns_path, fd=root.fd, owner=owner))
     try:
         try:
             new_api = kernel.have_new_mount_api()
@@ -292,7 +294,7 @@ def _child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner, root, allow) 
         rfs.close()
 
 
-def _ldcache(plan: Plan, rfs: RootFS, exe_fd, messages: list[str]) -> None:
+def _ldcache(plan: Plan, rfs: WritableRoot, exe_fd, messages: list[str]) -> None:
     mode = plan.ldcache.mode
     if mode == "none":
         return
@@ -328,7 +330,7 @@ def _ldcache(plan: Plan, rfs: RootFS, exe_fd, messages: list[str]) -> None:
     _run_ldconfig(plan, rfs, exe_fd, messages)
 
 
-def _run_ldconfig(plan: Plan, rfs: RootFS, exe_fd: int, messages: list[str]) -> None:
+def _run_ldconfig(plan: Plan, rfs: WritableRoot, exe_fd: int, messages: list[str]) -> None:
     from pyxis_hook.loader import cachefile  # preloaded: sys.modules lookups
     from pyxis_hook.apply import confined  # preloaded: sys.modules lookups
 
@@ -348,7 +350,7 @@ def _run_ldconfig(plan: Plan, rfs: RootFS, exe_fd: int, messages: list[str]) -> 
     _relink(plan, rfs, messages)
 
 
-def _relink(plan: Plan, rfs: RootFS, messages: list[str]) -> None:
+def _relink(plan: Plan, rfs: WritableRoot, messages: list[str]) -> None:
     """Put back the plan's links that ldconfig pointed elsewhere.
 
     glibc's ldconfig points a SONAME link at the file of that SONAME with

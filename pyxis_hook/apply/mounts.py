@@ -24,7 +24,7 @@ from pyxis_hook.apply import kernel
 from pyxis_hook.errors import ApplyError, PyxisHookError
 from pyxis_hook.plan.build import DEV_OPTIONS, Plan
 from pyxis_hook.record import record
-from pyxis_hook.rootfs import Entry
+from pyxis_hook.apply.rootwrite import Entry
 
 #: mount option -> (MOUNT_ATTR_* for mount_setattr, MS_* for the legacy remount); the values
 #: happen to be equal, the two names are kept so each call site says which API it speaks

@@ -18,7 +18,7 @@ from pyxis_hook.apply.mounts import Bind, Undo, bind, reopen_mounted
 from pyxis_hook.errors import ApplyError, PathError
 from pyxis_hook.host import gpus
 from pyxis_hook.plan.build import PROC_OPTIONS, Plan
-from pyxis_hook.rootfs import Entry, RootFS
+from pyxis_hook.apply.rootwrite import Entry, WritableRoot
 
 #: what a /proc/driver/nvidia file name in a plan may hold (no '/', checked again here: the plan is data)
 _NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.+-")
@@ -72,7 +72,7 @@ def open_gpu_dirs(plan: Plan, fds: list[int], messages: list[str]) -> list[Bind]
 
 
 
-def _is_our_view(rfs: RootFS, target: str, view) -> bool:
+def _is_our_view(rfs: WritableRoot, target: str, view) -> bool:
     """A previous run for this container already covered the procfs dir: its params is our patched copy.
 
     The kernel's own /proc/driver/nvidia/params says `ModifyDeviceFiles: 1`
@@ -97,7 +97,7 @@ def _is_our_view(rfs: RootFS, target: str, view) -> bool:
         return False
 
 
-def mount_view(plan: Plan, rfs: RootFS, gpu_dirs, undo: Undo, new_api: bool, messages: list[str]) -> list[str]:
+def mount_view(plan: Plan, rfs: WritableRoot, gpu_dirs, undo: Undo, new_api: bool, messages: list[str]) -> list[str]:
     """tmpfs over the container's /proc/driver/nvidia with copied files and the selected GPUs' dirs."""
     view = plan.proc_driver
     target = "/proc/driver/nvidia"

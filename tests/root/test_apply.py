@@ -822,7 +822,7 @@ for m in apply_plan(plan, {p.pid}).messages:
 
 def test_legacy_reopen_failure_leaves_no_mount(world, monkeypatch):
     """Kernels < 5.12: the bind is made, then reopening the target fails; the bind is undone all the same."""
-    from pyxis_hook import rootfs
+    from pyxis_hook.apply import rootwrite
 
     host, root, pid = world
     monkeypatch.setattr(kernel, "HAVE_NEW_MOUNT_API", False)
@@ -831,7 +831,7 @@ def test_legacy_reopen_failure_leaves_no_mount(world, monkeypatch):
     def reopen(self):
         raise OSError(errno.ESTALE, os.strerror(errno.ESTALE))
 
-    monkeypatch.setattr(rootfs.Entry, "reopen", reopen)
+    monkeypatch.setattr(rootwrite.Entry, "reopen", reopen)
     plan = Plan(rootfs=str(root), mounts=(MountEdit(str(host / "lib/libcuda.so.535.104.05"),
                                                     f"{LIBDIR}/libcuda.so.535.104.05"),))
     with pytest.raises(ApplyError, match=r"libcuda.so.535.104.05: cannot reopen after mounting: Stale file handle"):

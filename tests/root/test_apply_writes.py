@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+
 from fixtures.overlay import overlay
 from fixtures.synth import build_lib
 from pyxis_hook.apply.child import apply_plan

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+
 from fixtures.forked import run_forked
 from fixtures.synth import build_lib
 from pyxis_hook.apply import confined, kernel

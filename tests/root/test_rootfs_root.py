@@ -10,7 +10,8 @@ import errno
 import os
 import stat
 import pytest
-from pyxis_hook.rootfs import RootFS, RootPathError
+from pyxis_hook.apply.rootwrite import WritableRoot
+from pyxis_hook.rootfs import RootPathError
 from unit.base.test_rootfs import (  # noqa: F401 - helpers and fixtures shared with the unit tests
     tree,
     use_openat2,
@@ -28,7 +29,7 @@ def test_a_device_node_under_a_file_name_is_never_opened(tree, use_openat2):
     root, _ = tree
     os.mknod(root / "etc/ld.so.conf", 0o644 | stat.S_IFCHR, os.makedev(240, 0))
     os.symlink("ld.so.conf", root / "etc/link.conf")
-    with RootFS(str(root), use_openat2=use_openat2) as r:
+    with WritableRoot(str(root), use_openat2=use_openat2) as r:
         for path in ("/etc/ld.so.conf", "/etc/link.conf"):
             with pytest.raises(RootPathError, match="not a regular file") as e:
                 r.read_bytes(path, 4096)
@@ -48,7 +49,7 @@ def test_read_bytes_refuses_devices_and_dirs_and_caps_size(tree, use_openat2):
     root, _ = tree
     os.mknod(root / "etc/zero", stat.S_IFCHR | 0o666, os.makedev(1, 5))  # /dev/zero: never ends
     (root / "etc/exact").write_bytes(b"y" * 4096)
-    with RootFS(str(root), use_openat2=use_openat2) as r:
+    with WritableRoot(str(root), use_openat2=use_openat2) as r:
         with pytest.raises(RootPathError, match="not a regular file"):
             r.read_bytes("/etc/zero", 1 << 20)
         with pytest.raises(RootPathError) as e:

@@ -13,7 +13,8 @@ import stat
 import pytest
 
 from pyxis_hook.errors import PathError
-from pyxis_hook.rootfs import RootFS, RootPathError, resolve_in_root
+from pyxis_hook.apply.rootwrite import WritableRoot
+from pyxis_hook.rootfs import RootPathError, resolve_in_root
 
 
 @pytest.fixture(params=[True, False], ids=["openat2", "walk"])
@@ -57,7 +58,7 @@ def _snapshot(d):
 
 def test_open_plain_file(tree, use_openat2):
     root, _ = tree
-    with RootFS(str(root), use_openat2=use_openat2) as r:
+    with WritableRoot(str(root), use_openat2=use_openat2) as r:
         assert _ident(r.open("/etc/os-release", os.O_RDONLY)) == _ident_path(root / "etc/os-release")
         assert r.read_text("etc/os-release") == "ID=test\n"
 
@@ -66,14 +67,14 @@ def test_open_plain_file(tree, use_openat2):
 def test_dir_symlink_escapes_stay_in_root(tree, use_openat2, link):
     root, host = tree
     (root / "usr/lib/evil").symlink_to(link)
-    with RootFS(str(root), use_openat2=use_openat2) as r:
+    with WritableRoot(str(root), use_openat2=use_openat2) as r:
         # usr/lib/evil/etc/os-release names the rootfs' own file, never a host one
         assert _ident(r.open("usr/lib/evil/etc/os-release", os.O_RDONLY)) == _ident_path(root / "etc/os-release")
 
 
 def test_dotdot_chain_clamped(tree, use_openat2):
     root, host = tree
-    with RootFS(str(root), use_openat2=use_openat2) as r:
+    with WritableRoot(str(root), use_openat2=use_openat2) as r:
         assert _ident(r.open("../../../../etc/os-release", os.O_RDONLY)) == _ident_path(root / "etc/os-release")
         with pytest.raises(RootPathError) as e:
             r.open("../../host/secret", os.O_RDONLY)
@@ -83,7 +84,7 @@ def test_dotdot_chain_clamped(tree, use_openat2):
 def test_absolute_symlink_to_host_file_resolves_in_root(tree, use_openat2):
     root, host = tree
     (root / "etc/ld.so.cache").symlink_to(str(host / "secret"))
-    with RootFS(str(root), use_openat2=use_openat2) as r:
+    with WritableRoot(str(root), use_openat2=use_openat2) as r:
         with pytest.raises(PathError) as e:
             r.read_text("/etc/ld.so.cache")
         assert "etc/ld.so.cache" in str(e.value) and "\n" not in str(e.value)
@@ -93,7 +94,7 @@ def test_symlink_loop_is_clean_error(tree, use_openat2):
     root, _ = tree
     (root / "a").symlink_to("b")
     (root / "b").symlink_to("a")
-    with RootFS(str(root), use_openat2=use_openat2) as r:
+    with WritableRoot(str(root), use_openat2=use_openat2) as r:
         with pytest.raises(RootPathError) as e:
             r.open("a/x", os.O_RDONLY)
         assert e.value.errno == errno.ELOOP
@@ -106,7 +107,7 @@ def test_41_link_chain(tree, use_openat2):
     for i in range(41):
         (root / f"l{i}").symlink_to(f"l{i + 1}")
     (root / "l41").write_text("end")
-    with RootFS(str(root), use_openat2=use_openat2) as r:
+    with WritableRoot(str(root), use_openat2=use_openat2) as r:
         assert r.read_text("l1") == "end"  # 40 links
         with pytest.raises(RootPathError) as e:
             r.read_text("l0")  # 41 links
@@ -117,7 +118,7 @@ def test_read_text_refuses_fifo_and_big_files(tree, use_openat2):
     root, _ = tree
     os.mkfifo(root / "etc/debian_version")
     (root / "etc/big").write_bytes(b"x" * 5000)
-    with RootFS(str(root), use_openat2=use_openat2) as r:
+    with WritableRoot(str(root), use_openat2=use_openat2) as r:
         with pytest.raises(RootPathError, match="not a regular file"):
             r.read_text("/etc/debian_version")
         with pytest.raises(RootPathError, match="larger than"):
@@ -130,7 +131,7 @@ def test_ensure_file_creates_parents_inside_root(tree, use_openat2):
     root, host = tree
     (root / "usr/lib/x86_64-linux-gnu").symlink_to("/")  # hostile dir link
     before = _snapshot(host)
-    with RootFS(str(root), use_openat2=use_openat2) as r:
+    with WritableRoot(str(root), use_openat2=use_openat2) as r:
         fd = r.ensure_file("/usr/lib/x86_64-linux-gnu/opt/nv/libcuda.so.1")
         st = os.fstat(fd)
         os.close(fd)
@@ -144,7 +145,7 @@ def test_ensure_file_creates_parents_inside_root(tree, use_openat2):
 
 def test_ensure_reuses_existing_and_checks_type(tree, use_openat2):
     root, _ = tree
-    with RootFS(str(root), use_openat2=use_openat2) as r:
+    with WritableRoot(str(root), use_openat2=use_openat2) as r:
         fd = r.ensure_file("/etc/os-release")
         os.close(fd)
         assert r.created == []
@@ -161,7 +162,7 @@ def test_ensure_reuses_existing_and_checks_type(tree, use_openat2):
 def test_symlink_at_mount_target_refused(tree, use_openat2, target):
     root, _ = tree
     (root / "usr/lib/libcuda.so.1").symlink_to(target)
-    with RootFS(str(root), use_openat2=use_openat2) as r:
+    with WritableRoot(str(root), use_openat2=use_openat2) as r:
         with pytest.raises(RootPathError, match="symlink"):
             r.ensure_file("/usr/lib/libcuda.so.1")
     assert os.readlink(root / "usr/lib/libcuda.so.1") == target
@@ -169,7 +170,7 @@ def test_symlink_at_mount_target_refused(tree, use_openat2, target):
 
 def test_ensure_dir_through_dotdot_and_root(tree, use_openat2):
     root, _ = tree
-    with RootFS(str(root), use_openat2=use_openat2) as r:
+    with WritableRoot(str(root), use_openat2=use_openat2) as r:
         fd = r.ensure_dir("/../../proc/driver/nvidia")
         assert _ident(fd) == _ident_path(root / "proc/driver/nvidia")
         assert r.rollback() == []
@@ -181,7 +182,7 @@ def test_symlink_create_keep_replace_rollback(tree, use_openat2):
     (root / "usr/lib/x86_64-linux-gnu").symlink_to("../../../..")
     (root / "usr/lib/old.so").symlink_to("elsewhere")
     (root / "usr/lib/real.so").write_text("")
-    with RootFS(str(root), use_openat2=use_openat2) as r:
+    with WritableRoot(str(root), use_openat2=use_openat2) as r:
         assert r.symlink("/usr/lib/x86_64-linux-gnu/lib/libcuda.so", "libcuda.so.1") is True
         assert os.readlink(root / "lib/libcuda.so") == "libcuda.so.1"
         assert r.symlink("/lib/libcuda.so", "libcuda.so.1") is False
@@ -198,7 +199,7 @@ def test_symlink_create_keep_replace_rollback(tree, use_openat2):
 
 def test_rollback_leaves_replaced_files_alone(tree, use_openat2):
     root, _ = tree
-    with RootFS(str(root), use_openat2=use_openat2) as r:
+    with WritableRoot(str(root), use_openat2=use_openat2) as r:
         os.close(r.ensure_file("/opt/x"))
         os.rename(root / "opt/x", root / "opt/x.orig")  # keeps the inode alive, so no number reuse
         (root / "opt/x").write_text("someone else's")
@@ -213,14 +214,14 @@ def test_agrees_with_resolve_in_root(tree, use_openat2):
     root, _ = tree
     (root / "usr/lib/a").symlink_to("/etc")
     (root / "usr/lib/b").symlink_to("../lib/a/../etc")
-    with RootFS(str(root), use_openat2=use_openat2) as r:
+    with WritableRoot(str(root), use_openat2=use_openat2) as r:
         for p in ("usr/lib/a/os-release", "usr/lib/b/os-release", "/../usr/lib/a/../etc/os-release"):
             assert _ident(r.open(p, os.O_PATH)) == _ident_path(resolve_in_root(str(root), p))
 
 
 def test_missing_rootfs_is_one_line(tmp_path):
     with pytest.raises(PathError, match="container rootfs"):
-        RootFS(str(tmp_path / "nope"))
+        WritableRoot(str(tmp_path / "nope"))
 
 
 # --- read_bytes and rollback gaps -------------------------------------------------------------
@@ -233,7 +234,7 @@ def test_failed_chown_still_rolled_back(tree, use_openat2, monkeypatch):
     def chown(*_a, **_k):
         raise PermissionError(errno.EPERM, "Operation not permitted")
 
-    with RootFS(str(root), owner=(4321, 4321), use_openat2=use_openat2) as r:
+    with WritableRoot(str(root), owner=(4321, 4321), use_openat2=use_openat2) as r:
         monkeypatch.setattr(os, "chown", chown)
         with pytest.raises(RootPathError) as e:
             r.ensure_file("/opt/nv/libcuda.so.1")
@@ -255,7 +256,7 @@ def test_entry_vanishing_between_stat_and_open_is_retried(tree, use_openat2, mon
             os.unlink(path, dir_fd=dir_fd)  # someone removes it after our stat
         return real_open(path, flags, mode, dir_fd=dir_fd)
 
-    with RootFS(str(root), use_openat2=use_openat2) as r:
+    with WritableRoot(str(root), use_openat2=use_openat2) as r:
         monkeypatch.setattr(os, "open", racing_open)
         entry = r.ensure_entry("/etc/target", "file")
         monkeypatch.undo()
@@ -278,7 +279,7 @@ def test_a_failed_symlink_replacement_keeps_the_images_link_and_leaves_no_temp(t
     def failing(*_a, **_k):
         raise OSError(err, os.strerror(err))
 
-    with RootFS(str(root), use_openat2=use_openat2) as r:
+    with WritableRoot(str(root), use_openat2=use_openat2) as r:
         monkeypatch.setattr(os, fails, failing)
         with pytest.raises(RootPathError, match=match):
             r.symlink("/usr/lib/libcuda.so", "libcuda.so.1")
@@ -293,7 +294,7 @@ def test_locate_names_the_resolved_path_and_hides_top_level_dirs(tmp_path):
     top-level directory is missing whichever way a path reaches it."""
     import errno
 
-    from pyxis_hook.rootfs import RootFS, RootPathError
+    from pyxis_hook.rootfs import RootPathError
 
     (tmp_path / "usr/lib").mkdir(parents=True)
     (tmp_path / "proc").mkdir()
@@ -302,7 +303,7 @@ def test_locate_names_the_resolved_path_and_hides_top_level_dirs(tmp_path):
     (tmp_path / "etc").mkdir()
     (tmp_path / "etc/v").symlink_to("../../../proc/version")
     (tmp_path / "loop").symlink_to("loop")
-    with RootFS(str(tmp_path)) as rfs:
+    with WritableRoot(str(tmp_path)) as rfs:
         fd, real = rfs.locate("/../../lib/../lib/./")
         os.close(fd)
         assert real == "/usr/lib"

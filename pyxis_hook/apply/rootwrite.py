@@ -1,0 +1,283 @@
+"""The writing half of a rootfs: mount points, links and their rollback, all relative to verified fds.
+
+Creation uses the component walk for missing parents, mkdirat/openat(O_CREAT|O_EXCL|O_NOFOLLOW)
+relative to the verified parent fd and an fstat afterwards (the CVE-2024-0132/0133/0134 class:
+a name the image swaps between a check and a use never leads out of the rootfs), and remembers
+what it created so `rollback` removes exactly that.  Only apply's child writes into a container.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+from pyxis_hook.rootfs import RACE_RETRIES, RootFS, RootPathError, path_error
+
+
+class _Created:
+    """Something RootFS created, remembered by (parent fd, name, inode) so rollback removes only that."""
+
+    __slots__ = ("parent_fd", "name", "kind", "dev", "ino", "old_target")
+
+    def __init__(self, parent_fd: int, name: str, kind: str, st: os.stat_result, old_target: str | None = None):
+        self.parent_fd = parent_fd
+        self.name = name
+        self.kind = kind  # dir | file | symlink
+        self.dev = st.st_dev
+        self.ino = st.st_ino
+        self.old_target = old_target  # a symlink we replaced (restored on rollback)
+
+
+class Entry:
+    """A mount target: an O_PATH fd of it plus its parent fd and name (to reopen it after mounting)."""
+
+    __slots__ = ("parent_fd", "name", "fd", "created", "path")
+
+    def __init__(self, parent_fd: int, name: str, fd: int, created: bool, path: str):
+        self.parent_fd = parent_fd
+        self.name = name
+        self.fd = fd
+        self.created = created
+        self.path = path
+
+    def reopen(self) -> int:
+        """A fresh O_PATH fd of the name: after a mount it refers to the mount on top."""
+        return os.open(self.name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.parent_fd)
+
+    def close(self) -> None:
+        for fd in (self.fd, self.parent_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _temp_symlink(parent: int, name: str, target: str) -> str:
+    """Create a symlink to `target` under a fresh hidden name next to `name`; return that name."""
+    for _ in range(16):
+        tmp = f".{name[:200]}.pyxis-{os.getpid()}-{os.urandom(4).hex()}"
+        try:
+            os.symlink(target, tmp, dir_fd=parent)
+            return tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), name)
+
+
+class WritableRoot(RootFS):
+    """A RootFS that may create inside the root (`ensure_*`, `symlink`) and undo it (`rollback`)."""
+
+    def __init__(self, path: str, *, fd: int | None = None, owner: tuple[int, int] | None = None,
+                 use_openat2: bool | None = None):
+        super().__init__(path, fd=fd, owner=owner, use_openat2=use_openat2)
+        self.created: list[_Created] = []
+
+    def close(self) -> None:
+        for c in self.created:
+            try:
+                os.close(c.parent_fd)
+            except OSError:
+                pass
+        self.created = []
+        super().close()
+
+    def __enter__(self) -> "WritableRoot":
+        return self
+
+    def _mkdir(self, parent: int, name: str, mode: int, path: str) -> bool:
+        """mkdirat relative to a verified fd; False when someone else made it first."""
+        try:
+            os.mkdir(name, mode, dir_fd=parent)
+        except FileExistsError:
+            return False
+        except OSError as e:
+            raise path_error(path, self.path, e, "cannot create directory for ") from None
+        self._record(parent, name, "dir", path)
+        return True
+    def _record(self, parent: int, name: str, kind: str, path: str, old_target: str | None = None,
+                at: str | None = None) -> None:
+        """Remember what was just created at `at` (default `name`), then give it to the rootfs owner.
+
+        Recorded *before* the chown, so a chown that fails still leaves the
+        entry for rollback to remove.  `at` is a temporary name that the
+        caller is about to rename to `name`.
+        """
+        at = at or name
+        try:
+            st = os.stat(at, dir_fd=parent, follow_symlinks=False)
+            self.created.append(_Created(os.dup(parent), name, kind, st, old_target))
+            if self.owner and (st.st_uid, st.st_gid) != self.owner:
+                os.chown(at, self.owner[0], self.owner[1], dir_fd=parent, follow_symlinks=False)
+        except OSError as e:
+            raise path_error(path, self.path, e, "cannot record or chown created ") from None
+    def _parent(self, path: str, create_mode: int | None) -> tuple[int, str | None]:
+        """Parent fd + last name: openat2 for an existing parent, else the creating walk."""
+        parts = [c for c in path.split("/") if c not in ("", ".")]
+        if self.use_openat2 and parts and parts[-1] != "..":
+            try:
+                return self.open("/".join(parts[:-1]) or "/", os.O_PATH | os.O_DIRECTORY), parts[-1]
+            except RootPathError as e:
+                if e.errno not in (errno.ENOENT,):
+                    raise path_error(path, self.path, e.errno) from None  # name the whole path
+        return self._walk(path, follow_last=False, create_mode=create_mode)
+    # -- creation ---------------------------------------------------------
+    def ensure_entry(self, path: str, kind: str = "file", mode: int | None = None) -> Entry:
+        """Make sure a mount point of `kind` ("file" or "dir") exists at `path`; return it as an Entry.
+
+        An existing entry of the right type is reused; a symlink at the target is
+        refused (mounting over it would follow it), as is a type mismatch.
+        """
+        if mode is None:
+            mode = 0o755 if kind == "dir" else 0o644
+        parent, name = self._parent(path, create_mode=0o755)
+        try:
+            if name is None:
+                if kind != "dir":
+                    raise RootPathError(f"{path} (in {self.path}): is a directory", errno.EISDIR)
+                return Entry(parent, ".", os.open(".", os.O_PATH | os.O_CLOEXEC, dir_fd=parent), False, path)
+            for _ in range(RACE_RETRIES):
+                created = False
+                try:
+                    st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+                except FileNotFoundError:
+                    created = self._create(parent, name, kind, mode, path)
+                    if not created:
+                        continue
+                    st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+                except OSError as e:
+                    raise path_error(path, self.path, e) from None
+                self._check_type(st, kind, path)
+                try:
+                    fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+                except FileNotFoundError:
+                    continue  # removed between stat and open: look again
+                except OSError as e:
+                    raise path_error(path, self.path, e) from None
+                fst = os.fstat(fd)
+                if (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino):
+                    os.close(fd)  # replaced between stat and open: look again
+                    continue
+                return Entry(parent, name, fd, created, path)
+            raise path_error(path, self.path, errno.ELOOP, "changed while resolving: ")
+        except BaseException:
+            os.close(parent)
+            raise
+    def ensure_file(self, path: str, mode: int = 0o644) -> int:
+        """An O_PATH fd of a file mount point at `path`, created (empty) if missing."""
+        e = self.ensure_entry(path, "file", mode)
+        os.close(e.parent_fd)
+        return e.fd
+    def ensure_dir(self, path: str, mode: int = 0o755) -> int:
+        """An O_PATH fd of a directory at `path`, created (with missing parents) if missing."""
+        e = self.ensure_entry(path, "dir", mode)
+        os.close(e.parent_fd)
+        return e.fd
+    def _create(self, parent: int, name: str, kind: str, mode: int, path: str) -> bool:
+        fd = None
+        try:
+            if kind == "dir":
+                os.mkdir(name, mode, dir_fd=parent)
+            else:
+                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
+                             dir_fd=parent)
+        except FileExistsError:
+            return False
+        except OSError as e:
+            raise path_error(path, self.path, e, "cannot create mount point ") from None
+        try:
+            self._record(parent, name, kind, path)  # first: whatever fails next, rollback removes it
+        finally:
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError as e:
+                    raise path_error(path, self.path, e, "cannot create mount point ") from None
+        return True
+    def _check_type(self, st: os.stat_result, kind: str, path: str) -> None:
+        if stat.S_ISLNK(st.st_mode):
+            raise RootPathError(f"{path} (in {self.path}): is a symlink in the image; refusing to mount over it",
+                                errno.ELOOP)
+        if kind == "dir" and not stat.S_ISDIR(st.st_mode):
+            raise RootPathError(f"{path} (in {self.path}): exists and is not a directory", errno.ENOTDIR)
+        if kind != "dir" and stat.S_ISDIR(st.st_mode):
+            raise RootPathError(f"{path} (in {self.path}): exists and is a directory", errno.EISDIR)
+    def symlink(self, path: str, target: str) -> bool:
+        """Create symlink `path` -> `target`; True if something changed.
+
+        A link that already points at `target` is kept; a link pointing elsewhere
+        is replaced (and restored by rollback); any other existing file is an
+        EEXIST RootPathError the caller may choose to ignore.
+        """
+        parent, name = self._parent(path, create_mode=0o755)
+        try:
+            if name is None:
+                raise RootPathError(f"{path} (in {self.path}): is a directory", errno.EISDIR)
+            old = None
+            try:
+                old = os.readlink(name, dir_fd=parent)
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                if e.errno == errno.EINVAL:
+                    raise RootPathError(f"{path} (in {self.path}): exists and is not a symlink", errno.EEXIST) from None
+                raise path_error(path, self.path, e) from None
+            if old == target:
+                return False
+            if old is None:
+                try:
+                    os.symlink(target, name, dir_fd=parent)
+                except OSError as e:
+                    raise path_error(path, self.path, e, "cannot create symlink ") from None
+                self._record(parent, name, "symlink", path)
+                return True
+            # replace atomically: the image's link stays in place until the new one is complete
+            try:
+                tmp = _temp_symlink(parent, name, target)
+            except OSError as e:
+                raise path_error(path, self.path, e, "cannot create symlink ") from None
+            recorded = len(self.created)
+            try:
+                self._record(parent, name, "symlink", path, old, at=tmp)
+                os.replace(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
+            except BaseException as e:
+                try:
+                    os.unlink(tmp, dir_fd=parent)
+                except OSError:
+                    pass
+                while len(self.created) > recorded:  # nothing of ours is at `name`: forget it
+                    os.close(self.created.pop().parent_fd)
+                if isinstance(e, OSError):
+                    raise path_error(path, self.path, e, "cannot replace symlink ") from None
+                raise
+            return True
+        finally:
+            os.close(parent)
+    def rollback(self) -> list[str]:
+        """Remove what this RootFS created, newest first; return one line per thing it could not undo.
+
+        Each entry is removed only if the same inode is still there, so a file
+        someone else put in its place is left alone.
+        """
+        problems = []
+        while self.created:
+            c = self.created.pop()
+            try:
+                st = os.stat(c.name, dir_fd=c.parent_fd, follow_symlinks=False)
+                if (st.st_dev, st.st_ino) == (c.dev, c.ino):
+                    if c.kind == "dir":
+                        os.rmdir(c.name, dir_fd=c.parent_fd)
+                    elif c.old_target is not None:  # put the image's link back in one rename
+                        tmp = _temp_symlink(c.parent_fd, c.name, c.old_target)
+                        try:
+                            os.replace(tmp, c.name, src_dir_fd=c.parent_fd, dst_dir_fd=c.parent_fd)
+                        except OSError:
+                            os.unlink(tmp, dir_fd=c.parent_fd)
+                            raise
+                    else:
+                        os.unlink(c.name, dir_fd=c.parent_fd)
+            except OSError as e:
+                problems.append(f"cannot remove {c.name} created in {self.path}: {e.strerror}")
+            finally:
+                os.close(c.parent_fd)
+        return problems

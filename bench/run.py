@@ -311,6 +311,8 @@ def imports(w: World) -> str:
         out.append(f"{label}: {len(rows)} modules, {total / 1000:.1f} ms of imports (self times summed)")
         for s, name in sorted(rows, reverse=True)[:15]:
             out.append(f"  {s / 1000:6.2f} ms  {name}")
+        ours = sorted(name for _, name in rows if name.startswith("pyxis_hook"))
+        out.append(f"  ours ({len(ours)}): {' '.join(n[len('pyxis_hook.'):] or n for n in ours)}")
     return "\n".join(out)
 
 

@@ -21,7 +21,7 @@ import struct
 import sys
 
 from pyxis_hook.errors import ElfError, PathError
-from pyxis_hook.loader import elfhead, machines
+from pyxis_hook.loader import machines
 from pyxis_hook.plan.build import COMPAT_DIR, ContainerFacts, link_paths
 from pyxis_hook.record import replace
 from pyxis_hook.rootfs import try_resolve_in_root
@@ -248,6 +248,8 @@ def read_elf_facts(fd: int, size: int, machine: str, want_note: bool = False):
 
 
 def _read_elf_facts(fd: int, size: int, machine: str, want_note: bool):
+    from pyxis_hook.loader import elfhead  # only for an image's own ELF files (CUDA compat): off the common path
+
     try:
         h = elfhead.parse_header(os.pread(fd, 64, 0), "")
     except ElfError as e:  # "<path>: what is wrong"; the reader has no path, callers add the name
@@ -344,6 +346,7 @@ def _parse_note(data: bytes, align: int = 4, endian: str = "<") -> tuple[int, ..
     """
     from pyxis_hook import fastjson
 
+    from pyxis_hook.loader import elfhead  # only for an image's own ELF files (CUDA compat): off the common path
     for raw_name, _type, desc in elfhead.iter_notes(data, endian, align):
         name = raw_name.strip(b"\0")
         if name != NOTE_OWNER:

@@ -66,7 +66,7 @@ def herd(work: Path, label: str, image: Path, conf: Path, n: int, gpus: int, sna
             hook_s.append(seconds)
         if s.rc != 0:
             failed.append(f"  container {s.index}: {s.stderr.strip().splitlines()[-1] if s.stderr.strip() else s.rc}")
-    snaps = [p.name for p in snapshot_dir.iterdir()] if snapshot_dir.is_dir() else []
+    snaps = [p.name for p in snapshot_dir.iterdir() if not p.name.startswith(".")] if snapshot_dir.is_dir() else []  # not the build lock
     rows = []
     for what, xs in (("hook", hook_s), ("runc run", runc_s)):
         p50, p95, top = percentiles(xs) if xs else (float("nan"),) * 3

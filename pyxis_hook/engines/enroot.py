@@ -32,9 +32,11 @@ from collections.abc import Mapping
 
 from pyxis_hook.errors import UsageError
 from pyxis_hook.record import replace
+from pyxis_hook.spec.allocation import JOB_VARS
 
-#: variables a GPU decision depends on that come from the hook's own environment (Pyxis/Slurm)
-OWN_VARS = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES")
+#: variables a GPU decision depends on that come from the hook's own environment (Pyxis/Slurm or
+#: another batch scheduler's job: docs/schedulers.md)
+OWN_VARS = JOB_VARS
 ENVIRON_LIMIT = 1 << 20
 
 

@@ -1,4 +1,4 @@
-"""What the container asks for: devices, capabilities, requirements, MIG/IMEX, within Slurm's allocation.
+"""What the container asks for: devices, capabilities, requirements, MIG/IMEX, within the job's allocation.
 
 `resolve_request` turns the container environment (config.json
 `process.env`, last duplicate already applied), its annotations, the host's
@@ -11,12 +11,15 @@ can try every form.  The rules are NCT's (hook) and libnvidia-container's
   nothing is injected and nothing else is even parsed (as NCT exits early).
 * Indices are *host* indices (rank in PCI order, `host/gpus.py`), the numbering
   Slurm's SLURM_STEP_GPUS/SLURM_JOB_GPUS use, never `/dev/nvidiaN` minors.
-* Under `slurm-policy = "allocation"` the Slurm GPU variables bound the
-  selection: `all` means the allocation, an explicit GPU outside it is an
-  error.  CUDA_VISIBLE_DEVICES never selects anything (it is renumbered per
-  task and user-editable); it is only checked against what the container
-  will see.
-* `allowed_minors` (from the hook's own device cgroup) is a hard bound too.
+* Under `slurm-policy = "allocation"` the job's allocation bounds the
+  selection, whichever scheduler made it (`spec.allocation`, docs/schedulers.md):
+  `all` means the allocation, an explicit GPU outside it is an error.
+  CUDA_VISIBLE_DEVICES bounds only as the allocation of a scheduler that
+  writes it (LSF, PBS, Torque, HTCondor, Flux); it never selects anything
+  (it is renumbered per task and user-editable) and is otherwise only
+  checked against what the container will see.
+* `allowed_minors` (from the hook's own device cgroup) is a hard bound too
+  (and the set an LSF job's renumbered ids count in).
 
 Every decision appends a sentence to `reasons`, which `plan` prints.
 """
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 
 from pyxis_hook.spec import require
+from pyxis_hook.spec.allocation import Allocation, job_allocation, scheduler_of
 from pyxis_hook.asks import VISIBLE, is_legacy, split_tokens, void_reason
 from pyxis_hook.spec.config import Config
 from pyxis_hook.errors import RequestError
@@ -40,7 +44,6 @@ CAPABILITIES = "NVIDIA_DRIVER_CAPABILITIES"
 MIG_CONFIG = "NVIDIA_MIG_CONFIG_DEVICES"
 MIG_MONITOR = "NVIDIA_MIG_MONITOR_DEVICES"
 IMEX = "NVIDIA_IMEX_CHANNELS"
-SLURM_VARS = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS")
 MAX_IMEX_CHANNEL = 1 << 20
 
 _DIGITS = frozenset("0123456789")
@@ -82,10 +85,12 @@ class Request:
     imex_channels: tuple[int, ...] = ()
     #: what CUDA_VISIBLE_DEVICES the container needs to see every selected device (None: void)
     cuda_visible_devices: str | None = None
-    #: host indices of the Slurm allocation in force, None when no allocation bounds the request
+    #: host indices of the job's allocation in force, None when no allocation bounds the request
     allocation: tuple[int, ...] | None = None
     #: e.g. "SLURM_STEP_GPUS=0,1" ("" when no allocation)
     allocation_source: str = ""
+    #: the batch scheduler the allocation came from ("Slurm", "LSF", ...; "" when none)
+    scheduler: str = ""
     #: legacy CUDA_VERSION image (NCT `IsLegacy`)
     legacy: bool = False
     #: things the user should fix but that do not stop the container
@@ -121,6 +126,7 @@ class Request:
             "cuda_visible_devices": self.cuda_visible_devices,
             "allocation": None if self.allocation is None else list(self.allocation),
             "allocation_source": self.allocation_source,
+            "scheduler": self.scheduler,
             "legacy": self.legacy,
             "warnings": list(self.warnings),
             "reasons": list(self.reasons),
@@ -234,40 +240,20 @@ def _resolve_token(host: HostGpus, tok: str) -> Gpu | MigDevice:
     return gpu
 
 
-# ----------------------------------------------------------------- Slurm allocation
+# ----------------------------------------------------------------- the job's allocation
 
 
-def _slurm_allocation(env: Mapping[str, str], host: HostGpus, config: Config,
-                      reasons: list[str]) -> tuple[tuple[Gpu, ...] | None, str]:
+def _job_allocation(env: Mapping[str, str], host: HostGpus, config: Config, allowed_minors: frozenset[int] | None,
+                    reasons: list[str]) -> Allocation | None:
     if config.slurm_policy == "ignore":
-        if any(env.get(v) for v in SLURM_VARS):
-            reasons.append("slurm-policy is 'ignore': SLURM_STEP_GPUS/SLURM_JOB_GPUS are not read")
-        return None, ""
-    for var in SLURM_VARS:
-        value = env.get(var, "")
-        if not value.strip():
-            continue
-        label = f"{var}={value}"
-        gpus: dict[int, Gpu] = {}
-        for tok in split_tokens(value):
-            if _is_index(tok):
-                g = host.gpu_by_index(int(tok))
-                if g is None:
-                    count = sum(1 for x in host.gpus if x.index is not None)
-                    raise RequestError(f"{label}: GPU {tok} does not exist on this host, which has {count} usable "
-                                       f"GPU(s) in PCI order (does gres.conf match the hardware?)")
-            elif tok[:4].upper() == "GPU-":
-                g = host.gpu_by_uuid(tok)
-                if g is None or g.index is None:
-                    raise RequestError(f"{label}: GPU {tok} does not exist on this host")
-            else:
-                raise RequestError(f"{label}: {tok!r} is not a GPU index or UUID")
-            gpus[g.minor] = g
-        allocation = tuple(sorted(gpus.values(), key=lambda g: g.index))
-        reasons.append(f"Slurm allocation from {label}: host GPUs "
-                       f"{', '.join(str(g.index) for g in allocation)} (global indices = PCI order)")
-        return allocation, label
-    return None, ""
+        if scheduler_of(env) is not None:
+            reasons.append("slurm-policy is 'ignore': the batch scheduler's GPU variables "
+                           "(SLURM_STEP_GPUS/SLURM_JOB_GPUS, CUDA_VISIBLE_DEVICES, ...) are not read")
+        return None
+    found = job_allocation(env, host, allowed_minors)
+    if found is not None:
+        reasons.append(found.reason)
+    return found
 
 
 # ----------------------------------------------------------------- capabilities, MIG control, IMEX
@@ -369,7 +355,8 @@ def _cuda_visible(env: Mapping[str, str], gpus: tuple[Gpu, ...], migs: tuple[Mig
             if int(tok) >= n:
                 bad.append(tok)
         elif tok[:4].upper() in ("GPU-", "MIG-"):
-            if tok.lower() not in uuids and not (tok[:4].upper() == "MIG-" and migs and not mig_uuids):
+            if tok.lower() not in uuids and not (tok[:4].upper() == "MIG-" and migs and not mig_uuids) \
+                    and sum(1 for u in uuids if u.startswith(tok.lower())) != 1:  # CUDA takes a unique prefix
                 bad.append(tok)
         else:
             bad.append(tok)
@@ -437,7 +424,9 @@ def resolve_request(
         special = "all"  # the CLI accepts 'all' in any case
     mode = special or "list"
 
-    allocation, allocation_source = _slurm_allocation(env, host, config, reasons)
+    job = _job_allocation(env, host, config, allowed_minors, reasons)
+    allocation = None if job is None else job.gpus
+    allocation_source = "" if job is None else job.source
     allowed_by_slurm = None if allocation is None else {g.minor for g in allocation}
 
     def check_allowed(tok: str, gpu: Gpu, what: str) -> None:
@@ -465,8 +454,8 @@ def resolve_request(
             if m.gpu_minor in gpus:
                 migs[(m.gpu_minor, m.gi, m.ci)] = m
         bound = []
-        if allocation is not None:
-            bound.append(f"the Slurm allocation ({allocation_source})")
+        if job is not None:
+            bound.append(f"the {job.scheduler} allocation ({allocation_source})")
         if allowed_minors is not None:
             bound.append("the device cgroup")
         reasons.append(f"{VISIBLE}={raw}: 'all' = every GPU" + (" within " + " and ".join(bound) if bound else
@@ -534,6 +523,7 @@ def resolve_request(
         cuda_visible_devices=cvd,
         allocation=None if allocation is None else tuple(g.index for g in allocation),
         allocation_source=allocation_source,
+        scheduler="" if job is None else job.scheduler,
         legacy=legacy,
         warnings=tuple(warnings),
         reasons=tuple(reasons + [f"warning: {w}" for w in warnings]),

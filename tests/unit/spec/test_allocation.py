@@ -1,0 +1,193 @@
+"""spec/allocation.py: the job's GPUs from each batch scheduler's own variables, each in its own form.
+
+Every value below is one a real job gets; the comment on each test says which
+scheduler code writes it (docs/schedulers.md cites the sources).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pyxis_hook.errors import RequestError
+from pyxis_hook.host.gpus import DeviceMajors, Gpu, HostGpus
+from pyxis_hook.spec.allocation import job_allocation, scheduler_of
+from pyxis_hook.spec.config import Config
+from pyxis_hook.spec.request import resolve_request
+
+#: four GPUs in PCI order whose minors are not their indices (host index 0 is /dev/nvidia2)
+UUIDS = ("GPU-3a1b2c4d-1111-2222-3333-444455556666", "GPU-8932f937-d72c-4106-c12f-20bd9faed9f6",
+         "GPU-b6c5d4e3-aaaa-bbbb-cccc-ddddeeeeffff", "GPU-0f1e2d3c-9999-8888-7777-666655554444")
+MINORS = (2, 0, 3, 1)
+HOST = HostGpus(driver_version="550.127.05", majors=DeviceMajors(195, 511, 510, 509), gpus=tuple(
+    Gpu(index=i, minor=m, uuid=u, bus_id=f"0000:{0x17 + i:02x}:00.0", model="NVIDIA A100-SXM4-80GB",
+        proc_name=f"0000:{0x17 + i:02x}:00.0") for i, (m, u) in enumerate(zip(MINORS, UUIDS))))
+
+
+def indices(alloc) -> list[int]:
+    return [g.index for g in alloc.gpus]
+
+
+def resolve(env, allowed=None, config=None):
+    return resolve_request({"NVIDIA_VISIBLE_DEVICES": "all", **env}, {}, HOST, config or Config(), allowed)
+
+
+def test_no_scheduler():
+    assert job_allocation({"CUDA_VISIBLE_DEVICES": "0"}, HOST) is None
+    assert scheduler_of({"CUDA_VISIBLE_DEVICES": "0"}) is None
+
+
+# --------------------------------------------------------------------- no-GPU values
+
+
+@pytest.mark.parametrize("env, scheduler", [
+    # Flux's gpu-affinity shell plugin (src/shell/gpubind.c) writes -1 for a job without GPUs
+    ({"FLUX_JOB_ID": "f3Lv2CcRsQ3", "CUDA_VISIBLE_DEVICES": "-1"}, "Flux"),
+    # OpenPBS pbs_cgroups hook: a job without GPUs gets an empty value
+    ({"PBS_JOBID": "1234.pbs01", "CUDA_VISIBLE_DEVICES": ""}, "OpenPBS"),
+    # HTCondor: a slot without GPUs gets the ordinal 10000 in every GPU variable
+    ({"_CONDOR_AssignedGPUs": "10000", "CUDA_VISIBLE_DEVICES": "10000", "GPU_DEVICE_ORDINAL": "10000",
+      "BATCH_SYSTEM": "HTCondor"}, "HTCondor"),
+])
+def test_no_gpu_values_mean_no_gpu(env, scheduler):
+    alloc = job_allocation(env, HOST)
+    assert alloc is not None and alloc.scheduler == scheduler and alloc.gpus == ()
+    req = resolve(env)
+    assert req.gpus == () and req.scheduler == scheduler  # 'all' is the allocation: nothing, not every GPU
+    assert any("selected no GPU" in w for w in req.warnings)
+
+
+def test_gpu_outside_a_no_gpu_allocation_names_the_variable():
+    with pytest.raises(RequestError) as e:
+        resolve_request({"NVIDIA_VISIBLE_DEVICES": "0", "FLUX_JOB_ID": "f3Lv2CcRsQ3",
+                         "CUDA_VISIBLE_DEVICES": "-1"}, {}, HOST, Config())
+    assert str(e.value) == "GPU 0 is not in this job's allocation (CUDA_VISIBLE_DEVICES=-1)"
+
+
+# --------------------------------------------------------------------- HTCondor
+
+
+def test_condor_uuid_prefix():
+    # HTCondor >= 9.0 default: _CONDOR_AssignedGPUs holds GPU-<first 8 hex of the UUID>
+    env = {"_CONDOR_AssignedGPUs": "GPU-8932f937,GPU-0f1e2d3c", "CUDA_VISIBLE_DEVICES": "GPU-8932f937,GPU-0f1e2d3c",
+           "BATCH_SYSTEM": "HTCondor"}
+    alloc = job_allocation(env, HOST)
+    assert alloc is not None and (alloc.scheduler, indices(alloc)) == ("HTCondor", [1, 3])
+    assert alloc.source == "_CONDOR_AssignedGPUs=GPU-8932f937,GPU-0f1e2d3c"
+    req = resolve(env)
+    assert [g.index for g in req.gpus] == [1, 3]
+    assert not any("disagrees" in w for w in req.warnings)  # CUDA takes a unique UUID prefix
+
+
+def test_condor_by_index_job():
+    # condor_gpu_discovery -by-index: _CONDOR_AssignedGPUs=CUDA1,CUDA3; 9.10 to 24.0.13 left the prefix in
+    # CUDA_VISIBLE_DEVICES too (the bug form), later versions strip it
+    for cvd in ("CUDA1,CUDA3", "1,3"):
+        env = {"_CONDOR_AssignedGPUs": "CUDA1,CUDA3", "CUDA_VISIBLE_DEVICES": cvd, "GPU_DEVICE_ORDINAL": "1,3"}
+        assert indices(job_allocation(env, HOST)) == [1, 3]
+    # without _CONDOR_AssignedGPUs (not passed into the container) the bug form is read from CUDA_VISIBLE_DEVICES
+    alloc = job_allocation({"BATCH_SYSTEM": "HTCondor", "CUDA_VISIBLE_DEVICES": "CUDA1,CUDA3"}, HOST)
+    assert alloc is not None and indices(alloc) == [1, 3] and alloc.source == "CUDA_VISIBLE_DEVICES=CUDA1,CUDA3"
+
+
+def test_condor_full_uuid_and_unknown():
+    # HTCondor >= 23.0.4 also writes full UUIDs (into NVIDIA_VISIBLE_DEVICES); a full UUID is accepted too
+    assert indices(job_allocation({"_CONDOR_AssignedGPUs": UUIDS[2]}, HOST)) == [2]
+    with pytest.raises(RequestError, match=r"^_CONDOR_AssignedGPUs=GPU-deadbeef: GPU GPU-deadbeef does not exist"):
+        job_allocation({"_CONDOR_AssignedGPUs": "GPU-deadbeef"}, HOST)
+
+
+# --------------------------------------------------------------------- LSF
+
+
+def test_lsf_renumbered_inside_device_cgroup():
+    # bsub -gpu with LSB_RESOURCE_ENFORCE="gpu": the job's device cgroup allows host GPUs 2 and 3
+    # (/dev/nvidia3, /dev/nvidia1) and LSF renumbers them from 0: CUDA_VISIBLE_DEVICES=0,1
+    env = {"LSB_JOBID": "4711", "CUDA_VISIBLE_DEVICES": "0,1"}
+    allowed = frozenset({3, 1})
+    alloc = job_allocation(env, HOST, allowed)
+    assert alloc is not None and (alloc.scheduler, indices(alloc)) == ("LSF", [2, 3])
+    req = resolve(env, allowed)
+    assert [g.index for g in req.gpus] == [2, 3] and req.allocation == (2, 3)
+    # one renumbered id: the first GPU of the cgroup, not host GPU 1
+    assert indices(job_allocation({**env, "CUDA_VISIBLE_DEVICES": "1"}, HOST, allowed)) == [3]
+    with pytest.raises(RequestError, match=r"^CUDA_VISIBLE_DEVICES=0,2: GPU 2 does not exist in this job's device "
+                                           r"cgroup, which allows 2 GPU\(s\)"):
+        job_allocation({**env, "CUDA_VISIBLE_DEVICES": "0,2"}, HOST, allowed)
+
+
+def test_lsf_global_without_device_cgroup():
+    # bsub -gpu without enforcement: LSF writes the GPUs' global ids
+    alloc = job_allocation({"LSB_JOBID": "4711", "CUDA_VISIBLE_DEVICES": "1,2"}, HOST)
+    assert alloc is not None and indices(alloc) == [1, 2]
+    with pytest.raises(RequestError, match=r"GPU 3 is not in this job's allocation \(CUDA_VISIBLE_DEVICES=1,2\)"):
+        resolve_request({"NVIDIA_VISIBLE_DEVICES": "3", "LSB_JOBID": "4711", "CUDA_VISIBLE_DEVICES": "1,2"}, {},
+                        HOST, Config())
+
+
+# --------------------------------------------------------------------- PBS and Torque
+
+
+def test_openpbs_uuids():
+    # OpenPBS >= 20 pbs_cgroups hook: full UUIDs plus CUDA_DEVICE_ORDER=PCI_BUS_ID
+    env = {"PBS_JOBID": "1234.pbs01", "CUDA_VISIBLE_DEVICES": f"{UUIDS[3]},{UUIDS[0]}",
+           "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    alloc = job_allocation(env, HOST)
+    assert alloc is not None and (alloc.scheduler, indices(alloc)) == ("OpenPBS", [0, 3])
+    req = resolve(env)
+    assert [g.index for g in req.gpus] == [0, 3]
+    assert any(r.startswith("OpenPBS job 1234.pbs01") for r in req.reasons)
+
+
+def test_pbs_pro_19_minors():
+    # PBS Pro <= 19 pbs_cgroups hook: /dev/nvidiaN minor numbers; minors 0 and 1 are host GPUs 1 and 3 here
+    alloc = job_allocation({"PBS_JOBID": "99.pbs", "CUDA_VISIBLE_DEVICES": "0,1"}, HOST)
+    assert alloc is not None and indices(alloc) == [1, 3]
+
+
+def test_torque_multi_node_gpu_file():
+    # Torque >= 4.2.8, a job on two nodes: PBS_GPUFILE (first node only) lists "<node>-gpu<i>" for both
+    # nodes; each MoM sets CUDA_VISIBLE_DEVICES to its own node's global indices, which alone count
+    env = {"PBS_JOBID": "77.torque", "PBS_GPUFILE": "/var/spool/torque/aux/77.torquegpu",
+           "PBS_VERSION": "TORQUE-6.1.3", "CUDA_VISIBLE_DEVICES": "2,3"}
+    alloc = job_allocation(env, HOST)
+    assert alloc is not None and (alloc.scheduler, indices(alloc)) == ("Torque", [2, 3])
+    assert "PBS_GPUFILE" in alloc.reason
+    assert scheduler_of({"PBS_JOBID": "77.torque", "PBS_VERSION": "TORQUE-6.1.3"}) == "Torque"
+
+
+# --------------------------------------------------------------------- Flux, Slurm, policy
+
+
+def test_flux_global_indices():
+    # Flux gpu-affinity plugin: Flux GPU ids = PCI order, not renumbered
+    alloc = job_allocation({"FLUX_JOB_ID": "f3Lv2CcRsQ3", "CUDA_VISIBLE_DEVICES": "0,2"}, HOST)
+    assert alloc is not None and (alloc.scheduler, indices(alloc)) == ("Flux", [0, 2])
+
+
+def test_slurm_is_one_source():
+    alloc = job_allocation({"SLURM_JOB_ID": "9", "SLURM_STEP_GPUS": "1", "CUDA_VISIBLE_DEVICES": "0"}, HOST)
+    assert alloc is not None and (alloc.scheduler, alloc.source, indices(alloc)) == ("Slurm", "SLURM_STEP_GPUS=1",
+                                                                                       [1])
+
+
+def test_scheduler_variable_without_gpu_variable():
+    # PBS without the cgroup hook's devices subsystem sets no CUDA_VISIBLE_DEVICES: no bound known
+    assert scheduler_of({"PBS_JOBID": "1.pbs"}) == "OpenPBS"
+    assert job_allocation({"PBS_JOBID": "1.pbs"}, HOST) is None
+
+
+def test_policy_ignore_reads_no_scheduler():
+    req = resolve({"FLUX_JOB_ID": "f1", "CUDA_VISIBLE_DEVICES": "-1"}, config=Config(slurm_policy="ignore"))
+    assert len(req.gpus) == 4 and req.allocation is None
+    assert any("slurm-policy is 'ignore'" in r for r in req.reasons)
+
+
+@pytest.mark.parametrize("env, words", [
+    ({"FLUX_JOB_ID": "f1", "CUDA_VISIBLE_DEVICES": "7"}, "CUDA_VISIBLE_DEVICES=7: GPU 7 does not exist on this host"),
+    ({"PBS_JOBID": "1.pbs", "CUDA_VISIBLE_DEVICES": "9"}, "CUDA_VISIBLE_DEVICES=9: /dev/nvidia9 is not a GPU"),
+    ({"LSB_JOBID": "1", "CUDA_VISIBLE_DEVICES": "GPU-x"}, "CUDA_VISIBLE_DEVICES=GPU-x: 'GPU-x' is not a GPU"),
+])
+def test_bad_values_are_one_line_errors(env, words):
+    with pytest.raises(RequestError) as e:
+        job_allocation(env, HOST)
+    assert str(e.value).startswith(words) and "\n" not in str(e.value)

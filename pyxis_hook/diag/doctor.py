@@ -399,6 +399,9 @@ def run_checks(config, env: DoctorEnv | None = None, inventory=None) -> tuple[Fi
     out += check_cgroup(config, env)
     out += check_openat2()
     out += check_slurm(inv.host, config, env)
+    from pyxis_hook.diag.schedcheck import check_scheduler
+
+    out += check_scheduler(inv.host, config, env)
     return tuple(out)
 
 

@@ -386,3 +386,20 @@ def test_cgroup_hybrid_without_v1_devices_and_v1_without_devices(tmp_path, drive
     assert (f.code, f.what) == ("cgroup-v2", "cgroup hybrid: device access is decided by eBPF programs")
     _self_cgroup(cfg, "3:cpu:/user.slice\n")
     assert (doctor.check_cgroup(cfg, env)[0].severity, doctor.check_cgroup(cfg, env)[0].code) == ("warning", "cgroup")
+
+
+def test_scheduler_line_names_the_scheduler_and_its_gpus(tmp_path, driver):
+    # a Flux job step with one GPU (gpu-affinity writes Flux GPU ids, PCI order); then one without GPUs (-1)
+    from pyxis_hook.diag.schedcheck import check_scheduler
+
+    cfg = host_config(tmp_path, driver)
+    host = discover(cfg, strict=False).host
+    _self_cgroup(cfg, "0::/user.slice\n")
+    env = denv(tmp_path, environ=(("FLUX_JOB_ID", "f3Lv2CcRsQ3"), ("CUDA_VISIBLE_DEVICES", "1")))
+    f = only(check_scheduler(host, cfg, env), "scheduler")
+    assert f.severity == "ok" and f.what.startswith("Flux job: Flux job f3Lv2CcRsQ3: CUDA_VISIBLE_DEVICES=1: host GPUs 1")
+    env = denv(tmp_path, environ=(("FLUX_JOB_ID", "f3Lv2CcRsQ3"), ("CUDA_VISIBLE_DEVICES", "-1")))
+    assert "without GPUs" in only(check_scheduler(host, cfg, env), "scheduler").what
+    env = denv(tmp_path, environ=(("LSB_JOBID", "4711"), ("CUDA_VISIBLE_DEVICES", "5")))
+    assert only(check_scheduler(host, cfg, env), "scheduler-allocation").severity == "error"
+    assert check_scheduler(host, cfg, denv(tmp_path)) == []

@@ -276,6 +276,22 @@ def read_slurm_cgroup(proc_root: str, pid: int | str) -> SlurmCgroup | None:
     return slurm_of_lines(parse_proc_cgroup(cg)) if cg is not None else None
 
 
+def _v1_devices_dir(proc_root: str, pid: int | str, mountinfo_pid: int | str) -> DeviceCgroup | None:
+    """The v1 devices cgroup of `pid` with a host directory; None on v2, without cgroups or mount."""
+    cg = read_text(os.path.join(proc_root, str(pid), "cgroup"))
+    if cg is None or "devices" not in cg:  # no v1 devices controller: skip reading all of mountinfo
+        return None
+    dc = devices_cgroup(cg, read_text(os.path.join(proc_root, str(mountinfo_pid), "mountinfo")) or "")
+    if dc is None or dc.controller != "v1" or dc.fs_path is None:
+        return None
+    return dc
+
+
+def _minors_of(directory: str, candidates, major: int) -> frozenset[int] | None:
+    text = read_text(os.path.join(directory, "devices.list"))
+    return None if text is None else allowed_minors(parse_devices_list(text), major, candidates)
+
+
 def gpu_minors_allowed(proc_root: str, pid: int | str, candidates, nvidia_major: int = 195,
                        mountinfo_pid: int | str = "self") -> frozenset[int] | None:
     """Which of `candidates` GPU minors process `pid` may open; None = cannot tell.
@@ -283,13 +299,53 @@ def gpu_minors_allowed(proc_root: str, pid: int | str, candidates, nvidia_major:
     "Cannot tell" covers v2 (eBPF rules we do not decode), a process without
     a readable cgroup, and a devices hierarchy we cannot find or read.
     """
-    cg = read_text(os.path.join(proc_root, str(pid), "cgroup"))
-    if cg is None or "devices" not in cg:  # no v1 devices controller: skip reading all of mountinfo
+    dc = _v1_devices_dir(proc_root, pid, mountinfo_pid)
+    return None if dc is None or dc.fs_path is None else _minors_of(dc.fs_path, candidates, nvidia_major)
+
+
+@record
+class GpuBound:
+    """The GPU minors a container may be given, and which device cgroup said so (for the log).
+
+    `task_minors` is set when a Slurm task's own cgroup allowed fewer GPUs
+    than its step's and the step's list won (`minors`).
+    """
+
+    minors: frozenset[int]
+    source: str
+    task_minors: frozenset[int] | None = None
+
+
+def step_dir(task_dir: str, slurm: SlurmCgroup) -> str | None:
+    """The host directory of the step cgroup above task cgroup `task_dir` (v1 `step_S/task_T`,
+    v2 `step_S/user/task_T`, Slurm's `src/plugins/cgroup/v1` and `v2`); None when it is not below one."""
+    marker = f"/step_{slurm.step}/"
+    at = task_dir.rfind(marker)
+    return None if at < 0 or slurm.task is None else task_dir[:at + len(marker) - 1]
+
+
+def gpu_bound(proc_root: str, pid: int | str, candidates, nvidia_major: int = 195,
+              mountinfo_pid: int | str = "self") -> GpuBound | None:
+    """The GPU minors for a container started by process `pid`; None = cannot tell (as `gpu_minors_allowed`).
+
+    Pyxis starts one container per node for all the tasks of a step, from
+    whichever task comes first.  Under `--gpus-per-task` and
+    `ConstrainDevices=yes` that task's cgroup (`.../step_S/task_T`) allows
+    only its own GPU, while the step's cgroup above it allows every GPU of
+    the step on this node (Slurm's `task_cgroup_devices.c` writes both).
+    The container must hold the step's GPUs: each task's own cgroup still
+    confines that task.  So a task cgroup's list is widened to its step's.
+    """
+    dc = _v1_devices_dir(proc_root, pid, mountinfo_pid)
+    if dc is None or dc.fs_path is None:
         return None
-    dc = devices_cgroup(cg, read_text(os.path.join(proc_root, str(mountinfo_pid), "mountinfo")) or "")
-    if dc is None or dc.controller != "v1" or dc.fs_path is None:
+    own = _minors_of(dc.fs_path, candidates, nvidia_major)
+    if own is None:
         return None
-    text = read_text(os.path.join(dc.fs_path, "devices.list"))
-    if text is None:
-        return None
-    return allowed_minors(parse_devices_list(text), nvidia_major, candidates)
+    slurm = slurm_cgroup(dc.path)
+    step = step_dir(dc.fs_path, slurm) if slurm is not None else None
+    wider = _minors_of(step, candidates, nvidia_major) if step is not None else None
+    if slurm is not None and wider is not None and wider > own:
+        return GpuBound(wider, f"GPUs from the step's device cgroup (step_{slurm.step}) over the task's "
+                               f"(task_{slurm.task})", own)
+    return GpuBound(own, "GPUs from the device cgroup")

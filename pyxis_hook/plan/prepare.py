@@ -66,6 +66,38 @@ def with_mig_uuids(inventory):
     return inv_mod.with_host(inventory, nvml.fill_mig_uuids(inventory.host, lib))
 
 
+def confinement(env, host, proc_root: str = "/proc", pid: int | str | None = None):
+    """(env, allowed GPU minors) for a hook whose process `pid` may sit in a device cgroup.
+
+    `allowed` is None when the cgroup does not narrow the host's GPUs or
+    cannot tell (v2).  In a Slurm task cgroup the step's allocation on this
+    node wins over the task's narrower view (`cgroup.gpu_bound`), and GPU
+    variables that hold the task's renumbered view are set aside
+    (`taskview`); the log says which source won.
+    """
+    from pyxis_hook.host import cgroup, gpus
+    from pyxis_hook.plan import taskview
+
+    pid = os.getpid() if pid is None else pid
+    bound = cgroup.gpu_bound(proc_root, pid, [g.minor for g in host.gpus], host.majors.nvidia or gpus.NVIDIA_MAJOR)
+    allowed = None
+    if bound is not None:
+        allowed = bound.minors
+        (log.info if bound.task_minors is not None else log.debug)(
+            f"{bound.source}: GPU minors {','.join(map(str, sorted(bound.minors))) or 'none'}")
+        if len(allowed) == len(host.gpus):
+            allowed = None  # not confined
+    if taskview.GPUS_ON_NODE in env:
+        in_task = bound is not None and bound.task_minors is not None
+        if not in_task:
+            slurm = cgroup.read_slurm_cgroup(proc_root, pid)
+            in_task = slurm is not None and slurm.task is not None
+        env, notes = taskview.step_env(env, in_task)
+        for note in notes:
+            log.info(note)
+    return env, allowed
+
+
 def prepare(config: Config, bundle, *, state=None, check: bool = False, confine: bool = True,
             pin=None) -> Prepared:
     """Decide everything for `bundle` (an oci.Bundle); never touches the container.
@@ -100,12 +132,7 @@ def prepare(config: Config, bundle, *, state=None, check: bool = False, confine:
         host = inventory.host
     allowed = None
     if confine:
-        from pyxis_hook.host import cgroup, gpus
-
-        allowed = cgroup.gpu_minors_allowed("/proc", os.getpid(), [g.minor for g in host.gpus],
-                                            host.majors.nvidia or gpus.NVIDIA_MAJOR)
-        if allowed is not None and len(allowed) == len(host.gpus):
-            allowed = None  # not confined
+        env, allowed = confinement(env, host)
     cuda = None
     if inventory.cuda_version:
         from pyxis_hook.host.cudaversion import format_cuda_version

@@ -9,6 +9,8 @@ controller.  The container is started by `srun` through
 CUDA_VISIBLE_DEVICES into config.json's process.env as podman `--env-host`
 or Pyxis would.  While another job holds GPUs 0 and 1, `srun --gres=gpu:2`
 must give the container exactly GPUs 2 and 3, and CUDA_VISIBLE_DEVICES=0,1.
+Under `--gpus-per-task=1` one container, started from task 0 as Pyxis does,
+must let every task open its own GPU.
 """
 
 from __future__ import annotations
@@ -224,3 +226,83 @@ def test_request_outside_the_allocation_is_bounded(cluster, tmp_path):
     gpus = {n for n in r.stdout.splitlines()[0].split() if n[len("nvidia"):].isdigit()}
     assert len(gpus) == 1, r.stdout
     assert "CVD=0" in r.stdout
+
+
+# Pyxis starts one container per node from the first task and the other tasks join it (setns into its
+# namespaces, each staying in its own cgroup).  This launcher does the same with runc: task 0 starts the
+# container with the hook, every task then enters its mount namespace and root (`nsenter -m -r`) and opens
+# the GPU its own device cgroup allows (found by opening the host's nodes: ENXIO = allowed, EPERM = denied).
+# runc's /dev is a tmpfs holding only the injected nodes, as under ENROOT_RESTRICT_DEV=y.
+SHARED_LAUNCHER = r'''
+import errno, json, os, subprocess, sys, time
+sys.path.insert(0, {tests!r})
+from fixtures.container import make_bundle
+bundle, hook_json = sys.argv[1], sys.argv[2]
+local = os.environ["SLURM_LOCALID"]
+name = "pyxis-pertask-" + os.environ["SLURM_JOB_ID"]
+def wait(path):
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            sys.exit(f"task {{local}}: timed out waiting for {{path}}")
+        time.sleep(0.2)
+if local == "0":
+    keep = [f"{{k}}={{v}}" for k, v in os.environ.items()
+            if k.startswith("SLURM_") or k in ("CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL")]
+    make_bundle(bundle, env=("NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=compute,utility", *keep),
+                args=("/bin/cat",), hooks={{"prestart": [json.loads(hook_json)]}})
+    cfg_path = os.path.join(bundle, "config.json")
+    cfg = json.load(open(cfg_path))
+    cfg["linux"]["resources"]["devices"] = [{{"allow": True, "access": "rwm"}}]  # see LAUNCHER
+    json.dump(cfg, open(cfg_path, "w"))
+    # the container's `cat` reads this pipe: it lives until task 0 closes it
+    runc = subprocess.Popen(["runc", "run", "-d", name], cwd=bundle, stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL)
+    rc = runc.wait()
+    open(bundle + ".started", "w").write(str(rc))
+    if rc:
+        sys.exit(rc)
+wait(bundle + ".started")
+pid = json.loads(subprocess.run(["runc", "state", name], capture_output=True, text=True, check=True).stdout)["pid"]
+own = []
+for minor in range(4):
+    try:
+        os.close(os.open(f"/dev/nvidia{{minor}}", os.O_RDWR))
+    except OSError as e:
+        if e.errno == errno.ENXIO:
+            own.append(minor)
+for minor in own:
+    r = subprocess.run(["nsenter", "-t", str(pid), "-m", "-r", "-w", "/bin/sh", "-c", f"cat /dev/nvidia{{minor}}"],
+                       capture_output=True, text=True)
+    print(f"task {{local}} gpu {{minor}}: {{(r.stdout + r.stderr).strip()}}", flush=True)
+open(f"{{bundle}}.done{{local}}", "w").close()
+if local == "0":
+    for i in range(int(os.environ["SLURM_NTASKS"])):
+        wait(f"{{bundle}}.done{{i}}")
+    subprocess.run(["runc", "delete", "-f", name], capture_output=True)
+'''
+
+
+@pytest.mark.parametrize("bind", [[], ["--gpu-bind=none"]], ids=["gpu-bind", "gpu-bind-none"])
+def test_per_task_binding_each_task_opens_its_gpu_in_the_shared_container(cluster, tmp_path, bind):
+    """`srun -n2 --gpus-per-task=1`: Slurm tells each task SLURM_STEP_GPUS=0 (or nothing), the hook runs
+    in task 0's cgroup, and the one container must still hold task 1's GPU."""
+    host = make_host(tmp_path / "host")
+    launcher = tmp_path / "shared.py"
+    launcher.write_text(SHARED_LAUNCHER.format(tests=str(REPO / "tests")))
+    bundle = tmp_path / "bundle"
+    fresh_rootfs(bundle / "rootfs")
+    import json
+
+    r = cluster.srun("-n2", "--gpus-per-task=1", *bind, sys.executable, str(launcher), str(bundle),
+                     json.dumps(hook_entry(host.conf)), timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = sorted(ln for ln in r.stdout.splitlines() if ln.startswith("task "))
+    # --gpus-per-task binds one GPU to each task; --gpu-bind=none lets each open both of the step's
+    assert {ln.split()[1] for ln in lines} == {"0", "1"} and len(lines) == (4 if bind else 2), r.stdout + r.stderr
+    # each task's node is in the container and its own cgroup lets it open it (only the driver is missing)
+    for line in lines:
+        assert "No such device or address" in line, r.stdout
+    log = (host.base / "hook.log").read_text()
+    if not bind:
+        assert "SLURM_STEP_GPUS=0 names 1 of the step's 2 GPU(s) on this node" in log, log

@@ -16,10 +16,12 @@ import pytest
 from pyxis_hook.host.cgroup import (
     CgroupLine,
     DeviceRule,
+    GpuBound,
     SlurmCgroup,
     allowed_minors,
     cgroup_version,
     devices_cgroup,
+    gpu_bound,
     gpu_minors_allowed,
     parse_devices_list,
     parse_mountinfo,
@@ -28,6 +30,7 @@ from pyxis_hook.host.cgroup import (
     read_slurm_cgroup,
     slurm_cgroup,
     slurm_of_lines,
+    step_dir,
 )
 
 V1_SLURM_CGROUP = """\
@@ -202,3 +205,64 @@ def _v1_devices_mount() -> str | None:
     return None
 
 
+
+
+# ------------------------------------------------------------------ per-task binding
+# `srun -N2 -n4 --gpus-per-task=1` with ConstrainDevices=yes (cgroup/v1): the task bound to GPU 1
+# sits in .../step_0/task_1, whose devices.list allows only 195:1; step_0's allows 195:0 and 195:1.
+
+def _slurm_tree(tmp_path: Path, step_rules: str | None, task_rules: str | None, task: bool = True) -> str:
+    """A fake /proc whose process 9 sits in a Slurm v1 step (and task) cgroup under tmp_path/cg."""
+    step = tmp_path / "cg/slurm/uid_1000/job_42/step_0"
+    leaf = step / "task_1" if task else step
+    leaf.mkdir(parents=True)
+    if step_rules is not None:
+        (step / "devices.list").write_text(step_rules)
+    if task and task_rules is not None:
+        (leaf / "devices.list").write_text(task_rules)
+    path = "/slurm/uid_1000/job_42/step_0" + ("/task_1" if task else "")
+    mountinfo = f"30 25 0:27 / {tmp_path / 'cg'} rw,nosuid - cgroup cgroup rw,devices\n"
+    return _fake_proc(tmp_path, 9, f"10:devices:{path}\n4:cpu,cpuacct:{path}\n", mountinfo)
+
+
+STEP_RULES = "c 136:* rwm\nc 195:0 rw\nc 195:1 rw\nc 195:255 rw\n"
+TASK_RULES = "c 136:* rwm\nc 195:1 rw\nc 195:255 rw\n"
+
+
+def test_task_cgroup_widened_to_its_steps(tmp_path):
+    proc = _slurm_tree(tmp_path, STEP_RULES, TASK_RULES)
+    bound = gpu_bound(proc, 9, range(4))
+    assert bound == GpuBound(frozenset({0, 1}), "GPUs from the step's device cgroup (step_0) over the task's "
+                             "(task_1)", frozenset({1}))
+    # the process's own cgroup is still what gpu_minors_allowed (doctor's check) reports
+    assert gpu_minors_allowed(proc, 9, range(4)) == frozenset({1})
+
+
+def test_task_cgroup_equal_to_its_step_is_its_own(tmp_path):
+    proc = _slurm_tree(tmp_path, STEP_RULES, STEP_RULES)
+    assert gpu_bound(proc, 9, range(4)) == GpuBound(frozenset({0, 1}), "GPUs from the device cgroup")
+
+
+def test_step_without_task_cgroups_unchanged(tmp_path):
+    proc = _slurm_tree(tmp_path, TASK_RULES, None, task=False)
+    assert gpu_bound(proc, 9, range(4)) == GpuBound(frozenset({1}), "GPUs from the device cgroup")
+
+
+def test_unreadable_step_list_keeps_the_tasks(tmp_path):
+    proc = _slurm_tree(tmp_path, None, TASK_RULES)
+    assert gpu_bound(proc, 9, range(4)) == GpuBound(frozenset({1}), "GPUs from the device cgroup")
+
+
+def test_gpu_bound_cannot_tell_on_v2(tmp_path):
+    assert gpu_bound(_fake_proc(tmp_path, 5, V2_SLURM_CGROUP, V2_MOUNTINFO), 5, range(4)) is None
+
+
+@pytest.mark.parametrize("task_dir, slurm, expected", [
+    ("/sys/fs/cgroup/devices/slurm/uid_1/job_7/step_0/task_3", SlurmCgroup(7, "0", "3", 1),
+     "/sys/fs/cgroup/devices/slurm/uid_1/job_7/step_0"),
+    ("/sys/fs/cgroup/system.slice/slurmstepd.scope/job_7/step_2/user/task_0", SlurmCgroup(7, "2", "0"),
+     "/sys/fs/cgroup/system.slice/slurmstepd.scope/job_7/step_2"),
+    ("/sys/fs/cgroup/devices/slurm/uid_1/job_7/step_0", SlurmCgroup(7, "0", None, 1), None),
+])
+def test_step_dir(task_dir, slurm, expected):
+    assert step_dir(task_dir, slurm) == expected

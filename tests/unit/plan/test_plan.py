@@ -265,14 +265,15 @@ def test_prepare_is_bounded_by_the_hooks_device_cgroup(world, tmp_path, monkeypa
 
     def allowed(proc_root, pid, candidates, major):
         seen.append((sorted(candidates), major))
-        return frozenset({1, 3})
+        return cgroup.GpuBound(frozenset({1, 3}), "GPUs from the device cgroup")
 
-    monkeypatch.setattr(cgroup, "gpu_minors_allowed", allowed)
+    monkeypatch.setattr(cgroup, "gpu_bound", allowed)
     bundle = oci.load_bundle(str(make_bundle(tmp_path / "b", env=("NVIDIA_VISIBLE_DEVICES=all",))))
     assert prepare(cfg, bundle).request.gpu_minors == (1, 3)
     assert seen == [([0, 1, 2, 3], 195)]
     assert prepare(cfg, bundle, confine=False).request.gpu_minors == (0, 1, 2, 3)
-    monkeypatch.setattr(cgroup, "gpu_minors_allowed", lambda *a: frozenset({0, 1, 2, 3}))  # not confined
+    monkeypatch.setattr(cgroup, "gpu_bound",  # not confined
+                        lambda *a: cgroup.GpuBound(frozenset({0, 1, 2, 3}), "GPUs from the device cgroup"))
     assert prepare(cfg, bundle).request.gpu_minors == (0, 1, 2, 3)
 
 

@@ -42,8 +42,11 @@ def read_proc_driver_files(proc_root: str) -> tuple[tuple[str, str], ...] | None
         try:
             with open(os.path.join(base, name), "rb") as f:
                 out.append((name, f.read(PROC_FILE_LIMIT).decode("utf-8", "replace")))
-        except OSError:
-            continue
+        except FileNotFoundError:
+            continue  # not every driver publishes every file
+        except OSError as e:  # the start goes on; the container's view lacks the file, and the log says so
+            log.warning(f"{os.path.join(base, name)}: cannot read ({e.strerror}): "
+                        "the container's /proc/driver/nvidia will not have it")
     return tuple(out)
 
 

@@ -318,3 +318,18 @@ def test_image_files_at_link_paths_are_covered_with_the_hosts_file(world, tmp_pa
     assert any(n.startswith(f"warning: {lib}/libcuda.so.1: a directory of the image is there") for n in warnings)
     assert not plan.problems
     validate(to_json(prepared), "plan.schema.json")
+
+
+def test_an_unreadable_proc_driver_file_is_said_in_the_log(tmp_path, monkeypatch):
+    """The start goes on without the file (the container's view lacks it); the hook's log says which and why."""
+    from pyxis_hook import log
+
+    base = tmp_path / "driver/nvidia"
+    base.mkdir(parents=True)
+    (base / "version").write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.216.03\n")
+    (base / "params").mkdir()  # unreadable as a file: EISDIR
+    said = []
+    monkeypatch.setattr(log, "warning", said.append)
+    files = read_proc_driver_files(str(tmp_path))
+    assert [name for name, _ in files] == ["version"]
+    assert len(said) == 1 and said[0].startswith(f"{base}/params: cannot read (Is a directory)")

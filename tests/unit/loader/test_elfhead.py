@@ -1,7 +1,7 @@
 """loader/elfhead.py: the one ELF header and note reader, both byte orders, against pyelftools and tiny files.
 
-The files under tests/data/elf/ are written by tests/data/elf/make.py (a
-few hundred bytes each; `readelf -h -n -d` reads them too).
+The tiny files are written at run time by `fixtures.tinyelf` (a few hundred
+bytes each; `readelf -h -n -d` reads them too).
 """
 
 from __future__ import annotations
@@ -18,13 +18,21 @@ from elftools.elf.enums import ENUM_E_MACHINE, ENUM_E_TYPE, ENUM_E_VERSION
 from elftools.elf.structs import ELFStructs
 from hypothesis import given, settings, strategies as st
 
+from fixtures import tinyelf
 from pyxis_hook.errors import ElfError
 from pyxis_hook.loader import elf, elfhead
 from pyxis_hook.plan import container
 
-DATA = Path(__file__).resolve().parents[2] / "data" / "elf"
 VALID = {"le64.so": (64, "little", 62), "le32.so": (32, "little", 3), "be64.so": (64, "big", 22),
          "be32.so": (32, "big", 20)}
+
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    """The tiny valid and broken ELF files, written once for this module."""
+    return tinyelf.write_all(tmp_path_factory.mktemp("elf"))
+
 
 u16, u32 = st.integers(0, 0xFFFF), st.integers(0, 0xFFFFFFFF)
 
@@ -88,13 +96,13 @@ def test_notes_never_read_past_the_end(raw, end, align):
 
 
 @pytest.mark.parametrize("name", sorted(VALID))
-def test_tiny_files_header_as_pyelftools_reads_it(name):
-    raw = (DATA / name).read_bytes()
-    cls, data, machine = VALID[name]
+def test_tiny_files_header_as_pyelftools_reads_it(data, name):
+    raw = (data / name).read_bytes()
+    cls, order, machine = VALID[name]
     h = elfhead.parse_header(raw[:64], name)
     e = ELFFile(io.BytesIO(raw))
-    assert (h.elfclass, h.data, h.machine, h.etype) == (e.elfclass, data, machine, 3)
-    assert e.little_endian == (data == "little")
+    assert (h.elfclass, h.data, h.machine, h.etype) == (e.elfclass, order, machine, 3)
+    assert e.little_endian == (order == "little")
     assert (h.phoff, h.phnum, h.shoff, h.shnum, h.shstrndx) == (e["e_phoff"], e["e_phnum"], e["e_shoff"],
                                                                 e["e_shnum"], e["e_shstrndx"])
     section = e.get_section_by_name(".note.cuda.fwd_compatibility")
@@ -105,16 +113,16 @@ def test_tiny_files_header_as_pyelftools_reads_it(name):
 
 
 @pytest.mark.parametrize("name", sorted(VALID))
-def test_tiny_files_abi_note_and_soname_in_both_orders(name):
-    info = elf.read_elf(str(DATA / name))
+def test_tiny_files_abi_note_and_soname_in_both_orders(data, name):
+    info = elf.read_elf(str(data / name))
     assert (info.elfclass, info.byteorder, info.soname, info.abi_note) == (
         VALID[name][0], VALID[name][1], "libtiny.so.1", (0, 3, 2, 0))
 
 
 @pytest.mark.parametrize("name, machine", [("le64.so", "x86_64"), ("le32.so", "x86_64"), ("be64.so", "s390x")])
-def test_hot_path_reader_on_tiny_files(name, machine):
+def test_hot_path_reader_on_tiny_files(data, name, machine):
     """The compat-dir reader: the file's facts in this machine's byte order, a problem in the other."""
-    path = DATA / name
+    path = data / name
     fd = os.open(path, os.O_RDONLY)
     try:
         if VALID[name][1] == sys.byteorder:
@@ -129,11 +137,11 @@ def test_hot_path_reader_on_tiny_files(name, machine):
 
 @pytest.mark.parametrize("name, message", [("truncated.so", "file too short (40 bytes, the ELF header needs 64)"),
                                            ("badmagic.so", "not an ELF file (invalid ELF header)")])
-def test_broken_tiny_files_are_one_error(name, message):
-    raw = (DATA / name).read_bytes()
+def test_broken_tiny_files_are_one_error(data, name, message):
+    raw = (data / name).read_bytes()
     with pytest.raises(ElfError, match=rf"^{name}: {message.replace('(', '[(]').replace(')', '[)]')}$"):
         elfhead.parse_header(raw[:64], name)
-    fd = os.open(DATA / name, os.O_RDONLY)
+    fd = os.open(data / name, os.O_RDONLY)
     try:
         with pytest.raises(container.ElfFactsError, match=message.split(" (")[0]):
             container.read_elf_facts(fd, len(raw), "x86_64", True)
@@ -141,13 +149,13 @@ def test_broken_tiny_files_are_one_error(name, message):
         os.close(fd)
 
 
-def test_bad_class_is_reported_not_guessed():
-    raw = (DATA / "badclass.so").read_bytes()
+def test_bad_class_is_reported_not_guessed(data):
+    raw = (data / "badclass.so").read_bytes()
     h = elfhead.parse_header(raw[:64], "badclass.so")
     assert (h.elfclass, h.machine, h.phnum) == (0, 0, 0)
     with pytest.raises(ElfError, match="bad EI_CLASS"):
-        elf.read_elf(str(DATA / "badclass.so"))
-    fd = os.open(DATA / "badclass.so", os.O_RDONLY)
+        elf.read_elf(str(data / "badclass.so"))
+    fd = os.open(data / "badclass.so", os.O_RDONLY)
     try:
         with pytest.raises(container.ElfFactsError, match="not an ELF file"):
             container.read_elf_facts(fd, len(raw), "x86_64", True)

@@ -13,18 +13,14 @@ from pyxis_hook.errors import PyxisHookError
 
 def check_scheduler(host, config, env) -> list[Finding]:
     """One finding naming the scheduler and its allocation; none outside a batch job."""
-    from pyxis_hook.host import cgroup
+    from pyxis_hook.plan.prepare import confinement
     from pyxis_hook.spec.allocation import job_allocation, scheduler_of
 
-    environ = dict(env.environ)
-    which = scheduler_of(environ)
+    which = scheduler_of(dict(env.environ))
     if which is None:
         return []
-    minors = [g.minor for g in host.gpus if not g.excluded]
-    nv = host.majors.nvidia if host.majors.nvidia is not None else 195
-    allowed = cgroup.gpu_minors_allowed(config.proc_root, env.self_pid, minors, nv, mountinfo_pid=env.self_pid)
-    if allowed is not None and len(allowed) == len(minors):
-        allowed = None  # not confined (as plan.prepare decides)
+    # the hook's own decision: the device cgroup's bound and a task's renumbered view set aside
+    environ, allowed = confinement(dict(env.environ), host, config.proc_root, env.self_pid)
     try:
         alloc = job_allocation(environ, host, allowed)
     except PyxisHookError as e:

@@ -71,3 +71,14 @@ def test_step_env_keeps_a_view_that_counts_the_step():
     env, notes = step_env(TASK1_BOUND, True)
     assert "SLURM_STEP_GPUS" not in env and len(notes) == 1
     assert step_env({**TASK1_BOUND, "SLURM_GPUS_ON_NODE": "x"}, True)[1] == ()
+
+
+def test_doctor_reads_the_job_as_the_hook_does(tmp_path):
+    """doctor's scheduler line comes from the hook's own decision: a task's renumbered
+    SLURM_STEP_GPUS=0 is set aside there too, not reported as the job's GPUs."""
+    from pyxis_hook.diag.doctor import DoctorEnv
+    from pyxis_hook.diag.schedcheck import check_scheduler
+
+    proc = _slurm_tree(tmp_path, STEP_RULES, TASK_RULES, True)
+    [f] = check_scheduler(mkhost(4), Config(proc_root=proc), DoctorEnv(environ=tuple(TASK1_BOUND.items()), self_pid=9))
+    assert (f.severity, f.code) == ("info", "scheduler") and "not set" in f.what

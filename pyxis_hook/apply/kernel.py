@@ -1,4 +1,4 @@
-"""Thin ctypes wrappers for the Linux syscalls the hook needs and CPython 3.11 lacks.
+"""Thin ctypes-style wrappers for the Linux syscalls the hook needs and CPython 3.11 lacks.
 
 Python 3.11 has no `os.setns`/`os.unshare` and no wrapper for any mount
 syscall, and the ones that matter for safety (openat2, open_tree,
@@ -13,10 +13,10 @@ errno (ENOSYS -> fallback, ENOENT -> create) and show the message as is
 
 from __future__ import annotations
 
-import ctypes
 import errno as _errno
 import os
 
+from pyxis_hook.apply import cabi
 from pyxis_hook.errors import ApplyError, InternalSignal
 
 # --- constants (linux/sched.h, linux/mount.h, linux/openat2.h, linux/prctl.h) ---
@@ -110,9 +110,7 @@ class SyscallError(InternalSignal):
         self.errno = err
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_syscall = _libc.syscall
-_syscall.restype = ctypes.c_long
+_syscall = cabi.libc_function("syscall", cabi.c_long)
 
 
 def _nr(name: str) -> int:
@@ -125,7 +123,7 @@ def _nr(name: str) -> int:
 
 
 def _fail(what: str, path: str | None = None) -> SyscallError:
-    err = ctypes.get_errno()
+    err = cabi.get_errno()
     where = f" {path}" if path else ""
     return SyscallError(f"{what}{where}: {os.strerror(err)}", err)
 
@@ -135,36 +133,36 @@ def _path(p: str | None) -> bytes | None:
 
 
 def _call(name: str, *args) -> int:
-    ctypes.set_errno(0)
-    return _syscall(ctypes.c_long(_nr(name)), *args)
+    cabi.set_errno(0)
+    return _syscall(cabi.c_long(_nr(name)), *args)
 
 
 def setns(fd: int, nstype: int, what: str = "") -> None:
     """Join the namespace `fd` refers to (must be single-threaded for CLONE_NEWNS)."""
-    if _call("setns", ctypes.c_int(fd), ctypes.c_int(nstype)) != 0:
+    if _call("setns", cabi.c_int(fd), cabi.c_int(nstype)) != 0:
         raise _fail("setns", what or f"fd {fd}")
 
 
 def unshare(flags: int) -> None:
-    if _call("unshare", ctypes.c_int(flags)) != 0:
+    if _call("unshare", cabi.c_int(flags)) != 0:
         raise _fail("unshare", hex(flags))
 
 
 def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None,
           what: str = "") -> None:
-    r = _call("mount", ctypes.c_char_p(_path(source)), ctypes.c_char_p(_path(target)),
-              ctypes.c_char_p(_path(fstype)), ctypes.c_ulong(flags), ctypes.c_char_p(_path(data)))
+    r = _call("mount", cabi.c_char_p(_path(source)), cabi.c_char_p(_path(target)),
+              cabi.c_char_p(_path(fstype)), cabi.c_ulong(flags), cabi.c_char_p(_path(data)))
     if r != 0:
         raise _fail("mount", what or target)
 
 
 def umount2(target: str, flags: int = MNT_DETACH, what: str = "") -> None:
-    if _call("umount2", ctypes.c_char_p(_path(target)), ctypes.c_int(flags)) != 0:
+    if _call("umount2", cabi.c_char_p(_path(target)), cabi.c_int(flags)) != 0:
         raise _fail("umount", what or target)
 
 
 def open_tree(dirfd: int, path: str, flags: int, what: str = "") -> int:
-    r = _call("open_tree", ctypes.c_int(dirfd), ctypes.c_char_p(_path(path)), ctypes.c_uint(flags))
+    r = _call("open_tree", cabi.c_int(dirfd), cabi.c_char_p(_path(path)), cabi.c_uint(flags))
     if r < 0:
         raise _fail("open_tree", what or path)
     return r
@@ -172,28 +170,28 @@ def open_tree(dirfd: int, path: str, flags: int, what: str = "") -> int:
 
 def move_mount(from_dirfd: int, from_path: str, to_dirfd: int, to_path: str, flags: int,
                what: str = "") -> None:
-    r = _call("move_mount", ctypes.c_int(from_dirfd), ctypes.c_char_p(_path(from_path)),
-              ctypes.c_int(to_dirfd), ctypes.c_char_p(_path(to_path)), ctypes.c_uint(flags))
+    r = _call("move_mount", cabi.c_int(from_dirfd), cabi.c_char_p(_path(from_path)),
+              cabi.c_int(to_dirfd), cabi.c_char_p(_path(to_path)), cabi.c_uint(flags))
     if r != 0:
         raise _fail("move_mount", what or to_path)
 
 
-class _MountAttr(ctypes.Structure):
-    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
-                ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
+class _MountAttr(cabi.Structure):
+    _fields_ = [("attr_set", cabi.c_uint64), ("attr_clr", cabi.c_uint64),
+                ("propagation", cabi.c_uint64), ("userns_fd", cabi.c_uint64)]
 
 
 def mount_setattr(dirfd: int, path: str, flags: int, attr_set: int = 0, attr_clr: int = 0,
                   propagation: int = 0, what: str = "") -> None:
     attr = _MountAttr(attr_set, attr_clr, propagation, 0)
-    r = _call("mount_setattr", ctypes.c_int(dirfd), ctypes.c_char_p(_path(path)), ctypes.c_uint(flags),
-              ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)))
+    r = _call("mount_setattr", cabi.c_int(dirfd), cabi.c_char_p(_path(path)), cabi.c_uint(flags),
+              cabi.byref(attr), cabi.c_size_t(cabi.sizeof(attr)))
     if r != 0:
         raise _fail("mount_setattr", what or path)
 
 
-class _OpenHow(ctypes.Structure):
-    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+class _OpenHow(cabi.Structure):
+    _fields_ = [("flags", cabi.c_uint64), ("mode", cabi.c_uint64), ("resolve", cabi.c_uint64)]
 
 
 #: How often openat2 is tried when the kernel answers EAGAIN.  With RESOLVE_IN_ROOT (or BENEATH)
@@ -209,12 +207,12 @@ OPENAT2_TRIES = 64
 def openat2(dirfd: int, path: str, flags: int, mode: int = 0, resolve: int = 0) -> int:
     """openat2(2), retried on EAGAIN (`OPENAT2_TRIES`); raises SyscallError (ENOSYS on kernels < 5.6)."""
     how = _OpenHow(flags | os.O_CLOEXEC, mode, resolve)
-    arg_path = ctypes.c_char_p(_path(path))
+    arg_path = cabi.c_char_p(_path(path))
     for _ in range(OPENAT2_TRIES):
-        r = _call("openat2", ctypes.c_int(dirfd), arg_path, ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
+        r = _call("openat2", cabi.c_int(dirfd), arg_path, cabi.byref(how), cabi.c_size_t(cabi.sizeof(how)))
         if r >= 0:
             return r
-        if ctypes.get_errno() != _errno.EAGAIN:
+        if cabi.get_errno() != _errno.EAGAIN:
             raise _fail("open", path)
     raise SyscallError(f"open {path}: {BUSY}", _errno.EAGAIN)
 
@@ -225,28 +223,28 @@ BUSY = (f"the kernel asked {OPENAT2_TRIES} times in a row to retry the lookup (E
 
 
 def fsopen(fstype: str) -> int:
-    r = _call("fsopen", ctypes.c_char_p(_path(fstype)), ctypes.c_uint(FSOPEN_CLOEXEC))
+    r = _call("fsopen", cabi.c_char_p(_path(fstype)), cabi.c_uint(FSOPEN_CLOEXEC))
     if r < 0:
         raise _fail("fsopen", fstype)
     return r
 
 
 def fsconfig_string(fsfd: int, key: str, value: str) -> None:
-    r = _call("fsconfig", ctypes.c_int(fsfd), ctypes.c_uint(FSCONFIG_SET_STRING),
-              ctypes.c_char_p(_path(key)), ctypes.c_char_p(_path(value)), ctypes.c_int(0))
+    r = _call("fsconfig", cabi.c_int(fsfd), cabi.c_uint(FSCONFIG_SET_STRING),
+              cabi.c_char_p(_path(key)), cabi.c_char_p(_path(value)), cabi.c_int(0))
     if r != 0:
         raise _fail("fsconfig", f"{key}={value}")
 
 
 def fsconfig_create(fsfd: int) -> None:
-    r = _call("fsconfig", ctypes.c_int(fsfd), ctypes.c_uint(FSCONFIG_CMD_CREATE),
-              ctypes.c_char_p(None), ctypes.c_char_p(None), ctypes.c_int(0))
+    r = _call("fsconfig", cabi.c_int(fsfd), cabi.c_uint(FSCONFIG_CMD_CREATE),
+              cabi.c_char_p(None), cabi.c_char_p(None), cabi.c_int(0))
     if r != 0:
         raise _fail("fsconfig", "create")
 
 
 def fsmount(fsfd: int, attr_flags: int) -> int:
-    r = _call("fsmount", ctypes.c_int(fsfd), ctypes.c_uint(FSMOUNT_CLOEXEC), ctypes.c_uint(attr_flags))
+    r = _call("fsmount", cabi.c_int(fsfd), cabi.c_uint(FSMOUNT_CLOEXEC), cabi.c_uint(attr_flags))
     if r < 0:
         raise _fail("fsmount", "")
     return r
@@ -254,10 +252,9 @@ def fsmount(fsfd: int, attr_flags: int) -> int:
 
 def prctl(option: int, arg: int = 0, arg3: int = 0) -> int:
     """prctl(2) with up to two arguments; returns its (non-negative) result."""
-    _libc.prctl.restype = ctypes.c_int
-    ctypes.set_errno(0)
-    r = _libc.prctl(ctypes.c_int(option), ctypes.c_ulong(arg), ctypes.c_ulong(arg3), ctypes.c_ulong(0),
-                    ctypes.c_ulong(0))
+    cabi.set_errno(0)
+    r = _prctl(cabi.c_int(option), cabi.c_ulong(arg), cabi.c_ulong(arg3), cabi.c_ulong(0),
+                    cabi.c_ulong(0))
     if r < 0:
         raise _fail("prctl", str(option))
     return r
@@ -268,27 +265,28 @@ def no_new_privs() -> None:
     prctl(PR_SET_NO_NEW_PRIVS, 1)
 
 
-class _CapHeader(ctypes.Structure):
-    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+class _CapHeader(cabi.Structure):
+    _fields_ = [("version", cabi.c_uint32), ("pid", cabi.c_int)]
 
 
-class _CapData(ctypes.Structure):
-    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
-                ("inheritable", ctypes.c_uint32)]
+class _CapData(cabi.Structure):
+    _fields_ = [("effective", cabi.c_uint32), ("permitted", cabi.c_uint32),
+                ("inheritable", cabi.c_uint32)]
 
 
 #: glibc's wrappers (same on every architecture), looked up now: the child that calls them may
 #: be chrooted into an image, where nothing should need resolving
-_capget = _libc.capget
-_capset = _libc.capset
+_capget = cabi.libc_function("capget", cabi.c_int)
+_capset = cabi.libc_function("capset", cabi.c_int)
+_prctl = cabi.libc_function("prctl", cabi.c_int)
 
 
 def capget(pid: int = 0) -> tuple[int, int, int]:
     """(effective, permitted, inheritable) of `pid` (0: this thread) as 64-bit masks (v3 header)."""
     head = _CapHeader(_LINUX_CAPABILITY_VERSION_3, pid)
     data = (_CapData * 2)()
-    ctypes.set_errno(0)
-    if _capget(ctypes.byref(head), data) != 0:
+    cabi.set_errno(0)
+    if _capget(cabi.byref(head), data) != 0:
         raise _fail("capget", str(pid))
     lo, hi = data[0], data[1]
     return (lo.effective | hi.effective << 32, lo.permitted | hi.permitted << 32,
@@ -304,8 +302,8 @@ def capset(effective: int, permitted: int, inheritable: int) -> None:
         data[i].effective = (effective >> shift) & 0xFFFFFFFF
         data[i].permitted = (permitted >> shift) & 0xFFFFFFFF
         data[i].inheritable = (inheritable >> shift) & 0xFFFFFFFF
-    ctypes.set_errno(0)
-    if _capset(ctypes.byref(head), data) != 0:
+    cabi.set_errno(0)
+    if _capset(cabi.byref(head), data) != 0:
         raise _fail("capset", f"effective={effective:#x} permitted={permitted:#x}")
 
 
@@ -368,10 +366,10 @@ def have_new_mount_api() -> bool:
     global HAVE_NEW_MOUNT_API
     if HAVE_NEW_MOUNT_API is None:
         ok = True
-        for name, args in (("open_tree", (ctypes.c_int(-1), ctypes.c_char_p(b""), ctypes.c_uint(0))),
-                           ("mount_setattr", (ctypes.c_int(-1), ctypes.c_char_p(b""), ctypes.c_uint(0),
-                                              ctypes.c_void_p(None), ctypes.c_size_t(0)))):
-            if _call(name, *args) < 0 and ctypes.get_errno() in (_errno.ENOSYS, _errno.EPERM):
+        for name, args in (("open_tree", (cabi.c_int(-1), cabi.c_char_p(b""), cabi.c_uint(0))),
+                           ("mount_setattr", (cabi.c_int(-1), cabi.c_char_p(b""), cabi.c_uint(0),
+                                              cabi.c_void_p(None), cabi.c_size_t(0)))):
+            if _call(name, *args) < 0 and cabi.get_errno() in (_errno.ENOSYS, _errno.EPERM):
                 ok = False
         HAVE_NEW_MOUNT_API = ok
     return HAVE_NEW_MOUNT_API

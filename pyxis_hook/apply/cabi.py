@@ -1,0 +1,62 @@
+"""The C types and libc calls `kernel` needs, built from `_ctypes` directly.
+
+`import ctypes` costs ~1.3 ms of every GPU start (its `__init__` defines some
+40 types and imports `struct`, `types` and `ctypes._endian` for byte-swapped
+structures the hook never uses); the syscall wrappers need eight simple
+types, `Structure` and one kind of function pointer.  These are the classes
+ctypes itself defines (`ctypes/__init__.py`: each simple type is a
+`_SimpleCData` subclass naming its struct code in `_type_`; `CDLL` makes its
+functions as `CFuncPtr` subclasses with `FUNCFLAG_CDECL | FUNCFLAG_USE_ERRNO`),
+so they behave identically, `get_errno` included.
+"""
+
+from _ctypes import (  # noqa: F401 - re-exported: kernel's vocabulary
+    FUNCFLAG_CDECL,
+    FUNCFLAG_USE_ERRNO,
+    CFuncPtr,
+    Structure,
+    _SimpleCData,
+    byref,
+    dlopen,
+    get_errno,
+    set_errno,
+    sizeof,
+)
+
+
+def _simple(name: str, code: str) -> type:
+    """A simple C type, as ctypes defines it: a `_SimpleCData` subclass with its struct code."""
+    return type(name, (_SimpleCData,), {"_type_": code})
+
+
+c_int = _simple("c_int", "i")
+c_uint = _simple("c_uint", "I")
+c_long = _simple("c_long", "l")
+c_ulong = _simple("c_ulong", "L")
+c_uint32 = _simple("c_uint32", "I")
+c_uint64 = _simple("c_uint64", "Q")
+c_char_p = _simple("c_char_p", "z")
+c_void_p = _simple("c_void_p", "P")
+c_size_t = c_ulong  # LP64: every architecture the hook supports (kernel._ARCH_NR)
+
+
+class _Handle:
+    """What CFuncPtr reads a library from (a `ctypes.CDLL` is such an object: its `_handle`)."""
+
+    def __init__(self, handle: int):
+        self._handle = handle
+
+
+#: the process's own symbols (dlopen(NULL): the interpreter and the libc it links), as
+#: `ctypes.CDLL(None)` opens them on Linux (mode 0; `_ctypes.dlopen` adds RTLD_NOW)
+_LIBC = _Handle(dlopen(None, 0))
+
+
+def libc_function(name: str, restype: type):
+    """A libc function returning `restype` that keeps errno for `get_errno` (ctypes' `use_errno=True`)."""
+
+    class _Fn(CFuncPtr):
+        _flags_ = FUNCFLAG_CDECL | FUNCFLAG_USE_ERRNO
+        _restype_ = restype
+
+    return _Fn((name, _LIBC))  # type: ignore[arg-type]  # CFuncPtr reads only `_handle`

@@ -225,7 +225,9 @@ def load_or_build(config, *, strict: bool = True):
             except SnapshotError:
                 pass
         from pyxis_hook.host.discovery import discover
+        import gc
 
+        gc.enable()  # the hook's start turns it off; a build parses ELF files for seconds
         inv = discover(config, strict=strict, host=host)
         if inv.usable:
             try:

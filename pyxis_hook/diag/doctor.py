@@ -368,8 +368,14 @@ def check_slurm(host, config, env: DoctorEnv) -> list[Finding]:
         return [Finding("info", "slurm-devices", f"Slurm job {job}: cannot tell which GPUs its device cgroup allows",
                         "cgroup v2 device rules are eBPF programs, which are not decoded here",
                         "make sure cgroup.conf has ConstrainDevices=yes")]
-    alloc = environ.get("SLURM_STEP_GPUS") or environ.get("SLURM_JOB_GPUS")
-    allocated = {t for t in (alloc or "").split(",") if t.strip()}
+    from pyxis_hook.errors import RequestError
+    from pyxis_hook.spec.allocation import job_allocation
+
+    try:  # the hook's own reading of the job's variables (spec.allocation), not a second count
+        job_gpus = job_allocation(environ, host)
+    except RequestError:  # a value naming no GPU here: schedcheck's finding says so
+        job_gpus = None
+    allocated = job_gpus.gpus if job_gpus is not None and job_gpus.scheduler == "Slurm" else ()
     if len(allowed) == len(minors) and (not allocated or len(allocated) < len(minors)):
         return [Finding("warning", "slurm-not-confined",
                         f"Slurm job {job}: its device cgroup allows every GPU ({len(minors)})"

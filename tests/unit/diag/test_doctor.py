@@ -263,6 +263,18 @@ def test_slurm_job_not_confined(tmp_path, driver):
     assert "ConstrainDevices=yes" in f.fix
 
 
+def test_slurm_not_confined_counts_the_step_as_the_hook_reads_it(tmp_path, driver):
+    """A step on another node of a batch job inherits the batch host's SLURM_JOB_GPUS (two GPUs here):
+    SLURM_STEP_GPUS (one, as a UUID) is what the hook reads (spec.allocation), and what doctor counts."""
+    cfg = host_config(tmp_path, driver)
+    _slurm_v1(cfg, tmp_path, "a *:* rwm\n")
+    host = discover(cfg, strict=False).host
+    uuid = host.gpus[1].uuid
+    env = denv(tmp_path, environ=(("SLURM_JOB_ID", "42"), ("SLURM_JOB_GPUS", "0,1"), ("SLURM_STEP_GPUS", uuid)))
+    f = only(doctor.check_slurm(host, cfg, env), "slurm-not-confined")
+    assert f.what == "Slurm job 42: its device cgroup allows every GPU (2) although it was allocated 1"
+
+
 def test_slurm_v2_and_no_slurm(tmp_path, driver):
     cfg = host_config(tmp_path, driver)
     host = discover(cfg, strict=False).host

@@ -18,6 +18,7 @@ hook injected, without it enroot binds the node's whole /dev.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from e2e.conftest import DRIVER_VERSION, fresh_rootfs
 from fixtures.fakedriver import make_fake_driver
 from fixtures.hosttree import fake_gpus
 from fixtures.pyxisbuild import require_build
-from fixtures.pyxiscluster import pyxis_cluster, squashfs_image
+from fixtures.pyxiscluster import cached_squashfs, pyxis_cluster, squashfs_image
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root, pytest.mark.slow,
               pytest.mark.skipif(not (shutil.which("slurmctld") and shutil.which("munged")),
@@ -226,3 +227,36 @@ def test_per_task_binding_each_task_opens_its_gpu_in_the_nodes_container(pyxis, 
     if bound:
         for node in pyxis[1].values():
             assert "names 1 of the step's 2 GPU(s) on this node (SLURM_GPUS_ON_NODE=2)" in node.log_text()
+
+
+@pytest.mark.realdriver
+def test_cuda_clients_image_loads_the_host_driver(pyxis, tmp_path):
+    """A Debian image with cuda-bindings and nvidia-ml-py from PyPI, started by Pyxis, loads the host's 535 driver."""
+    from e2e.test_cuda_clients import LINE, PROBE as CLIENT_PROBE, file_id, host_file, mapped_from
+    from fixtures.distroimage import require_image
+    from fixtures.realdriver import CUDA_VERSION, driver_version, require_driver_root
+
+    cluster, nodes, _ = pyxis
+    driver = require_driver_root(LINE, "debian")
+    image = cached_squashfs(require_image(), {"probe.py": CLIENT_PROBE}, tmp_path / "overlay")
+    node = nodes["pxa"]
+    version = node.base / "host/proc/driver/nvidia/version"
+    fake_version = version.read_text()
+    node.write_conf(driver)
+    version.write_text(f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {driver_version(LINE)}  "
+                       "Thu Jan  1 00:00:00 UTC 2026\n")
+    try:
+        r = cluster.srun("-w", "pxa", "--gres=gpu:1", f"--container-image={image}", "python3", "/probe.py",
+                         env={**cluster.env, **IMAGE_ENV, "ENROOT_RESTRICT_DEV": "y"}, timeout=300)
+    finally:
+        version.write_text(fake_version)
+        node.write_conf(node.base.parent / "driver")
+    assert r.returncode == 0, r.stdout + r.stderr + cluster.logs()
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("PROBE ")]
+    assert lines, r.stdout + r.stderr
+    probe = json.loads(lines[-1][len("PROBE "):])
+    assert probe["cuDriverGetVersion"] == [0, CUDA_VERSION[LINE]], probe
+    assert probe["cuInit"] == 100 and probe["nvmlInit"] == 9, probe  # no kernel module on this machine
+    # the files the interpreter mapped are the host driver's own (device, inode), bound in by the hook
+    assert mapped_from(probe, "libcuda.so") == {file_id(host_file(driver, "libcuda.so"))}, probe["maps"]
+    assert mapped_from(probe, "libnvidia-ml.so") == {file_id(host_file(driver, "libnvidia-ml.so"))}, probe["maps"]

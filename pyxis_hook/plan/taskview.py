@@ -16,13 +16,13 @@ is readable, and each task's own cgroup confines that task.
 from __future__ import annotations
 
 from pyxis_hook.asks import split_tokens
-from pyxis_hook.spec.allocation import SLURM_VARS
+from pyxis_hook.spec.allocation import GPUS_ON_NODE, SLURM_VARS
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # hints only: typing costs ~3 ms on the hook's path
     from typing import Mapping
 
-GPUS_ON_NODE = "SLURM_GPUS_ON_NODE"
+__all__ = ("GPUS_ON_NODE", "step_env")
 
 
 def step_env(env: Mapping[str, str], in_task: bool) -> tuple[Mapping[str, str], tuple[str, ...]]:

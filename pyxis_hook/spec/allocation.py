@@ -40,10 +40,12 @@ if TYPE_CHECKING:  # hints only: typing costs ~3 ms on the hook's path
 
 CVD = "CUDA_VISIBLE_DEVICES"
 SLURM_VARS = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS")
+#: the step's GPU count on this node, kept whole when a task's SLURM_*_GPUS are renumbered (plan.taskview)
+GPUS_ON_NODE = "SLURM_GPUS_ON_NODE"
 CONDOR_ASSIGNED = "_CONDOR_AssignedGPUs"
 CONDOR_VARS = (CONDOR_ASSIGNED, CVD, "GPU_DEVICE_ORDINAL")
 #: every variable a scheduler decision reads: the enroot mode takes these from the hook's own environment
-JOB_VARS = (*SLURM_VARS, CVD, "LSB_JOBID", "PBS_JOBID", "PBS_GPUFILE", "PBS_VERSION", CONDOR_ASSIGNED,
+JOB_VARS = (*SLURM_VARS, GPUS_ON_NODE, CVD, "LSB_JOBID", "PBS_JOBID", "PBS_GPUFILE", "PBS_VERSION", CONDOR_ASSIGNED,
             "BATCH_SYSTEM", "GPU_DEVICE_ORDINAL", "FLUX_JOB_ID")
 #: HTCondor's value for a slot without GPUs (condor_gpu_discovery's "no device" ordinal)
 CONDOR_NO_GPU = "10000"

@@ -1,9 +1,8 @@
 """A real single-node Slurm (Debian slurm-wlm 22.05, munge) launching a container with the hook.
 
-slurmctld and slurmd run on this host as root with their own munge daemon,
-ports, spool and state dirs (nothing under /etc is touched).  gres.conf names
-`/dev/nvidia[0-3]`, fake nodes made with mknod (only where absent, removed
-afterwards); `cgroup.conf` has ConstrainDevices=yes on the v1 device
+The cluster is `fixtures.slurmcluster.Cluster` with one node on this host:
+gres.conf names `/dev/nvidia[0-3]`, fake nodes made with mknod (only where
+absent, removed afterwards), ConstrainDevices=yes on the v1 device
 controller.  The container is started by `srun` through
 `runc run` with our prestart hook; the launcher copies the step's SLURM_* and
 CUDA_VISIBLE_DEVICES into config.json's process.env as podman `--env-host`
@@ -15,18 +14,15 @@ must let every task open its own GPU.
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from e2e.conftest import fresh_rootfs, hook_entry, make_host
+from fixtures.slurmcluster import Cluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root, pytest.mark.slow,
               pytest.mark.skipif(not (shutil.which("slurmctld") and shutil.which("munged")),
@@ -61,104 +57,6 @@ sys.exit(r.returncode)
 '''
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Cluster:
-    """slurmctld + slurmd + munged on localhost, all state under `base`."""
-
-    def __init__(self, base: Path):
-        self.base = base
-        self.made_nodes: list[str] = []
-        self.pidfiles: list[Path] = []
-        for sub in ("state", "spool", "log", "munge"):
-            (base / sub).mkdir(parents=True, exist_ok=True)
-        os.chmod(base / "munge", 0o700)
-        key = base / "munge/munge.key"
-        key.write_bytes(os.urandom(1024))
-        os.chmod(key, 0o400)
-        self.sock = base / "munge/munge.sock"
-        self.conf = base / "slurm.conf"
-        self.env = dict(os.environ, SLURM_CONF=str(self.conf))
-        host = socket.gethostname().split(".")[0]
-        self.conf.write_text(f"""ClusterName=pyxistest
-SlurmctldHost={host}(127.0.0.1)
-SlurmctldPort={_port()}
-SlurmdPort={_port()}
-AuthType=auth/munge
-AuthInfo=socket={self.sock}
-CredType=cred/munge
-SlurmUser=root
-SlurmdUser=root
-StateSaveLocation={base}/state
-SlurmdSpoolDir={base}/spool
-SlurmctldPidFile={base}/slurmctld.pid
-SlurmdPidFile={base}/slurmd.pid
-SlurmctldLogFile={base}/log/slurmctld.log
-SlurmdLogFile={base}/log/slurmd.log
-ProctrackType=proctrack/cgroup
-TaskPlugin=task/cgroup
-GresTypes=gpu
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-ReturnToService=2
-MpiDefault=none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-NodeName={host} NodeAddr=127.0.0.1 CPUs=2 RealMemory=1000 Gres=gpu:4 State=UNKNOWN
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
-""")
-        (base / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\nConstrainDevices=yes\n"
-                                          "CgroupMountpoint=/sys/fs/cgroup\n")
-        (base / "gres.conf").write_text("Name=gpu File=/dev/nvidia[0-3]\n")
-
-    def start(self) -> None:
-        for i in range(4):
-            path = f"/dev/nvidia{i}"
-            if not os.path.lexists(path):
-                os.mknod(path, 0o666 | 0o020000, os.makedev(195, i))
-                self.made_nodes.append(path)
-            elif os.stat(path).st_rdev != os.makedev(195, i):
-                raise RuntimeError(f"{path} exists and is not c 195:{i}: refusing to use this host")
-        m = self.base / "munge"
-        self._daemon(["munged", "--force", "-S", str(self.sock), "--key-file", str(m / "munge.key"),
-                      "--pid-file", str(m / "pid"), "--log-file", str(m / "log"), "--seed-file", str(m / "seed")],
-                     m / "pid")
-        self._daemon(["slurmctld", "-f", str(self.conf)], self.base / "slurmctld.pid")
-        self._daemon(["slurmd", "-f", str(self.conf)], self.base / "slurmd.pid")
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            r = subprocess.run(["sinfo", "-h", "-o", "%t"], env=self.env, capture_output=True, text=True)
-            if r.stdout.strip() == "idle":
-                return
-            time.sleep(0.5)
-        raise RuntimeError(f"slurm did not come up: {r.stdout} {r.stderr} {self.logs()}")
-
-    def _daemon(self, cmd: list[str], pidfile: Path) -> None:
-        subprocess.run(cmd, env=self.env, check=True, capture_output=True)
-        self.pidfiles.append(pidfile)
-
-    def logs(self) -> str:
-        return "".join(p.read_text()[-2000:] for p in (self.base / "log").glob("*.log"))
-
-    def srun(self, *args: str, timeout: int = 60, **kw) -> subprocess.CompletedProcess:
-        return subprocess.run(["srun", *args], env=self.env, capture_output=True, text=True, timeout=timeout, **kw)
-
-    def stop(self) -> None:
-        subprocess.run(["scancel", "--full", "-u", "root"], env=self.env, capture_output=True)
-        for pidfile in reversed(self.pidfiles):
-            try:
-                os.kill(int(pidfile.read_text().strip()), signal.SIGTERM)
-            except (OSError, ValueError):
-                pass
-        time.sleep(1)
-        for path in self.made_nodes:
-            os.unlink(path)
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     c = Cluster(tmp_path_factory.mktemp("slurm"))
@@ -190,14 +88,7 @@ def test_srun_gres_gpu2_gives_exactly_the_allocated_gpus(cluster, tmp_path):
     busy = subprocess.Popen(["srun", "--gres=gpu:2", "sleep", "60"], env=cluster.env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            q = subprocess.run(["squeue", "-h", "-t", "R", "-o", "%i"], env=cluster.env, capture_output=True, text=True)
-            if q.stdout.strip():
-                break
-            time.sleep(0.3)
-        else:
-            pytest.fail("the job holding GPUs 0,1 never started: " + cluster.logs())
+        cluster.wait_running()
         r = _launch(cluster, tmp_path, host, "gpu:2")
     finally:
         busy.kill()

@@ -82,3 +82,19 @@ def test_doctor_reads_the_job_as_the_hook_does(tmp_path):
     proc = _slurm_tree(tmp_path, STEP_RULES, TASK_RULES, True)
     [f] = check_scheduler(mkhost(4), Config(proc_root=proc), DoctorEnv(environ=tuple(TASK1_BOUND.items()), self_pid=9))
     assert (f.severity, f.code) == ("info", "scheduler") and "not set" in f.what
+
+
+def test_enroot_hook_reads_the_step_count_from_its_own_environment(tmp_path):
+    """Pyxis runs enroot, and so its hook, with the task's environment; the image's file has no Slurm variables.
+
+    Seen with real Pyxis 0.24 + enroot 4.1.2: without SLURM_GPUS_ON_NODE taken
+    over from the hook's environment, task 0's SLURM_STEP_GPUS=0 bounded the
+    shared container to one GPU and task 1 found no node for its own.
+    """
+    from pyxis_hook.engines import enroot
+
+    image = (("NVIDIA_VISIBLE_DEVICES", "all"), ("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"))
+    own = {k: v for k, v in TASK1_BOUND.items() if not k.startswith("NVIDIA_")}
+    env = enroot.container_env(image, own)
+    assert env["SLURM_GPUS_ON_NODE"] == "2"
+    assert _minors(env, tmp_path, STEP_RULES, TASK_RULES)[0] == [0, 1]

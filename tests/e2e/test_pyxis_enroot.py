@@ -1,0 +1,262 @@
+"""`srun --container-image=...` through real Pyxis 0.24 and enroot 4.1.2 with our hook, on two Slurm nodes.
+
+The cluster (`fixtures.pyxiscluster`) is Debian's Slurm 22.05 with two
+slurmds on this machine, each in its own mount + UTS namespace with its own
+/dev: node `pxa` holds GPUs with minors 0,1, node `pxb` GPUs with minors 2,3
+(host indices 0,1 on both: Slurm's global ids), gres.conf per node,
+ConstrainDevices=yes on the v1 device controller.  Pyxis runs enroot, whose
+hooks.d holds the `98-pyxis-hook.sh` that `pyxis-hook enroot --install`
+writes (and not enroot's `98-nvidia.sh`).  The image is a squashfs file
+(`--container-image=/path/x.sqsh`) whose environment says
+`NVIDIA_VISIBLE_DEVICES=all`.
+
+In the container a GPU node the task may open gives ENXIO ("No such device
+or address": allowed, but no kernel driver here) and one its device cgroup
+denies gives EPERM; under `ENROOT_RESTRICT_DEV=y` /dev holds only what the
+hook injected, without it enroot binds the node's whole /dev.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from e2e.conftest import DRIVER_VERSION, fresh_rootfs
+from fixtures.fakedriver import make_fake_driver
+from fixtures.hosttree import fake_gpus
+from fixtures.pyxisbuild import require_build
+from fixtures.pyxiscluster import cached_squashfs, pyxis_cluster, squashfs_image
+
+pytestmark = [pytest.mark.e2e, pytest.mark.root, pytest.mark.slow,
+              pytest.mark.skipif(not (shutil.which("slurmctld") and shutil.which("munged")),
+                                 reason="slurm-wlm and munge are not installed (.ci/run installs them)")]
+
+ENXIO = "No such device or address"
+EPERM = "Operation not permitted"
+NODE_MINORS = {"pxa": (0, 1), "pxb": (2, 3)}
+IMAGE_ENV = {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "compute,utility"}
+
+#: one line per task (busybox sh): what it sees, then one line per GPU node it tries to open
+PROBE = r'''
+n=$(hostname) t=$SLURM_PROCID
+echo "TASK $n $t gpus=$(ls /dev | grep -E '^nvidia[0-9]+$' | tr '\n' ,) ctl=$(ls /dev | grep -c '^nvidiactl$') \
+STEP=$SLURM_STEP_GPUS JOB=$SLURM_JOB_GPUS CVD=$CUDA_VISIBLE_DEVICES NVD=$NVIDIA_VISIBLE_DEVICES \
+cuda=$(gputest 2>&1 | head -1 | tr ' ' _)"
+for d in /dev/nvidia[0-9]*; do [ -e "$d" ] && echo "OPEN $n $t ${d#/dev/} $(cat "$d" 2>&1 | head -1 | sed 's/.*: //')"; done
+true
+'''
+
+
+@dataclass
+class Task:
+    """One task's report from inside its container."""
+
+    node: str
+    rank: str
+    fields: dict[str, str]
+    opens: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def gpus(self) -> set[str]:
+        return {g for g in self.fields["gpus"].split(",") if g}
+
+    def allowed(self) -> set[str]:
+        """The GPU nodes this task may open (ENXIO), as opposed to EPERM from its device cgroup."""
+        return {d for d, err in self.opens.items() if err == ENXIO}
+
+
+def parse(stdout: str) -> dict[tuple[str, str], Task]:
+    tasks: dict[tuple[str, str], Task] = {}
+    for line in stdout.splitlines():
+        parts = line.split(" ")
+        if parts[0] == "TASK":
+            tasks[(parts[1], parts[2])] = Task(parts[1], parts[2], dict(p.split("=", 1) for p in parts[3:]))
+    for line in stdout.splitlines():
+        parts = line.split(" ", 4)
+        if parts[0] == "OPEN":
+            tasks[(parts[1], parts[2])].opens[parts[3]] = parts[4]
+    return tasks
+
+
+def names(minors) -> set[str]:
+    return {f"nvidia{m}" for m in minors}
+
+
+@pytest.fixture(scope="module")
+def pyxis(tmp_path_factory):
+    build = require_build()
+    base = tmp_path_factory.mktemp("pyxis")
+    driver = make_fake_driver(base / "driver", version=DRIVER_VERSION)
+    gpus = {name: fake_gpus(2, minors=list(m), first_bus=0x06 + 0x10 * i) for i, (name, m) in
+            enumerate(NODE_MINORS.items())}
+    cluster, nodes = pyxis_cluster(base, build, gpus, driver)
+    rootfs = fresh_rootfs(base / "rootfs")
+    (rootfs / "probe.sh").write_text(PROBE)
+    image = squashfs_image(rootfs, base / "image.sqsh", IMAGE_ENV)
+    try:
+        cluster.start()
+        yield cluster, nodes, image
+    finally:
+        cluster.stop()
+
+
+def srun(pyxis, *args: str, env: dict[str, str] | None = None, script: str = PROBE, image: Path | None = None,
+         timeout: int = 120) -> tuple[subprocess.CompletedProcess, dict[tuple[str, str], Task]]:
+    cluster, _, default_image = pyxis
+    r = cluster.srun(*args, f"--container-image={image or default_image}", "sh", "-c", script,
+                     env={**cluster.env, **(env or {})}, timeout=timeout)
+    assert r.returncode == 0, r.stdout + r.stderr + cluster.logs()
+    return r, parse(r.stdout)
+
+
+def holding(pyxis, *args: str) -> subprocess.Popen:
+    """A job (no container) holding GPUs while a test runs; stop it with `release`."""
+    cluster = pyxis[0]
+    p = subprocess.Popen(["srun", *args, "sleep", "120"], env=cluster.env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cluster.wait_running()
+    return p
+
+
+def release(pyxis, p: subprocess.Popen) -> None:
+    p.kill()
+    p.wait()
+    subprocess.run(["scancel", "-u", "root"], env=pyxis[0].env, capture_output=True)
+
+
+RESTRICT = [{"ENROOT_RESTRICT_DEV": "y"}, {}]
+RESTRICT_IDS = ["restrict-dev", "host-dev"]
+
+
+@pytest.mark.parametrize("env", RESTRICT, ids=RESTRICT_IDS)
+def test_one_node_gets_exactly_its_allocation_while_another_job_holds_a_gpu(pyxis, env):
+    holder = holding(pyxis, "-w", "pxa", "--gres=gpu:1")
+    try:
+        _, tasks = srun(pyxis, "-w", "pxa", "--gres=gpu:1", env=env)
+    finally:
+        release(pyxis, holder)
+    (task,) = tasks.values()
+    # the other job holds host GPU 0 (minor 0): this step is GPU 1, which CUDA numbers 0
+    assert (task.fields["STEP"], task.fields["CVD"], task.fields["NVD"]) == ("1", "0", "all"), task
+    assert task.fields["cuda"] == "cuDriverGetVersion=12020_rc=0", task
+    # without ENROOT_RESTRICT_DEV enroot binds the node's /dev: the cgroup is then the only boundary
+    assert task.gpus == ({"nvidia1"} if env else names(NODE_MINORS["pxa"])), task
+    assert task.allowed() == {"nvidia1"}, task
+    if not env:
+        assert task.opens["nvidia0"] == EPERM, task
+
+
+@pytest.mark.parametrize("value", ["void", "none"])
+def test_the_jobs_void_or_none_wins_over_the_images_all(pyxis, value):
+    _, tasks = srun(pyxis, "-w", "pxa", "--gres=gpu:2", env={"ENROOT_RESTRICT_DEV": "y", "NVIDIA_VISIBLE_DEVICES": value})
+    (task,) = tasks.values()
+    assert task.gpus == set(), task
+    # the task reads what the hook honoured (written back to enroot's environment), not the image's `all`
+    assert task.fields["NVD"] == value, task
+    if value == "none":  # driver only: the control node and the host's libcuda, no GPU
+        assert task.fields["ctl"] == "1" and task.fields["cuda"] == "cuDriverGetVersion=12020_rc=0", task
+    else:  # not a GPU container: nothing injected
+        assert task.fields["ctl"] == "0" and "cuDriverGetVersion" not in task.fields["cuda"], task
+
+
+@pytest.mark.parametrize("env", RESTRICT, ids=RESTRICT_IDS)
+def test_two_nodes_each_container_holds_its_nodes_gpus(pyxis, env):
+    _, tasks = srun(pyxis, "-N2", "--gres=gpu:2", env=env)
+    assert sorted(t.node for t in tasks.values()) == ["pxa", "pxb"], tasks
+    for task in tasks.values():
+        mine = names(NODE_MINORS[task.node])
+        assert task.gpus == mine and task.allowed() == mine, task
+        assert (task.fields["STEP"], task.fields["CVD"]) == ("0,1", "0,1"), task
+        assert task.fields["cuda"] == "cuDriverGetVersion=12020_rc=0", task
+
+
+def test_gpus_3_spread_over_two_nodes(pyxis):
+    _, tasks = srun(pyxis, "-N2", "--gpus=3", env={"ENROOT_RESTRICT_DEV": "y"})
+    assert sorted(len(t.gpus) for t in tasks.values()) == [1, 2], tasks
+    for task in tasks.values():
+        assert task.gpus <= names(NODE_MINORS[task.node]) and task.allowed() == task.gpus, task
+        assert len(task.fields["STEP"].split(",")) == len(task.gpus), task
+
+
+def test_sbatch_step_on_the_second_node_follows_its_step_gpus(pyxis, tmp_path):
+    """A step on a node other than the batch host inherits the batch host's SLURM_JOB_GPUS."""
+    cluster, nodes, image = pyxis
+    holder = holding(pyxis, "-w", "pxb", "--gres=gpu:1")  # pxb's host GPU 0 (minor 2) is taken
+    out = tmp_path / "batch.out"
+    try:
+        r = cluster.run("sbatch", "--wait", "-N2", "--gres=gpu:1", "-w", "pxa,pxb", "-o", str(out),
+                        f"--wrap=srun --container-image={image} sh /probe.sh",
+                        env={**cluster.env, "ENROOT_RESTRICT_DEV": "y"}, timeout=180)
+    finally:
+        release(pyxis, holder)
+    text = out.read_text() if out.exists() else ""
+    assert r.returncode == 0, r.stdout + r.stderr + text + cluster.logs()
+    tasks = {t.node: t for t in parse(text).values()}
+    assert set(tasks) == {"pxa", "pxb"}, text
+    assert (tasks["pxa"].fields["STEP"], tasks["pxa"].gpus) == ("0", {"nvidia0"}), text
+    # pxb was given its host GPU 1 (minor 3), yet reads the batch host's SLURM_JOB_GPUS=0
+    b = tasks["pxb"]
+    assert (b.fields["STEP"], b.fields["JOB"]) == ("1", "0"), text
+    assert b.gpus == {"nvidia3"} and b.allowed() == {"nvidia3"}, text
+    assert "SLURM_STEP_GPUS=1" in nodes["pxb"].log_text()
+
+
+@pytest.mark.parametrize("bind", [[], ["--gpu-bind=none"]], ids=["gpu-bind", "gpu-bind-none"])
+def test_per_task_binding_each_task_opens_its_gpu_in_the_nodes_container(pyxis, bind):
+    """`srun -N2 -n4 --gpus-per-task=1`: one container per node, started by one task, must hold both tasks' GPUs."""
+    _, tasks = srun(pyxis, "-N2", "-n4", "--gpus-per-task=1", *bind, env={"ENROOT_RESTRICT_DEV": "y"})
+    bound = not bind  # Slurm binds each task to its GPU unless --gpu-bind=none
+    assert len(tasks) == 4, tasks
+    for node, minors in NODE_MINORS.items():
+        on_node = [t for t in tasks.values() if t.node == node]
+        assert len(on_node) == 2, tasks
+        for task in on_node:
+            assert task.gpus == names(minors), task  # the step's GPUs on this node are in the container
+        if bound:  # each task opens its own GPU, which Slurm told it is GPU 0
+            assert sorted(len(t.allowed()) for t in on_node) == [1, 1], on_node
+            assert set.union(*(t.allowed() for t in on_node)) == names(minors), on_node
+            assert all((t.fields["STEP"], t.fields["CVD"]) == ("0", "0") for t in on_node), on_node
+        else:  # every task may open both of the step's GPUs on its node; Slurm tells it neither
+            assert all(t.allowed() == names(minors) for t in on_node), on_node
+            assert all((t.fields["STEP"], t.fields["CVD"]) == ("", "") for t in on_node), on_node
+    if bound:
+        for node in pyxis[1].values():
+            assert "names 1 of the step's 2 GPU(s) on this node (SLURM_GPUS_ON_NODE=2)" in node.log_text()
+
+
+@pytest.mark.realdriver
+def test_cuda_clients_image_loads_the_host_driver(pyxis, tmp_path):
+    """A Debian image with cuda-bindings and nvidia-ml-py from PyPI, started by Pyxis, loads the host's 535 driver."""
+    from e2e.test_cuda_clients import LINE, PROBE as CLIENT_PROBE, file_id, host_file, mapped_from
+    from fixtures.distroimage import require_image
+    from fixtures.realdriver import CUDA_VERSION, driver_version, require_driver_root
+
+    cluster, nodes, _ = pyxis
+    driver = require_driver_root(LINE, "debian")
+    image = cached_squashfs(require_image(), {"probe.py": CLIENT_PROBE}, tmp_path / "overlay")
+    node = nodes["pxa"]
+    version = node.base / "host/proc/driver/nvidia/version"
+    fake_version = version.read_text()
+    node.write_conf(driver)
+    version.write_text(f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {driver_version(LINE)}  "
+                       "Thu Jan  1 00:00:00 UTC 2026\n")
+    try:
+        r = cluster.srun("-w", "pxa", "--gres=gpu:1", f"--container-image={image}", "python3", "/probe.py",
+                         env={**cluster.env, **IMAGE_ENV, "ENROOT_RESTRICT_DEV": "y"}, timeout=300)
+    finally:
+        version.write_text(fake_version)
+        node.write_conf(node.base.parent / "driver")
+    assert r.returncode == 0, r.stdout + r.stderr + cluster.logs()
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("PROBE ")]
+    assert lines, r.stdout + r.stderr
+    probe = json.loads(lines[-1][len("PROBE "):])
+    assert probe["cuDriverGetVersion"] == [0, CUDA_VERSION[LINE]], probe
+    assert probe["cuInit"] == 100 and probe["nvmlInit"] == 9, probe  # no kernel module on this machine
+    # the files the interpreter mapped are the host driver's own (device, inode), bound in by the hook
+    assert mapped_from(probe, "libcuda.so") == {file_id(host_file(driver, "libcuda.so"))}, probe["maps"]
+    assert mapped_from(probe, "libnvidia-ml.so") == {file_id(host_file(driver, "libnvidia-ml.so"))}, probe["maps"]

@@ -80,7 +80,7 @@ def _build(cls: type, frozen: bool) -> type:
     for base in reversed(cls.__mro__[1:]):
         for f in getattr(base, "__record_fields__", ()):
             inherited[f.name] = f
-    for name in cls.__dict__.get("__annotations__", {}):
+    for name in _annotation_names(cls):
         value = cls.__dict__.get(name, _MISSING)
         f = value if isinstance(value, Field) else Field(value)
         f.name = name
@@ -123,6 +123,27 @@ def _build(cls: type, frozen: bool) -> type:
     elif not explicit_hash:
         cls.__hash__ = None
     return cls
+
+
+def _annotation_names(cls: type) -> tuple[str, ...]:
+    """The names the class body annotates, in order.
+
+    Why not only `__annotations__`: from Python 3.14 (PEP 649/749) a class
+    body compiled without `from __future__ import annotations` keeps an
+    `__annotate_func__` instead, and its fields would silently vanish.
+    """
+    own = cls.__dict__
+    if "__annotations__" in own:
+        return tuple(own["__annotations__"])
+    annotate = own.get("__annotate_func__")
+    if annotate is None:
+        return ()
+    try:
+        return tuple(annotate(1))  # annotationlib.Format.VALUE, the one every annotate function supports
+    except NameError:  # an annotation naming what is defined later: its name is all a record needs
+        import annotationlib  # type: ignore[import-not-found, unused-ignore]  # Python >= 3.14
+
+        return tuple(annotationlib.get_annotations(cls, format=annotationlib.Format.FORWARDREF))
 
 
 def _make_init(cls: type, all_fields: tuple[Field, ...]):

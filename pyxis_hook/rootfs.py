@@ -237,6 +237,14 @@ class RootFS:
                 return False
             raise
 
+    @staticmethod
+    def reopen(fd: int, flags: int) -> int:
+        """The inode an O_PATH fd of this root holds, opened with `flags`: through the magic link of the
+        hook's own procfs, also inside a container's mount namespace whose /proc is the container's."""
+        from pyxis_hook.apply import kernel
+
+        return kernel.reopen(fd, flags)
+
     def open_regular(self, path: str) -> int:
         """An O_RDONLY fd of the regular file at `path`; anything else is a RootPathError.
 
@@ -255,7 +263,7 @@ class RootFS:
             if not stat.S_ISREG(mode):
                 raise RootPathError(f"{path} (in {self.path}): not a regular file", errno.EINVAL)
             try:
-                return os.open(f"/proc/self/fd/{pfd}", os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+                return self.reopen(pfd, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
             except OSError as e:
                 raise path_error(path, self.path, e, "cannot open ") from None
         finally:

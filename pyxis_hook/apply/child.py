@@ -242,7 +242,7 @@ class _NoImports:
 
 def _child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner, root, allow) -> dict:
     sys.meta_path.insert(0, _NoImports)  # this forked child only
-    kernel.setns(ns_fd, kernel.CLONE_NEWNS, "container mount namespace")
+    kernel.enter_mount_ns(ns_fd)
     undo = mounts.Undo()
     messages: list[str] = []
     mounted: list[str] = []

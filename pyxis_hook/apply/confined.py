@@ -146,8 +146,10 @@ def run_ldconfig(rootfs: str, exe_fd: int, lib_dirs: tuple[str, ...] | list[str]
                  timeout: float = DEFAULT_TIMEOUT) -> str:
     """Run the sealed ldconfig `exe_fd` chrooted into `rootfs`; return its stderr (warnings).
 
-    The caller is inside the container's mount namespace.  /dev/null is
-    opened here, before the fork, and handed to the runner as an fd.  The
+    The caller is inside the container's mount namespace, whose /dev may be
+    the image's once the runtime has pivoted (Apptainer's OCI engine), so
+    no device is opened by name: the runner's stdin is an empty pipe (EOF)
+    and its stdout joins stderr (ldconfig prints nothing there with this argv).  The
     runner never outlives this call: whatever goes wrong while waiting, it
     is SIGKILLed and reaped before the ApplyError, so it cannot write the
     cache after the caller rolled back.  The rootfs is opened by name *after* the new mount
@@ -162,12 +164,13 @@ def run_ldconfig(rootfs: str, exe_fd: int, lib_dirs: tuple[str, ...] | list[str]
         if not d.startswith("/") or "\0" in d:
             raise ApplyError(f"ldconfig: library dir {d!r} is not an absolute container path")
     errr, errw = os.pipe2(os.O_CLOEXEC)
-    devnull = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
+    stdin, eof = os.pipe2(os.O_CLOEXEC)  # the runner's stdin: its write end closed at once
+    os.close(eof)
     pid = os.fork()
     if pid == 0:  # pragma: no cover - runs in the child
         try:
             os.close(errr)
-            _runner(rootfs, root_fd, exe_fd, argv, owner, errw, devnull)
+            _runner(rootfs, root_fd, exe_fd, argv, owner, errw, stdin)
         except BaseException as e:  # noqa: BLE001 - report anything, exit
             try:
                 os.write(errw, f"pyxis-hook: ldconfig setup: {e}\n".encode())
@@ -175,7 +178,7 @@ def run_ldconfig(rootfs: str, exe_fd: int, lib_dirs: tuple[str, ...] | list[str]
                 pass
         os._exit(127)
     os.close(errw)
-    os.close(devnull)
+    os.close(stdin)
     try:
         status, err = _wait(pid, errr, timeout)
     except BaseException as e:
@@ -283,10 +286,10 @@ def _wait(pid: int, errr: int, timeout: float) -> tuple[int | None, bytes]:
     return 128 + os.WTERMSIG(wstatus), buf
 
 
-def _runner(rootfs, root_fd, exe_fd, argv, owner, errw, devnull) -> None:  # pragma: no cover - child
+def _runner(rootfs, root_fd, exe_fd, argv, owner, errw, stdin) -> None:  # pragma: no cover - child
     """In the forked child: unshare, fork ldconfig as pid 1 and relay its exit status."""
-    os.dup2(devnull, 0)
-    os.dup2(devnull, 1)
+    os.dup2(stdin, 0)
+    os.dup2(errw, 1)
     os.dup2(errw, 2)
     kernel.prctl(kernel.PR_SET_PDEATHSIG, SIGKILL)
     if root_fd is None:
@@ -371,7 +374,7 @@ def _nodev_view(rootfs: str, root_fd: int) -> int:  # pragma: no cover - child
 
 def _mount_points_under(root: str) -> list[str]:  # pragma: no cover - child
     """Mount points at or below `root` in this namespace, parents first, each once (/proc/self/mountinfo)."""
-    with open("/proc/self/mountinfo", "rb") as f:
+    with open(kernel.proc_self_path("mountinfo"), "rb") as f:
         lines = f.read().splitlines()
     out: list[str] = []
     for line in lines:

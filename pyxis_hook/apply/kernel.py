@@ -344,9 +344,46 @@ def clear_ambient() -> None:
             raise
 
 
+#: set by `enter_mount_ns`: the working directory is then this process's own procfs (the host's),
+#: and the magic links of its fds are named relative to it
+_PROC_ANCHORED = False
+
+
+def enter_mount_ns(ns_fd: int, what: str = "container mount namespace") -> None:
+    """setns(CLONE_NEWNS) into `ns_fd`, keeping this process's own procfs as the working directory.
+
+    Why: after setns, `/proc` is whatever the container's namespace has there.
+    A runtime that runs hooks after pivot_root (Apptainer's OCI engine runs
+    createRuntime there) leaves the container's own procfs there, of the
+    container's PID namespace, where `/proc/self` of a host process names
+    nothing: every reopen through `/proc/self/fd` would fail with ENOENT.
+    The host's procfs, opened before the switch, stays usable as the cwd
+    (setns resets the cwd to the namespace's root; fchdir takes it back).
+    """
+    global _PROC_ANCHORED
+    proc = os.open("/proc", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        setns(ns_fd, CLONE_NEWNS, what)
+        os.fchdir(proc)
+    finally:
+        os.close(proc)
+    _PROC_ANCHORED = True
+
+
+def proc_self_path(name: str) -> str:
+    """`/proc/self/<name>` of this process: relative to the host's procfs once `enter_mount_ns` anchored
+    the cwd there, absolute otherwise."""
+    return f"self/{name}" if _PROC_ANCHORED else f"/proc/self/{name}"
+
+
 def proc_fd_path(fd: int) -> str:
-    """The magic-link name of an fd, for syscalls that only take paths (legacy mount)."""
-    return f"/proc/self/fd/{fd}"
+    """The magic-link name of an fd, for syscalls that only take paths (legacy mount, a reopen)."""
+    return proc_self_path(f"fd/{fd}")
+
+
+def reopen(fd: int, flags: int) -> int:
+    """Open the inode an (O_PATH) fd holds again, with `flags` (O_CLOEXEC added), through its magic link."""
+    return os.open(proc_fd_path(fd), flags | os.O_CLOEXEC)
 
 
 def have_openat2() -> bool:

@@ -144,7 +144,9 @@ def bind(b: Bind, entry: Entry, undo: Undo) -> int:
     try:
         src = os.open(b.host_path, os.O_PATH | os.O_CLOEXEC)
     except OSError as e:
-        raise ApplyError(f"{b.host_path}: not reachable in the container mount namespace: {e.strerror}") from None
+        raise ApplyError(f"{b.host_path}: not reachable in the container mount namespace ({e.strerror}): "
+                         "without the new mount API (open_tree, Linux >= 5.2) a host file is bound by its name "
+                         "there, which a runtime that has already run pivot_root hides") from None
     try:
         want, got = os.fstat(b.fd), os.fstat(src)
         if (want.st_dev, want.st_ino) != (got.st_dev, got.st_ino):

@@ -269,7 +269,7 @@ class _Tree:
                 raise _Stop(LIMIT, f"{path} (in {self.rfs.path}){via}: the configuration files are larger "
                                    f"than {CONF_LIMIT} bytes in all")
             try:
-                rfd = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+                rfd = self.rfs.reopen(fd, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
                 try:
                     data = os.read(rfd, left + 1)
                     while len(data) <= left and (more := os.read(rfd, left + 1 - len(data))):

@@ -9,6 +9,8 @@ paths), `elf/readelflib.c` (the ABI byte ldconfig writes), `sysdeps/*/dl-cache.h
 Imports nothing: it sits on the hook's path (plan.container).
 """
 
+from __future__ import annotations
+
 from pyxis_hook.record import record
 
 

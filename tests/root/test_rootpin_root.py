@@ -142,3 +142,72 @@ def test_ldconfig_runs_in_the_pinned_rootfs_and_refuses_a_renamed_one(bundle, ru
     finally:
         pinned.close()
     assert not (canary / "etc/ld.so.cache").exists()
+
+
+def _pivoted_with_its_own_proc(root, procs: list) -> int:
+    """A container init as Apptainer's OCI engine leaves it for createRuntime: its own PID namespace, that
+    namespace's procfs at /proc of the rootfs, and pivot_root done.  Returns the init's pid."""
+    import time
+
+    script = (f"mount --bind {root} {root} && mkdir -p {root}/proc {root}/.old && "
+              f"exec unshare -p -f sh -c 'mount -t proc proc {root}/proc && cd {root} && "
+              "pivot_root . .old && exec /bin/sleep 600'")
+    p = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c", script])
+    procs.append(p)
+    for _ in range(500):
+        kids = [p.pid]
+        while kids:
+            pid = kids.pop()
+            try:
+                if os.readlink(f"/proc/{pid}/exe").endswith("sleep"):
+                    return pid
+                with open(f"/proc/{pid}/task/{pid}/children") as f:
+                    kids += [int(k) for k in f.read().split()]
+            except OSError:
+                pass
+        time.sleep(0.01)
+    raise RuntimeError("pivoted container stand-in did not start")
+
+
+@pytest.mark.root
+def test_after_pivot_with_the_containers_own_proc_apply_reads_and_mounts(bundle, mount_api, tmp_path):
+    """/proc of the entered namespace is the container's: /proc/self names no process of ours there.
+
+    Every reopen of an fd through its magic link (the image's loader
+    configuration read for the ld.so.cache update, a legacy bind's source)
+    must go through the hook's own procfs instead.
+    """
+    root, _canary = bundle
+    (root / "etc/ld.so.conf").write_text("include /etc/ld.so.conf.d/*.conf\n")
+    (root / "etc/ld.so.conf.d").mkdir()
+    (root / "etc/ld.so.conf.d/extra.conf").write_text("/opt/extra\n")
+    subprocess.run(["ldconfig", "-r", str(root)], check=True)  # the image's own ld.so.cache, for the merge
+    lib = tmp_path / "libcuda.so.535.104.05"
+    lib.write_text("driver\n")
+    procs: list = []
+    try:
+        pid = _pivoted_with_its_own_proc(root, procs)
+        pinned = pin_rootfs(str(root), pid)
+        try:
+            assert pinned.pivoted
+            plan = Plan(rootfs=str(root), mounts=(MountEdit(str(lib), f"{LIBDIR}/libcuda.so.535.104.05"),),
+                        ldcache=LdcacheUpdate("merge", "/sbin/ldconfig", (LIBDIR,),
+                                              libs=((LIBDIR, "libcuda.so.535.104.05", "libcuda.so.1", 0x0303),)))
+            if mount_api == "legacy":  # mount(2) binds only a source of the caller's namespace: no host file there
+                with pytest.raises(ApplyError, match="not reachable in the container mount namespace .* pivot_root"):
+                    apply_plan(plan, pid, root=pinned)
+                plan = Plan(rootfs=str(root), ldcache=plan.ldcache)
+            res = apply_plan(plan, pid, root=pinned)
+        finally:
+            pinned.close()
+        # the image's loader configuration and cache were read through the hook's own procfs
+        assert res.messages[-1] == "ld.so.cache: merged 1 entries (new format)", res.messages
+        if mount_api == "legacy":
+            return
+        assert res.mounted == (f"{LIBDIR}/libcuda.so.535.104.05",)
+        with open(f"/proc/{pid}/root{LIBDIR}/libcuda.so.535.104.05") as f:
+            assert f.read() == "driver\n"
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

@@ -219,3 +219,27 @@ def test_methods_the_class_defines_are_kept_as_dataclasses_keep_them():
         assert (repr(P(1)), P(1) == P(2), hash(P(3))) == ("mine", True, 7), mod
         with pytest.raises(TypeError, match="Cannot overwrite attribute __setattr__"):
             deco(type("Q", (), {"__annotations__": {"a": "int"}, "__setattr__": lambda self, n, v: None}))
+
+
+def test_fields_of_a_lazily_annotated_class_python_314_keeps_without_the_future_import():
+    """Python >= 3.14 stores a class body's annotations as `__annotate_func__` (PEP 649/749) unless the
+    module has `from __future__ import annotations`: its fields are found all the same, in order."""
+    def annotate(fmt):
+        if fmt != 1:  # what the compiler generates: VALUE only
+            raise NotImplementedError
+        return {"b": int, "a": str}
+
+    Lazy = rec.record(type("Lazy", (), {"__annotate_func__": annotate, "a": "x"}))
+    assert [f.name for f in rec.fields(Lazy)] == ["b", "a"]
+    assert Lazy(1) == Lazy(b=1, a="x")
+    assert repr(Lazy(2, "y")) == "Lazy(b=2, a='y')"
+    with pytest.raises(TypeError, match="unexpected keyword argument 'c'"):
+        Lazy(1, c=2)
+
+
+@pytest.mark.skipif(sys.version_info < (3, 14), reason="lazy annotations are Python >= 3.14's")
+def test_a_class_compiled_without_the_future_import_on_python_314():
+    ns: dict = {}
+    exec(compile("class Late:\n    a: int\n    b: 'Later' = 2\n", "<late>", "exec", dont_inherit=True), ns)
+    Late = rec.record(ns["Late"])
+    assert [f.name for f in rec.fields(Late)] == ["a", "b"] and Late(1).b == 2

@@ -32,11 +32,8 @@ from collections.abc import Mapping
 
 from pyxis_hook.errors import UsageError
 from pyxis_hook.record import replace
-from pyxis_hook.spec.allocation import JOB_VARS
+from pyxis_hook.spec.allocation import is_job_var
 
-#: variables a GPU decision depends on that come from the hook's own environment (Pyxis/Slurm or
-#: another batch scheduler's job: docs/schedulers.md)
-OWN_VARS = JOB_VARS
 ENVIRON_LIMIT = 1 << 20
 
 
@@ -68,7 +65,7 @@ def container_env(file_env: tuple[tuple[str, str], ...], own: Mapping[str, str])
     """The environment the request is resolved from, with enroot's precedence rules (module doc)."""
     env = dict(file_env)  # last definition in the file wins
     for key, value in own.items():
-        if key.startswith("NVIDIA_") or key in OWN_VARS:
+        if key.startswith("NVIDIA_") or is_job_var(key):  # the job's (docs/schedulers.md)
             env[key] = value  # `[ -v key ] || export key=value`: the hook's own variable wins
     env.setdefault("NVIDIA_VISIBLE_DEVICES", "void")
     if not env.get("NVIDIA_DRIVER_CAPABILITIES"):

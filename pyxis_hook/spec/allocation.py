@@ -17,7 +17,8 @@ Sources, first match wins:
 * HTCondor (`_CONDOR_AssignedGPUs` or `BATCH_SYSTEM=HTCondor`):
   `_CONDOR_AssignedGPUs`, CUDA_VISIBLE_DEVICES, GPU_DEVICE_ORDINAL;
   `GPU-<8 hex>` UUID prefixes, full UUIDs, `CUDA<N>` / `<N>`; `10000` = none.
-* LSF (`LSB_JOBID`): CUDA_VISIBLE_DEVICES; indices renumbered from 0 when
+* LSF (`LSB_JOBID`): CUDA_VISIBLE_DEVICES and the tasks'
+  `CUDA_VISIBLE_DEVICES<N>`, together; indices renumbered from 0 when
   the job is in a device cgroup (`LSB_RESOURCE_ENFORCE="gpu"`), global
   otherwise: counted inside `allowed_minors` when that bound is known.
 * Torque (`PBS_JOBID` with PBS_GPUFILE or `PBS_VERSION=TORQUE-...`):
@@ -44,7 +45,8 @@ SLURM_VARS = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS")
 GPUS_ON_NODE = "SLURM_GPUS_ON_NODE"
 CONDOR_ASSIGNED = "_CONDOR_AssignedGPUs"
 CONDOR_VARS = (CONDOR_ASSIGNED, CVD, "GPU_DEVICE_ORDINAL")
-#: every variable a scheduler decision reads: the enroot mode takes these from the hook's own environment
+#: every variable a scheduler decision reads (and LSF's `CUDA_VISIBLE_DEVICES<N>`, `is_job_var`): the enroot
+#: mode takes these from the hook's own environment
 JOB_VARS = (*SLURM_VARS, GPUS_ON_NODE, CVD, "LSB_JOBID", "PBS_JOBID", "PBS_GPUFILE", "PBS_VERSION", CONDOR_ASSIGNED,
             "BATCH_SYSTEM", "GPU_DEVICE_ORDINAL", "FLUX_JOB_ID")
 #: HTCondor's value for a slot without GPUs (condor_gpu_discovery's "no device" ordinal)
@@ -70,6 +72,11 @@ class Allocation:
 
 def _is_index(tok: str) -> bool:
     return 0 < len(tok) <= 9 and _DIGITS.issuperset(tok)
+
+
+def is_job_var(name: str) -> bool:
+    """A variable a scheduler decision reads: the enroot mode takes these from the hook's own environment."""
+    return name in JOB_VARS or (name.startswith(CVD) and _is_index(name[len(CVD):]))
 
 
 def _usable(host: HostGpus) -> list[Gpu]:
@@ -174,29 +181,57 @@ def _global_indices(host: HostGpus, label: str, value: str) -> tuple[Gpu, ...]:
     return _parse(host, label, value, lambda t: _by_index(host, label, t) if _is_index(t) else None)
 
 
-# The schedulers below write CUDA_VISIBLE_DEVICES (`value`, `label` = "CUDA_VISIBLE_DEVICES=<value>").
+def lsf_task_vars(env: Mapping[str, str]) -> list[tuple[str, str]]:
+    """LSF's per-task `CUDA_VISIBLE_DEVICES<N>` on this host, by N (1-based host-local task number).
+
+    LSF MPI gives the task of local rank r its `CUDA_VISIBLE_DEVICES<r+1>` as
+    CUDA_VISIBLE_DEVICES and leaves every `<N>` variable in each task's
+    environment (open-mpi/ompi `orte/mca/schizo/ompi/schizo_ompi.c`,
+    `parse_rank_specific_launcher_settings`).
+    """
+    found = [(int(k[len(CVD):]), k, v) for k, v in env.items()
+             if k.startswith(CVD) and _is_index(k[len(CVD):])]
+    return [(k, v) for _, k, v in sorted(found)]
 
 
-def _lsf(env: Mapping[str, str], host: HostGpus, value: str, label: str,
-         allowed: frozenset[int] | None) -> Allocation:
+def _lsf(env: Mapping[str, str], host: HostGpus, allowed: frozenset[int] | None) -> Allocation | None:
+    """The job's GPUs here: CUDA_VISIBLE_DEVICES and every task's `CUDA_VISIBLE_DEVICES<N>`, together.
+
+    One container per node serves all the node's tasks, while a task's own
+    CUDA_VISIBLE_DEVICES is its share only; the job-level value (when LSF
+    sets one) and the tasks' values together are the node's allocation.
+    """
+    sources = ([(CVD, env[CVD])] if CVD in env else []) + lsf_task_vars(env)
+    if not sources:
+        return None
+    label = "; ".join(f"{k}={v}" for k, v in sources)
     job = f"LSF job {env.get('LSB_JOBID')}"
+    tasks = f" (the union over {len(sources)} variables: a task's CUDA_VISIBLE_DEVICES is its share only)" \
+        if len(sources) > 1 else ""
     if allowed is None:
-        gpus = _global_indices(host, label, value)
+        found = {g.minor: g for k, v in sources for g in _global_indices(host, f"{k}={v}", v)}
+        gpus = tuple(sorted(found.values(), key=lambda g: g.index or 0))
         return Allocation("LSF", label, gpus, f"{job}: {label}: host GPUs {_indices(gpus)} "
-                                              f"(global indices: the job is not in a device cgroup)")
+                                              f"(global indices: the job is not in a device cgroup){tasks}")
     inside = [g for g in _usable(host) if g.minor in allowed]
 
-    def token(tok: str) -> Gpu | None:
-        if not _is_index(tok):
-            return None
-        if int(tok) >= len(inside):
-            raise RequestError(f"{label}: GPU {tok} does not exist in this job's device cgroup, which allows "
-                               f"{len(inside)} GPU(s) (LSF renumbers them from 0)")
-        return inside[int(tok)]
+    def reader(var_label: str) -> Callable[[str], Gpu | None]:
+        def token(tok: str) -> Gpu | None:
+            if not _is_index(tok):
+                return None
+            if int(tok) >= len(inside):
+                raise RequestError(f"{var_label}: GPU {tok} does not exist in this job's device cgroup, which "
+                                   f"allows {len(inside)} GPU(s) (LSF renumbers them from 0)")
+            return inside[int(tok)]
+        return token
 
-    gpus = _parse(host, label, value, token)
+    found = {g.minor: g for k, v in sources for g in _parse(host, f"{k}={v}", v, reader(f"{k}={v}"))}
+    gpus = tuple(sorted(found.values(), key=lambda g: g.index or 0))
     return Allocation("LSF", label, gpus, f"{job}: {label} counts the {len(inside)} GPU(s) of its device cgroup "
-                                          f"from 0: host GPUs {_indices(gpus)}")
+                                          f"from 0: host GPUs {_indices(gpus)}{tasks}")
+
+
+# The schedulers below write CUDA_VISIBLE_DEVICES (`value`, `label` = "CUDA_VISIBLE_DEVICES=<value>").
 
 
 def _torque(env: Mapping[str, str], host: HostGpus, value: str, label: str) -> Allocation:
@@ -261,12 +296,12 @@ def job_allocation(env: Mapping[str, str], host: HostGpus,
         return _slurm(env, host)
     if which == "HTCondor":
         return _condor(env, host)
+    if which == "LSF":
+        return _lsf(env, host, allowed_minors)
     value = env.get(CVD)
     if value is None:
         return None
     label = f"{CVD}={value}"
-    if which == "LSF":
-        return _lsf(env, host, value, label, allowed_minors)
     if which == "Torque":
         return _torque(env, host, value, label)
     if which == "OpenPBS":

@@ -12,7 +12,7 @@ import pytest
 
 from fixtures.container import make_bundle, make_rootfs
 from fixtures.fakedriver import make_fake_driver
-from fixtures.hosttree import fake_gpus, make_host_tree
+from fixtures.hosttree import FakeGpu, fake_gpus, make_host_tree
 
 DRIVER_VERSION = "535.216.03"
 
@@ -46,8 +46,11 @@ def hook_entry(conf: Path, stage: str = "prestart") -> dict:
             "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin", f"PYXIS_HOOK_CONFIG={conf}"]}
 
 
-def make_host(base: Path, driver_root: Path | None = None, *, gpus: int = 4, kernel_module: bool = True) -> Host:
-    tree = make_host_tree(base / "host", gpus=fake_gpus(gpus), driver_version=DRIVER_VERSION,
+def make_host(base: Path, driver_root: Path | None = None, *, gpus: int | list[FakeGpu] = 4,
+              kernel_module: bool = True) -> Host:
+    """`gpus`: a count (minors in PCI order) or the GPUs themselves (`fake_gpus(n, minors=...)`)."""
+    tree = make_host_tree(base / "host", gpus=fake_gpus(gpus) if isinstance(gpus, int) else gpus,
+                          driver_version=DRIVER_VERSION,
                           kernel_module=kernel_module)
     if driver_root is None:
         driver_root = make_fake_driver(base / "driver", version=DRIVER_VERSION)

@@ -80,9 +80,10 @@ def test_condor_uuid_prefix():
 
 def test_condor_by_index_job():
     # condor_gpu_discovery -by-index: _CONDOR_AssignedGPUs=CUDA1,CUDA3; 9.10 to 24.0.13 left the prefix in
-    # CUDA_VISIBLE_DEVICES too (the bug form), later versions strip it
+    # CUDA_VISIBLE_DEVICES and GPU_DEVICE_ORDINAL too (the bug form: trixie's 23.9.6 wrote CUDA0,CUDA1 into
+    # both, tests/e2e/test_htcondor.py), later versions strip it
     for cvd in ("CUDA1,CUDA3", "1,3"):
-        env = {"_CONDOR_AssignedGPUs": "CUDA1,CUDA3", "CUDA_VISIBLE_DEVICES": cvd, "GPU_DEVICE_ORDINAL": "1,3"}
+        env = {"_CONDOR_AssignedGPUs": "CUDA1,CUDA3", "CUDA_VISIBLE_DEVICES": cvd, "GPU_DEVICE_ORDINAL": cvd}
         assert indices(job_allocation(env, HOST)) == [1, 3]
     # without _CONDOR_AssignedGPUs (not passed into the container) the bug form is read from CUDA_VISIBLE_DEVICES
     alloc = job_allocation({"BATCH_SYSTEM": "HTCondor", "CUDA_VISIBLE_DEVICES": "CUDA1,CUDA3"}, HOST)
@@ -94,6 +95,23 @@ def test_condor_full_uuid_and_unknown():
     assert indices(job_allocation({"_CONDOR_AssignedGPUs": UUIDS[2]}, HOST)) == [2]
     with pytest.raises(RequestError, match=r"^_CONDOR_AssignedGPUs=GPU-deadbeef: GPU GPU-deadbeef does not exist"):
         job_allocation({"_CONDOR_AssignedGPUs": "GPU-deadbeef"}, HOST)
+
+
+def test_condor_23_job_environment():
+    # what trixie's HTCondor 23.9.6 wrote for a request_gpus = 2 job and a job without GPUs
+    # (tests/e2e/test_htcondor.py runs it): the ids sorted, not in PCI order, and since 23.0.4 also the
+    # full UUIDs in NVIDIA_VISIBLE_DEVICES (`none` without GPUs), from the inventory's DeviceUuid
+    gpu = {"BATCH_SYSTEM": "HTCondor", "_CONDOR_AssignedGPUs": "GPU-0f1e2d3c,GPU-8932f937",
+           "CUDA_VISIBLE_DEVICES": "GPU-0f1e2d3c,GPU-8932f937", "GPU_DEVICE_ORDINAL": "GPU-0f1e2d3c,GPU-8932f937",
+           "NVIDIA_VISIBLE_DEVICES": f"{UUIDS[3]},{UUIDS[1]}", "_CONDOR_SLOT": "slot1_1"}
+    nogpu = {"BATCH_SYSTEM": "HTCondor", "_CONDOR_AssignedGPUs": "10000", "CUDA_VISIBLE_DEVICES": "10000",
+             "GPU_DEVICE_ORDINAL": "10000", "NVIDIA_VISIBLE_DEVICES": "none", "_CONDOR_SLOT": "slot1_2"}
+    assert indices(job_allocation(gpu, HOST)) == [1, 3]
+    # the job's own NVIDIA_VISIBLE_DEVICES as the request, and the image's `all` bounded by the slot
+    assert [g.index for g in resolve_request(gpu, {}, HOST, Config()).gpus] == [1, 3]
+    assert [g.index for g in resolve({k: v for k, v in gpu.items() if k != "NVIDIA_VISIBLE_DEVICES"}).gpus] == [1, 3]
+    assert resolve_request(nogpu, {}, HOST, Config()).gpus == ()
+    assert resolve({k: v for k, v in nogpu.items() if k != "NVIDIA_VISIBLE_DEVICES"}).gpus == ()
 
 
 # --------------------------------------------------------------------- LSF
@@ -124,6 +142,61 @@ def test_lsf_global_without_device_cgroup():
                         HOST, Config())
 
 
+# LSF per task.  IBM Spectrum LSF 10.1.0.10 release notes, "GPU enhancements": LSF sets
+# CUDA_VISIBLE_DEVICES<number> for the tasks and LSF MPI converts them into each task's
+# CUDA_VISIBLE_DEVICES.  <number> is the task's 1-based host-local rank and every <N> stays in each
+# task's environment (IBM's change to Open MPI, "adding OMP_PLACES%d and basic CUDA_VISIBLE_DEVICES
+# for LSF", orte/mca/schizo/ompi/schizo_ompi.c: "CUDA_VISIBLE_DEVICES4 - is for rank 3").
+# The job below: `bsub -n 2 -gpu "num=1/task"`, both tasks on this host, given host GPUs 1 and 3.
+
+
+def test_lsf_per_task_variables_alone_are_the_nodes_allocation():
+    # the batch script's environment: the per-task variables only (no job-level CUDA_VISIBLE_DEVICES)
+    env = {"LSB_JOBID": "4712", "CUDA_VISIBLE_DEVICES1": "1", "CUDA_VISIBLE_DEVICES2": "3"}
+    alloc = job_allocation(env, HOST)
+    assert alloc is not None and (alloc.scheduler, indices(alloc)) == ("LSF", [1, 3])
+    assert alloc.source == "CUDA_VISIBLE_DEVICES1=1; CUDA_VISIBLE_DEVICES2=3"
+    req = resolve(env)
+    assert [g.index for g in req.gpus] == [1, 3]  # not every GPU of the host
+    with pytest.raises(RequestError, match=r"^GPU 0 is not in this job's allocation \(CUDA_VISIBLE_DEVICES1=1; "):
+        resolve_request({**env, "NVIDIA_VISIBLE_DEVICES": "0"}, {}, HOST, Config())
+
+
+def test_lsf_task_share_does_not_bound_the_shared_container():
+    # the second task's environment after LSF MPI: its own CUDA_VISIBLE_DEVICES=3, both <N> kept;
+    # one container per node serves both tasks, so it must hold both tasks' GPUs
+    env = {"LSB_JOBID": "4712", "CUDA_VISIBLE_DEVICES": "3", "CUDA_VISIBLE_DEVICES1": "1",
+           "CUDA_VISIBLE_DEVICES2": "3"}
+    alloc = job_allocation(env, HOST)
+    assert alloc is not None and indices(alloc) == [1, 3]
+    assert "a task's CUDA_VISIBLE_DEVICES is its share only" in alloc.reason
+
+
+def test_lsf_per_task_renumbered_inside_device_cgroup():
+    # the same job with LSB_RESOURCE_ENFORCE="gpu": the job's device cgroup allows host GPUs 1 and 3
+    # (/dev/nvidia0, /dev/nvidia1) and LSF renumbers them from 0: task 1 gets 0, task 2 gets 1
+    allowed = frozenset({0, 1})
+    env = {"LSB_JOBID": "4712", "CUDA_VISIBLE_DEVICES": "1", "CUDA_VISIBLE_DEVICES1": "0",
+           "CUDA_VISIBLE_DEVICES2": "1"}
+    alloc = job_allocation(env, HOST, allowed)
+    assert alloc is not None and indices(alloc) == [1, 3]
+    req = resolve(env, allowed)
+    assert [g.index for g in req.gpus] == [1, 3] and req.allocation == (1, 3)
+    with pytest.raises(RequestError, match=r"^CUDA_VISIBLE_DEVICES2=2: GPU 2 does not exist in this job's device"):
+        job_allocation({**env, "CUDA_VISIBLE_DEVICES2": "2"}, HOST, allowed)
+
+
+def test_lsf_per_task_variables_are_job_variables():
+    from pyxis_hook.engines.enroot import container_env
+    from pyxis_hook.spec.allocation import is_job_var
+
+    assert is_job_var("CUDA_VISIBLE_DEVICES12") and is_job_var("LSB_JOBID")
+    assert not is_job_var("CUDA_VISIBLE_DEVICES_X") and not is_job_var("CUDA_VISIBLE_DEVICESX1")
+    # under enroot the job's per-task variables come from the hook's own environment, as LSB_JOBID does
+    env = container_env((("PATH", "/bin"),), {"LSB_JOBID": "4712", "CUDA_VISIBLE_DEVICES1": "1", "HOME": "/root"})
+    assert env["CUDA_VISIBLE_DEVICES1"] == "1" and "HOME" not in env
+
+
 # --------------------------------------------------------------------- PBS and Torque
 
 
@@ -144,15 +217,23 @@ def test_pbs_pro_19_minors():
     assert alloc is not None and indices(alloc) == [1, 3]
 
 
-def test_torque_multi_node_gpu_file():
-    # Torque >= 4.2.8, a job on two nodes: PBS_GPUFILE (first node only) lists "<node>-gpu<i>" for both
-    # nodes; each MoM sets CUDA_VISIBLE_DEVICES to its own node's global indices, which alone count
-    env = {"PBS_JOBID": "77.torque", "PBS_GPUFILE": "/var/spool/torque/aux/77.torquegpu",
-           "PBS_VERSION": "TORQUE-6.1.3", "CUDA_VISIBLE_DEVICES": "2,3"}
-    alloc = job_allocation(env, HOST)
-    assert alloc is not None and (alloc.scheduler, indices(alloc)) == ("Torque", [2, 3])
-    assert "PBS_GPUFILE" in alloc.reason
-    assert scheduler_of({"PBS_JOBID": "77.torque", "PBS_VERSION": "TORQUE-6.1.3"}) == "Torque"
+def test_torque_multi_node_gpu_file(tmp_path):
+    # Torque >= 4.2.8, one job on two nodes of 4 GPUs, exec_gpus "node01-gpu/2+node01-gpu/3+node02-gpu/0+
+    # node02-gpu/1".  adaptivecomputing/torque src/resmom/start_exec.c: every MoM sets PBS_VERSION=TORQUE-<v>
+    # and CUDA_VISIBLE_DEVICES to the indices of its own entries; only the mother superior (the MoM with the
+    # node file) sets PBS_GPUFILE, a file with one "<host>-gpu<index>" line per entry of every node
+    gpufile = tmp_path / "77.torquegpu"
+    gpufile.write_text("node01-gpu2\nnode01-gpu3\nnode02-gpu0\nnode02-gpu1\n")
+    node01 = {"PBS_JOBID": "77.torque", "PBS_GPUFILE": str(gpufile), "PBS_VERSION": "TORQUE-6.1.3",
+              "PBS_NODENUM": "0", "CUDA_VISIBLE_DEVICES": "2,3"}
+    node02 = {"PBS_JOBID": "77.torque", "PBS_VERSION": "TORQUE-6.1.3", "PBS_NODENUM": "1",
+              "CUDA_VISIBLE_DEVICES": "0,1"}
+    for env, want in ((node01, [2, 3]), (node02, [0, 1])):
+        alloc = job_allocation(env, HOST)
+        # each node's own share, never the file's four entries (which name another node's indices too)
+        assert alloc is not None and (alloc.scheduler, indices(alloc)) == ("Torque", want)
+        assert [g.index for g in resolve(env).gpus] == want
+    assert "PBS_GPUFILE" in job_allocation(node01, HOST).reason
 
 
 # --------------------------------------------------------------------- Flux, Slurm, policy

@@ -339,11 +339,13 @@ def _cuda_visible(env: Mapping[str, str], gpus: tuple[Gpu, ...], migs: tuple[Mig
         if n or migs:
             reasons.append(f"CUDA_VISIBLE_DEVICES is unset: CUDA will use every injected device ({needed or 'none'})")
         return needed
+    if not n and not migs:  # nothing to disagree with: HTCondor's 10000, Flux's -1, PBS's empty value all agree
+        reasons.append(f"CUDA_VISIBLE_DEVICES={actual}: the container gets no GPU, CUDA will see none")
+        return needed
     tokens = split_tokens(actual)
     if not tokens:
-        if n or migs:
-            warnings.append(f"CUDA_VISIBLE_DEVICES is set but empty: CUDA will see none of the {n + len(migs)} "
-                            f"injected device(s); use CUDA_VISIBLE_DEVICES={needed} or unset it")
+        warnings.append(f"CUDA_VISIBLE_DEVICES is set but empty: CUDA will see none of the {n + len(migs)} "
+                        f"injected device(s); use CUDA_VISIBLE_DEVICES={needed} or unset it")
         return needed
     if actual.strip() == "NoDevFiles":
         warnings.append("CUDA_VISIBLE_DEVICES=NoDevFiles (pre-19.05 Slurm: no GPU allocated): CUDA will see no device")

@@ -54,6 +54,9 @@ def test_no_gpu_values_mean_no_gpu(env, scheduler):
     req = resolve(env)
     assert req.gpus == () and req.scheduler == scheduler  # 'all' is the allocation: nothing, not every GPU
     assert any("selected no GPU" in w for w in req.warnings)
+    # the scheduler's no-GPU value is right for a container without GPUs: no "disagrees" warning
+    assert not [w for w in req.warnings if "CUDA_VISIBLE_DEVICES" in w], req.warnings
+    assert any("the container gets no GPU, CUDA will see none" in r for r in req.reasons)
 
 
 def test_gpu_outside_a_no_gpu_allocation_names_the_variable():

@@ -148,7 +148,7 @@ def check_host_ldcache(inv, config, machine: str | None = None) -> list[Finding]
     Looked up with the flags this machine's 64-bit loader accepts
     (`ldcache.LOADER_FLAGS`; 0x0A03 on aarch64), as the host's own ld.so would.
     """
-    from pyxis_hook.loader import ldcache
+    from pyxis_hook.loader import cachelookup, ldcache
 
     machine = machine or os.uname().machine
     flags = ldcache.LOADER_FLAGS.get(machine, ldcache.LOADER_FLAGS["generic"])
@@ -160,7 +160,7 @@ def check_host_ldcache(inv, config, machine: str | None = None) -> list[Finding]
                         "the hook finds driver libraries through the host's ld.so.cache", "run ldconfig on the host")]
     out = []
     for soname in ("libcuda.so.1", "libnvidia-ml.so.1"):
-        hit = ldcache.search_cache(cache, soname, flags)
+        hit = cachelookup.search_cache(cache, soname, flags)
         real = try_resolve_in_root(config.driver_root, hit.value) if hit else None
         if hit is None or real is None or not os.path.isfile(real):
             out.append(Finding("error", "host-ldcache", f"{path} does not list {soname}" if hit is None else

@@ -84,7 +84,7 @@ def discover(config, *, strict: bool = True, host: HostGpus | None = None) -> In
     unusable (no driver, half-installed driver, libnvidia-tls without its
     ABI note); otherwise return what could be found, problems in `errors`.
     """
-    from pyxis_hook.loader import ldcache
+    from pyxis_hook.loader import cachelookup, ldcache
 
     if host is None:
         host = discover_gpus(config.proc_root, config.dev_root)
@@ -121,8 +121,8 @@ def discover(config, *, strict: bool = True, host: HostGpus | None = None) -> In
                 cache, entries=ldcache.merge_entries(cache.entries, scanned.entries))
 
     if cache is not None:
-        entries64 = ldcache.entries_for_arch(cache, abi64)
-        entries32 = ldcache.entries_for_arch(cache, abi32) if abi32 is not None else ()
+        entries64 = cachelookup.entries_for_arch(cache, abi64)
+        entries32 = cachelookup.entries_for_arch(cache, abi32) if abi32 is not None else ()
         st.version = _pick_version(st, host, cache, entries64, abi64)
         if st.version is not None:
             _libraries(st, cache, entries64, "lib", abi64, 64, mach64)
@@ -203,7 +203,7 @@ def _pick_version(st: _State, host: HostGpus, cache, entries, abi: int) -> str |
     but when several versions sit side by side we take the one the loader
     would use: where the cache's `libcuda.so.1` (else libnvidia-ml.so.1) leads.
     """
-    from pyxis_hook.loader import ldcache
+    from pyxis_hook.loader import cachelookup
 
     found: set[str] = set()
     for e in entries:
@@ -231,7 +231,7 @@ def _pick_version(st: _State, host: HostGpus, cache, entries, abi: int) -> str |
         return found.pop()
     chosen = None
     for soname in ("libcuda.so.1", "libnvidia-ml.so.1"):
-        hit = ldcache.search_cache(cache, soname, (abi | 0x0003, abi | 0x0001)) or \
+        hit = cachelookup.search_cache(cache, soname, (abi | 0x0003, abi | 0x0001)) or \
             next((e for e in entries if e.key == soname), None)
         if hit is None:
             continue
@@ -359,9 +359,9 @@ def _libraries(st: _State, cache, entries, kind: str, abi: int, elfclass: int, m
 
 def _lookup_dep(st: _State, cache, name: str, flags_ok: tuple[int, ...], requirer: str) -> str | None:
     """Where the driver root's loader would find `name`: the cache, else next to the requirer."""
-    from pyxis_hook.loader import ldcache
+    from pyxis_hook.loader import cachelookup
 
-    hit = ldcache.search_cache(cache, name, flags_ok)
+    hit = cachelookup.search_cache(cache, name, flags_ok)
     if hit is None:
         hit = next((e for e in cache.entries if e.key == name and e.flags in flags_ok), None)
     if hit is not None:

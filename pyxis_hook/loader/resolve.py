@@ -257,10 +257,10 @@ def _heuristic_system_dirs(root: str, interp: str) -> tuple[str, ...]:
 def cache_lookup_for(cache, *, hwcaps: tuple[str, ...] = (), legacy_ok=None) -> CacheLookup:
     """Adapt a `pyxis_hook.loader.ldcache.LdCache` to the resolver's CacheLookup (flags per class/machine).
 
-    `hwcaps` and `legacy_ok` are `ldcache.lookup`'s: the glibc-hwcaps subdirs and
+    `hwcaps` and `legacy_ok` are `cachelookup.lookup`'s: the glibc-hwcaps subdirs and
     the legacy hwcap entries (glibc < 2.37) the loader takes.
     """
-    from pyxis_hook.loader import ldcache
+    from pyxis_hook.loader import cachelookup, ldcache
 
     flags_by_arch = {arch: ldcache.LOADER_FLAGS[name] for arch, name in CACHE_LOADER.items()}
 
@@ -268,7 +268,7 @@ def cache_lookup_for(cache, *, hwcaps: tuple[str, ...] = (), legacy_ok=None) -> 
         ok = flags_by_arch.get((elfclass, machine))
         if ok is None:
             return ()
-        return tuple(e.value for e in ldcache.lookup(cache, name, ok, hwcaps=hwcaps, legacy_ok=legacy_ok))
+        return tuple(e.value for e in cachelookup.lookup(cache, name, ok, hwcaps=hwcaps, legacy_ok=legacy_ok))
 
     return lookup
 

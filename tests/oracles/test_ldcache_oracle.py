@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from fixtures.synth import build_exe, build_lib, m32_toolchain
 from pyxis_hook.loader import ldcache as L
+from pyxis_hook.loader import cachelookup as LK
 from pyxis_hook.loader.ldconf import existing_dirs, read_ld_so_conf
 
 LDCONFIG = shutil.which("ldconfig") or "/sbin/ldconfig"
@@ -212,7 +213,7 @@ def test_ldconfig_order_is_libcmp_order(tmp_path_factory, names):
     assert [e.key for e in L.sort_entries(reversed(c.entries))] == keys
     assert L.serialize_cache(c.entries, c.generator) == Path(cache_file).read_bytes()
     for n in names:
-        assert L.search_cache(c, n).value == f"{MULTIARCH}/{n}"
+        assert LK.search_cache(c, n).value == f"{MULTIARCH}/{n}"
 
 
 # --- ld.so.conf against ldconfig -v ----------------------------------------------------------
@@ -333,7 +334,7 @@ def test_lookup_agrees_with_ld_so(tmp_path, fmt):
         hw = supported if mask is None else [h for h in supported if h in mask.split(":")]
         for soname in ("libfoo.so.1", "libbar.so.2", "libcuda.so.1", "libvendor.so.7"):
             expect = loader_choice(root, LD64, "/bin/app", soname, mask)
-            got = L.search_cache(c, soname, L.LOADER_FLAGS["x86_64"], hwcaps=hw)
+            got = LK.search_cache(c, soname, L.LOADER_FLAGS["x86_64"], hwcaps=hw)
             assert got is not None and expect is not None
             assert got.value == expect, (fmt, mask, soname)
     # the loader really used glibc-hwcaps in the new format and could not in compat (docs/loader.md)
@@ -353,5 +354,5 @@ def test_lookup_agrees_with_ld_so_i386(tmp_path):
     c = L.read_cache(make_cache(root))
     for soname in ("libfoo.so.1", "libcuda.so.1"):
         expect = loader_choice(root, LD32, "/bin/app32", soname, None)
-        got = L.search_cache(c, soname, L.LOADER_FLAGS["i386"])
+        got = LK.search_cache(c, soname, L.LOADER_FLAGS["i386"])
         assert got is not None and got.value == expect == f"/usr/lib32/{soname}"

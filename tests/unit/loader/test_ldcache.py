@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pyxis_hook.loader import ldcache as L
+from pyxis_hook.loader import cachelookup as LK
 from pyxis_hook.errors import LdCacheError
 from pyxis_hook.loader.ldconf import existing_dirs, read_ld_so_conf
 
@@ -93,7 +94,7 @@ def test_compat_hwcap_names_are_read_from_file_start_like_glibc():
     assert [e.hwcap_name for e in hw] == ["x86-64-v2", "x86-64-v3"]
     assert all(e.loader_hwcap_name != e.hwcap_name for e in hw)
     # ... so the loader cannot use them (docs/loader.md)
-    assert L.lookup(c, "libfoo.so.1", hwcaps=("x86-64-v3", "x86-64-v2"))[0].hwcap_name is None
+    assert LK.lookup(c, "libfoo.so.1", hwcaps=("x86-64-v3", "x86-64-v2"))[0].hwcap_name is None
 
 
 def test_compat_with_bogus_old_table_still_reads():
@@ -258,7 +259,7 @@ def test_fuzzed_caches_raise_only_ldcacheerror(fmt, cut, flips):
     try:
         c = L.parse_cache(data, "fuzz")
         L.format_ldconfig_p(c, "fuzz")
-        L.lookup(c, "libfoo.so.1", hwcaps=("x86-64-v3",))
+        LK.lookup(c, "libfoo.so.1", hwcaps=("x86-64-v3",))
     except LdCacheError as e:
         assert not intact, e  # an untouched cache always reads
         assert str(e).startswith("fuzz: ") or "fuzz" in str(e)
@@ -313,7 +314,7 @@ def test_merge_entries_adds_and_replaces():
     merged = L.merge_entries(base, new)
     assert len(merged) == len(base) + 1
     assert merged == L.sort_entries(merged)
-    assert L.search_cache(L.LdCache(merged, GEN, "new"), "libz.so.1").value == "/opt/z/libz.so.1"
+    assert LK.search_cache(L.LdCache(merged, GEN, "new"), "libz.so.1").value == "/opt/z/libz.so.1"
     assert [e.value for e in merged if e.hwcap_name == "x86-64-v3"] == ["/opt/v3/libfoo.so.1"]
     assert [e.value for e in merged if e.key == "libz.so.1" and e.flags == 3] == ["/usr/lib32/libz.so.1"]
 
@@ -359,7 +360,7 @@ def test_sorted_cache_is_found_by_binary_search(keys):
     entries = [ent("lib" + k + ".so", f"/l/{i}") for i, k in enumerate(keys)]
     c = L.LdCache(L.sort_entries(entries), None, "new")
     for e in entries:
-        got = L.lookup(c, e.key)
+        got = LK.lookup(c, e.key)
         assert got and L.libcmp(got[0].key, e.key) == 0
 
 
@@ -368,12 +369,12 @@ def test_sorted_cache_is_found_by_binary_search(keys):
 
 def test_lookup_per_loader_flags():
     c = cache_of()
-    assert L.search_cache(c, "libz.so.1").value == "/usr/lib/x86_64-linux-gnu/libz.so.1"
-    assert L.search_cache(c, "libz.so.1", L.LOADER_FLAGS["i386"]).value == "/usr/lib32/libz.so.1"
-    assert L.search_cache(c, "libz.so.1", L.LOADER_FLAGS["x32"]) is None
-    assert L.lookup(c, "libnope.so.1") == ()
+    assert LK.search_cache(c, "libz.so.1").value == "/usr/lib/x86_64-linux-gnu/libz.so.1"
+    assert LK.search_cache(c, "libz.so.1", L.LOADER_FLAGS["i386"]).value == "/usr/lib32/libz.so.1"
+    assert LK.search_cache(c, "libz.so.1", L.LOADER_FLAGS["x32"]) is None
+    assert LK.lookup(c, "libnope.so.1") == ()
     # i386 accepts flags 1 when nothing with 3 is there
-    assert L.search_cache(c, "libfoo.so.1", (1, 3)).value == "/usr/lib32/libfoo.so.1"
+    assert LK.search_cache(c, "libfoo.so.1", (1, 3)).value == "/usr/lib32/libfoo.so.1"
 
 
 def test_lookup_hwcaps_priorities():
@@ -381,21 +382,21 @@ def test_lookup_hwcaps_priorities():
     v3 = "/usr/lib/x86_64-linux-gnu/glibc-hwcaps/x86-64-v3/libfoo.so.1"
     v2 = "/usr/lib/x86_64-linux-gnu/glibc-hwcaps/x86-64-v2/libfoo.so.1"
     plain = "/usr/lib/x86_64-linux-gnu/libfoo.so.1"
-    assert L.search_cache(c, "libfoo.so.1").value == plain  # no hwcaps supported
-    assert L.search_cache(c, "libfoo.so.1", hwcaps=("x86-64-v3", "x86-64-v2")).value == v3
-    assert L.search_cache(c, "libfoo.so.1", hwcaps=("x86-64-v2",)).value == v2
-    assert L.search_cache(c, "libfoo.so.1", hwcaps=("x86-64-v4", "x86-64-v2")).value == v2
+    assert LK.search_cache(c, "libfoo.so.1").value == plain  # no hwcaps supported
+    assert LK.search_cache(c, "libfoo.so.1", hwcaps=("x86-64-v3", "x86-64-v2")).value == v3
+    assert LK.search_cache(c, "libfoo.so.1", hwcaps=("x86-64-v2",)).value == v2
+    assert LK.search_cache(c, "libfoo.so.1", hwcaps=("x86-64-v4", "x86-64-v2")).value == v2
     # ISA level check: a CPU with levels 1 and 2 only cannot use the v3 entry (isa 3)
-    assert L.search_cache(c, "libfoo.so.1", hwcaps=("x86-64-v3", "x86-64-v2"), isa_levels=0b111).value == v2
-    found = L.lookup(c, "libfoo.so.1", hwcaps=("x86-64-v3", "x86-64-v2"))
+    assert LK.search_cache(c, "libfoo.so.1", hwcaps=("x86-64-v3", "x86-64-v2"), isa_levels=0b111).value == v2
+    found = LK.lookup(c, "libfoo.so.1", hwcaps=("x86-64-v3", "x86-64-v2"))
     assert [e.value for e in found] == [v3, v2, plain]
 
 
 def test_entries_for_arch():
     c = cache_of()
-    assert {e.flags for e in L.entries_for_arch(c, 0x0300)} == {X64}
-    assert {e.value for e in L.entries_for_arch(c, 0)} == {"/usr/lib32/libz.so.1", "/usr/lib32/libfoo.so.1"}
-    assert len(L.entries_for_arch(c, 0x0300, hwcaps_too=True)) == len(L.entries_for_arch(c, 0x0300)) + 2
+    assert {e.flags for e in LK.entries_for_arch(c, 0x0300)} == {X64}
+    assert {e.value for e in LK.entries_for_arch(c, 0)} == {"/usr/lib32/libz.so.1", "/usr/lib32/libfoo.so.1"}
+    assert len(LK.entries_for_arch(c, 0x0300, hwcaps_too=True)) == len(LK.entries_for_arch(c, 0x0300)) + 2
 
 
 def test_import_is_cheap():

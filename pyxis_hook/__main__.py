@@ -1,4 +1,4 @@
-"""`python -m pyxis_hook` is the same program as the `pyxis-hook` console script.
+"""`python -m pyxis_hook` is the same program as the `pyxis-hook` command (bin/pyxis-hook imports this module).
 
 It also runs as a file, `python -I -S <dir>/pyxis_hook/__main__.py prestart`:
 `-S` skips the site scan (.pth files, an editable install's finder: 10-25 ms

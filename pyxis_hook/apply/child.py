@@ -251,10 +251,15 @@ def _child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner, root, allow) 
     # a pinned rootfs is its fd (taken in this namespace), named by its path here, not by plan.rootfs
     rfs = (WritableRoot(plan.rootfs, owner=owner) if root is None
            else WritableRoot(root.ns_path, fd=root.fd, owner=owner))
+    local_fds: list[int] = []
     try:
         try:
             new_api = kernel.have_new_mount_api()
-            for b in binds:
+            # the runtime's mounts of host files inside the rootfs (CDI hooks): sources of this namespace
+            local = [mounts.open_in_rootfs(m, rfs, local_fds) for m in plan.mounts if m.in_rootfs]
+            if new_api:
+                local = [mounts.clone(b, local_fds) for b in local]
+            for b in [*binds, *local]:
                 entry = rfs.ensure_entry(b.container_path, b.kind)
                 try:
                     if mounts.same_file(b.fd, entry.fd):
@@ -291,6 +296,8 @@ def _child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner, root, allow) 
             os.close(fd)
         return {"mounted": mounted, "symlinks": links, "messages": messages}
     finally:
+        for fd in local_fds:
+            os.close(fd)
         rfs.close()
 
 

@@ -22,9 +22,13 @@ import stat
 from pyxis_hook import log
 from pyxis_hook.apply import kernel
 from pyxis_hook.errors import ApplyError, PyxisHookError
-from pyxis_hook.plan.build import DEV_OPTIONS, Plan
+from pyxis_hook.plan.build import DEV_OPTIONS, MountEdit, Plan
 from pyxis_hook.record import record
 from pyxis_hook.apply.rootwrite import Entry
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from pyxis_hook.rootfs import RootFS
 
 #: mount option -> (MOUNT_ATTR_* for mount_setattr, MS_* for the legacy remount); the values
 #: happen to be equal, the two names are kept so each call site says which API it speaks
@@ -48,6 +52,8 @@ class Bind:
     host_path: str
     tree: int = -1
     covers: str = ""  # the plan's warning for a bind over a file of the image (MountEdit.covers)
+    #: `fd` is a mount of the namespace the binding process is in (`open_in_rootfs`), not a host file
+    local: bool = False
 
 
 def open_sources(plan: Plan, fds: list[int]) -> list[Bind]:
@@ -61,6 +67,8 @@ def open_sources(plan: Plan, fds: list[int]) -> list[Bind]:
             raise ApplyError(f"invalid device node {d.host_path}: expected c {d.major}:{d.minor}, found {got}")
         binds.append(Bind(d.path, fd, "file", DEV_OPTIONS, d.host_path))
     for m in plan.mounts:
+        if m.in_rootfs:
+            continue  # opened in the container's mount namespace, by the child (`open_in_rootfs`)
         fd = open_host(m.host_path, fds)
         st = os.fstat(fd)
         want = {"file": stat.S_ISREG, "dir": stat.S_ISDIR, "socket": stat.S_ISSOCK}.get(m.kind)
@@ -71,6 +79,43 @@ def open_sources(plan: Plan, fds: list[int]) -> list[Bind]:
         binds.append(Bind(m.container_path, fd, "dir" if m.kind == "dir" else "file", m.options, m.host_path,
                            covers=m.covers))
     return binds
+
+
+def open_in_rootfs(m: MountEdit, rfs: RootFS, fds: list[int]) -> Bind:
+    """The source of an `in_rootfs` mount: the runtime's bind of a host file inside the rootfs, checked.
+
+    Why the checks: the name is the image's.  It is opened inside the root
+    without following its last component (a symlink of the image there is
+    refused, never followed), must be a regular file, and must be a mount of
+    its own (its mount differs from its directory's): the runtime's bind of
+    the host's library, which the CDI spec asked for at that path.  A file
+    of the image there instead (a spec whose mount did not happen) is one
+    error line, not a bind of the image's file over another.
+    """
+    where = f"{m.host_path} (in the container)"
+    fd = rfs.open(m.host_path, os.O_PATH | os.O_NOFOLLOW)
+    fds.append(fd)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        raise ApplyError(f"{where}: not a regular file: not the runtime's mount of the host's library "
+                         f"that would cover {m.container_path}")
+    parent = rfs.open(os.path.dirname(m.host_path), os.O_PATH | os.O_DIRECTORY)
+    try:
+        own_mount = mount_id(fd) != mount_id(parent)
+    finally:
+        os.close(parent)
+    if not own_mount:
+        raise ApplyError(f"{where}: a file of the image, not the runtime's mount of the host's library "
+                         f"(the CDI spec's mount of it did not happen): {m.container_path} not covered")
+    return Bind(m.container_path, fd, "file", m.options, m.host_path, covers=m.covers, local=True)
+
+
+def mount_id(fd: int) -> int:
+    """The id of the mount `fd` is on (`mnt_id` of the fd's fdinfo), read through this process's own procfs."""
+    with open(kernel.proc_self_path(f"fdinfo/{fd}"), "rb") as f:  # builtin open: no import after setns
+        for line in f.read(4096).splitlines():
+            if line.startswith(b"mnt_id:"):
+                return int(line.split()[1])
+    raise ApplyError(f"no mnt_id in the fdinfo of fd {fd}")
 
 
 def clone(b: Bind, fds: list[int]) -> Bind:
@@ -140,9 +185,10 @@ def bind(b: Bind, entry: Entry, undo: Undo) -> int:
         return tree
     # legacy: the host fd belongs to another mount namespace and cannot be a bind source here,
     # so open the same host path in this one (runc's namespace is a copy of the host's, before
-    # pivot_root) and insist it is the very inode checked on the host.
+    # pivot_root) and insist it is the very inode checked on the host.  A local source is a mount
+    # of this namespace already: bound through its own fd.
     try:
-        src = os.open(b.host_path, os.O_PATH | os.O_CLOEXEC)
+        src = os.dup(b.fd) if b.local else os.open(b.host_path, os.O_PATH | os.O_CLOEXEC)
     except OSError as e:
         raise ApplyError(f"{b.host_path}: not reachable in the container mount namespace ({e.strerror}): "
                          "without the new mount API (open_tree, Linux >= 5.2) a host file is bound by its name "

@@ -65,11 +65,14 @@ class PinnedRoot:
         os.close(self.fd)
 
 
-def pin_rootfs(rootfs: str, pid: int, *, proc: str = "/proc") -> PinnedRoot:
+def pin_rootfs(rootfs: str, pid: int, *, proc: str = "/proc", ref: int | str = "self") -> PinnedRoot:
     """Open the rootfs the runtime set up for container process `pid`; `rootfs` is the bundle's root.path.
 
-    Raises RootfsError (one line) when `rootfs` names anything else, or when
-    the container process cannot be looked at.
+    `ref`: a process in the mount namespace the container's was copied from
+    (the runtime's): this hook itself for prestart, the runtime for a hook
+    that runs inside the container's namespace (`hook_processes`).  Raises
+    RootfsError (one line) when `rootfs` names anything else, or when the
+    container process cannot be looked at.
     """
     where = f"{proc}/{pid}"
     try:
@@ -81,10 +84,56 @@ def pin_rootfs(rootfs: str, pid: int, *, proc: str = "/proc") -> PinnedRoot:
         if pivoted:
             _check_pivoted(rootfs, pid, root_fd)
             return PinnedRoot(fd=os.dup(root_fd), ns_path="/", pivoted=True)
-        fd, mount_point = _runtime_mount(rootfs, pid, root_fd, where, proc)
+        fd, mount_point = _runtime_mount(rootfs, pid, root_fd, where, proc, ref)
         return PinnedRoot(fd=fd, ns_path=mount_point, pivoted=False)
     finally:
         os.close(root_fd)
+
+
+def hook_processes(state_pid: int, *, proc: str = "/proc") -> tuple[int, int | str]:
+    """(the container's process, `pin_rootfs`'s `ref`) for a createContainer hook, as `proc` numbers them.
+
+    Why not the state's pid: runc and crun run createContainer hooks from the
+    container's init, inside its mount (and PID) namespace, before pivot_root
+    (runc `libcontainer/rootfs_linux.go` `prepareRootfs`: state.Pid is
+    `getpid()` there, 1 in a new PID namespace; crun `container.c`
+    `container_init_setup`: pid 0).  The procfs at /proc is still the host's
+    there, where that number is another process.  Such a hook is the init's
+    child: the init is its parent as procfs numbers it (`PPid` of
+    /proc/self/status), and the namespace the container's was copied from is
+    that of the first ancestor outside it (the runtime that cloned the init).
+    Any other state pid (Apptainer's OCI engine runs every hook in its own
+    namespace on the host, with the container's host pid) is used as
+    prestart uses it, with this process as the reference.
+    """
+    if state_pid not in (0, os.getppid()):
+        return state_pid, "self"
+    try:
+        init = _ppid("self", proc)
+        ns = os.stat(f"{proc}/{init}/ns/mnt").st_ino
+        if ns != os.stat(f"{proc}/self/ns/mnt").st_ino:
+            raise RootfsError(f"the hook's parent, process {init}, is not in the hook's mount namespace: "
+                              f"state pid {state_pid} does not name the container process")
+        ref = init
+        for _ in range(64):
+            ref = _ppid(ref, proc)
+            if ref <= 0:
+                break
+            if os.stat(f"{proc}/{ref}/ns/mnt").st_ino != ns:
+                return init, ref
+    except OSError as e:
+        raise RootfsError(f"cannot find the container process of this hook: {e.strerror}") from None
+    raise RootfsError(f"no ancestor of container process {init} is outside its mount namespace: "
+                      "cannot tell the mounts the runtime made")
+
+
+def _ppid(pid: int | str, proc: str) -> int:
+    """The parent of `pid` as `proc` numbers it (os.getppid() answers in this PID namespace)."""
+    with open(f"{proc}/{pid}/status", "rb") as f:
+        for line in f.read(8192).splitlines():
+            if line.startswith(b"PPid:"):
+                return int(line.split()[1])
+    raise OSError(0, f"no PPid in {proc}/{pid}/status")
 
 
 def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
@@ -102,7 +151,8 @@ def _check_pivoted(rootfs: str, pid: int, root_fd: int) -> None:
                           "(it has pivoted into another): not the rootfs the runtime set up")
 
 
-def _runtime_mount(rootfs: str, pid: int, root_fd: int, where: str, proc: str) -> tuple[int, str]:
+def _runtime_mount(rootfs: str, pid: int, root_fd: int, where: str, proc: str,
+                   ref: int | str) -> tuple[int, str]:
     """Before pivot_root: (fd, mount point) of the runtime's rootfs mount that `rootfs` leads to."""
     from pyxis_hook.errors import PathError
     from pyxis_hook.rootfs import RootFS
@@ -116,7 +166,7 @@ def _runtime_mount(rootfs: str, pid: int, root_fd: int, where: str, proc: str) -
             raise RootfsError(f"root.path {rootfs}: not a directory in the mount namespace of container "
                               f"process {pid}: {why}") from None
     try:
-        point, problem = _judge(fd, pid, where, proc)
+        point, problem = _judge(fd, pid, where, proc, ref)
         if problem:
             try:
                 problem = f"it leads to {os.readlink(f'{proc}/self/fd/{fd}')}: {problem}"
@@ -133,7 +183,7 @@ def _runtime_mount(rootfs: str, pid: int, root_fd: int, where: str, proc: str) -
         raise
 
 
-def _judge(fd: int, pid: int, where: str, proc: str) -> tuple[str, str | None]:
+def _judge(fd: int, pid: int, where: str, proc: str, ref: int | str) -> tuple[str, str | None]:
     """(mount point of the mount `fd` is on, why it is not the runtime's rootfs or None)."""
     from pyxis_hook.host.cgroup import parse_mountinfo, read_text
 
@@ -144,7 +194,10 @@ def _judge(fd: int, pid: int, where: str, proc: str) -> tuple[str, str | None]:
     finally:
         os.close(up)
     theirs = _mounts(read_text(f"{where}/mountinfo") or "")
-    ours = _mounts(read_text(f"{proc}/self/mountinfo") or "")
+    ours = _mounts(read_text(f"{proc}/{ref}/mountinfo") or "")
+    if not ours:  # never judge against an empty table: every mount would look like the runtime's
+        raise RootfsError(f"cannot read the mount table of process {ref}, the namespace the container's "
+                          "was copied from")
     line = next((line for mid, _point, line in theirs if mid == str(mount_id)), None)
     if line is None:
         return "", f"it is on mount {mount_id}, which container process {pid} does not have"

@@ -39,12 +39,12 @@ def add_arguments(parser) -> None:
 
 
 def run(args, config) -> int:
-    from pyxis_hook.engines import cdi
+    from pyxis_hook.engines import cdi, cdihook
     from pyxis_hook.errors import UsageError
 
     if args.cdi_command == "hook":
-        cdi.run_hook(args.step, sys.stdin.buffer.read(), config, links=args.link, folders=args.folder,
-                     libs=args.lib, host_driver_version=args.host_driver_version)
+        cdihook.run_hook(args.step, sys.stdin.buffer.read(), config, links=args.link, folders=args.folder,
+                         libs=args.lib, host_driver_version=args.host_driver_version)
         return 0
     if args.cdi_command != "generate":
         raise UsageError("cdi: expected an action: generate")

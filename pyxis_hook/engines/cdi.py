@@ -8,11 +8,9 @@ the spec-wide `containerEdits`; each device keeps only what differs.
 
 A static spec cannot create symlinks, refresh the image's ld.so.cache or
 build the /proc/driver/nvidia view, so those become `createContainer` hooks
-running `pyxis-hook cdi hook ...` (the same `apply.apply_plan` code as the
-prestart hook, on a Plan holding just that step).  createContainer hooks run
-in the container's mount namespace before pivot_root, which is why the hook
-side applies "in our own namespace" (`/proc/self`), never in a pid from the
-state: runc reports the container's pid-namespace pid there (1).
+running `pyxis-hook cdi hook ...` (`engines.cdihook`: the same
+`apply.apply_plan` code as the prestart hook, on a Plan holding just that
+step, on the rootfs pinned as prestart pins it).
 """
 
 from __future__ import annotations
@@ -24,7 +22,6 @@ import re
 
 from pyxis_hook.errors import ConfigError
 from pyxis_hook.plan.build import ContainerFacts, DeviceEdit, MountEdit, Plan
-from pyxis_hook.record import replace
 
 #: lowest CDI version covering what we emit (deviceNodes.hostPath is 0.5.0; mount `type` 0.4.0)
 CDI_VERSION = "0.5.0"
@@ -34,7 +31,7 @@ VOID_ENV = "NVIDIA_VISIBLE_DEVICES=void"
 #: the update-ldcache hook's argument carrying the host driver version (CUDA forward compat), NVIDIA's name
 HOST_DRIVER_VERSION_FLAG = "--host-driver-version"
 #: what a driver version looks like (bounded: int() of the parts never meets Python's digit limit)
-_DRIVER_VERSION = re.compile(r"[0-9]{1,9}(?:\.[0-9]{1,9}){0,3}")
+DRIVER_VERSION_PATTERN = re.compile(r"[0-9]{1,9}(?:\.[0-9]{1,9}){0,3}")
 #: the capabilities a CDI container's forward-compat decision is made for: the spec records a host
 #: driver version only when its libraries were planned with `compute` (`compat_driver_version`)
 CDI_COMPAT_CAPABILITIES = ("compute",)
@@ -169,7 +166,7 @@ def compat_driver_version(config, driver_version: str | None) -> str:
     """
     if config.cuda_compat != "ldconfig" or "compute" not in config.default_capabilities:
         return ""
-    if not driver_version or not _DRIVER_VERSION.fullmatch(driver_version):
+    if not driver_version or not DRIVER_VERSION_PATTERN.fullmatch(driver_version):
         return ""
     return driver_version
 
@@ -311,114 +308,3 @@ def to_yaml(doc: dict) -> str:
     _yaml(doc, 0, out, "")
     return "\n".join(out) + "\n"
 
-
-# ---------------------------------------------------------------- the createContainer hooks
-
-HOOK_STEPS = ("create-symlinks", "update-ldcache", "proc-driver")
-
-
-def parse_link(text: str):
-    """`--link PATH::TARGET` -> SymlinkEdit; PATH must be absolute (it is resolved inside the rootfs)."""
-    from pyxis_hook.errors import UsageError
-    from pyxis_hook.plan.build import SymlinkEdit
-
-    path, sep, target = text.partition("::")
-    if not sep or not path.startswith("/") or not target or "\0" in text:
-        raise UsageError(f"--link {text!r}: expected /ABSOLUTE/PATH::TARGET")
-    return SymlinkEdit(os.path.normpath(path), target)
-
-
-def parse_lib(text: str) -> tuple[str, str, str, int]:
-    """`--lib /DIR/NAME::SONAME::FLAGS` -> the (dir, name, soname, flags) row of LdcacheUpdate.libs."""
-    from pyxis_hook.errors import UsageError
-
-    parts = text.split("::")
-    try:
-        path, soname, flags = parts
-        value = int(flags, 0)
-    except ValueError:
-        raise UsageError(f"--lib {text!r}: expected /DIR/NAME::SONAME::FLAGS") from None
-    d, name = os.path.split(path)
-    if not path.startswith("/") or not name or not soname or "/" in soname or not 0 <= value <= 0xFFFFFFFF:
-        raise UsageError(f"--lib {text!r}: expected /DIR/NAME::SONAME::FLAGS (flags a 32-bit cache flag value)")
-    return (d, name, soname, value)
-
-
-def hook_plan(step: str, bundle, config, *, links: tuple[str, ...] = (), folders: tuple[str, ...] = (),
-              libs: tuple[str, ...] = (), host_driver_version: str = "") -> Plan:
-    """The one-step Plan a CDI hook applies to `bundle` (an oci.Bundle).
-
-    update-ldcache with `host_driver_version` applies CUDA forward compat as
-    the prestart hook does: `plan.cuda_compat` on the image's
-    `container_facts` (read through RootFS fds) for CDI_COMPAT_CAPABILITIES,
-    and `ldcache_update(compat=...)` puts COMPAT_DIR in `first_dirs`.  The
-    pyxis.conf read now counts too: `cuda-compat = "disabled"` turns it off
-    without regenerating the spec.
-    """
-    from pyxis_hook.errors import UsageError
-    from pyxis_hook.plan.build import ProcDriverView, patch_params
-
-    rootfs = bundle.rootfs
-    if step == "create-symlinks":
-        return Plan(rootfs=rootfs, symlinks=tuple(parse_link(x) for x in links))
-    if step == "update-ldcache":
-        bad = [d for d in folders if not d.startswith("/")]
-        if bad:
-            raise UsageError(f"--folder {bad[0]!r}: not an absolute path")
-        from pyxis_hook.plan.container import container_facts
-
-        from pyxis_hook.plan.build import cuda_compat, ldcache_update
-
-        if host_driver_version and not _DRIVER_VERSION.fullmatch(host_driver_version):
-            shown = host_driver_version if len(host_driver_version) <= 40 else host_driver_version[:40] + "..."
-            raise UsageError(f"{HOST_DRIVER_VERSION_FLAG} {shown!r}: expected a driver version "
-                             "such as 535.104.05")
-        rows = tuple(parse_lib(x) for x in libs)
-        facts = container_facts(rootfs)
-        use, note = False, ""
-        if host_driver_version:
-            use, note = cuda_compat(config, CDI_COMPAT_CAPABILITIES, facts, host_driver_version)
-        update, problems = ldcache_update(config, facts, tuple(folders), rows, compat=use)
-        if problems:
-            raise UsageError(problems[0])
-        why = "CDI update-ldcache hook" + (f"; {update.why}" if use else "")
-        return Plan(rootfs=rootfs, ldcache=replace(update, why=why), notes=(note,) if note else ())
-    if step == "proc-driver":
-        from pyxis_hook.host import gpus as gpus_mod
-        from pyxis_hook.plan.prepare import read_proc_driver_files
-
-        files = read_proc_driver_files(config.proc_root)
-        if files is None:
-            return Plan(rootfs=rootfs, notes=("no /proc/driver/nvidia on this host: no view",))
-        host = gpus_mod.discover_gpus(config.proc_root, config.dev_root)
-        major = host.majors.nvidia or gpus_mod.NVIDIA_MAJOR
-        # the GPUs this container got: CDI put their nodes into config.json linux.devices
-        minors = {d.minor for d in bundle.linux_devices
-                  if d.type == "c" and d.major == major and d.path.startswith("/dev/nvidia")
-                  and d.path[len("/dev/nvidia"):].isdigit()}
-        dirs = tuple(g.proc_name or g.bus_id for g in host.gpus if g.minor in minors)
-        files = tuple((n, patch_params(t) if n == "params" else t) for n, t in files)
-        view = ProcDriverView(host_dir=os.path.join(config.proc_root, "driver/nvidia"), files=files, gpu_dirs=dirs)
-        return Plan(rootfs=rootfs, proc_driver=view)
-    raise UsageError(f"cdi hook {step!r}: expected one of {', '.join(HOOK_STEPS)}")
-
-
-def run_hook(step: str, stdin_bytes: bytes, config, *, links=(), folders=(), libs=(),
-             host_driver_version: str = "") -> None:
-    """Read the state JSON, plan the step, apply it in the current mount namespace (the container's)."""
-
-    from pyxis_hook import log
-    from pyxis_hook.spec import oci
-    from pyxis_hook.apply.child import apply_plan
-
-    state = oci.parse_state(stdin_bytes, require_pid=False)
-    bundle = oci.load_bundle(state.bundle)
-    plan = hook_plan(step, bundle, config, links=tuple(links), folders=tuple(folders), libs=tuple(libs),
-                     host_driver_version=host_driver_version)
-    for note in plan.notes:  # the cuda-compat decision, as the prestart hook logs it
-        log.info(f"container {state.id}: cdi hook {step}: {note}")
-    if plan.empty and plan.ldcache.mode == "none":
-        return
-    # "self": createContainer hooks already run in the container's mount namespace, and the
-    # state's pid is the container-namespace pid (runc: 1), meaningless in the host /proc.
-    apply_plan(plan, "self", config)  # hook plans carry no cgroup rules

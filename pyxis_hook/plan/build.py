@@ -55,6 +55,10 @@ class MountEdit:
     #: a bind over a file of the image (`link_edit`): the warning that names it, which apply logs
     #: when it mounts; "" for every other bind
     covers: str = ""
+    #: `host_path` is a path inside the container's rootfs, not on the host: the runtime's own mount of
+    #: the host's file there (a CDI hook is handed no host path), opened in the container's mount
+    #: namespace without following a symlink of the image, and bound only if it is such a mount
+    in_rootfs: bool = False
 
 
 @record

@@ -89,13 +89,15 @@ def _string_map(value: object, where: str, error: type[OciError]) -> tuple[tuple
     return tuple(value.items())
 
 
-def parse_state(data: bytes, *, require_pid: bool = True) -> State:
+def parse_state(data: bytes, *, require_pid: bool = True, allow_zero_pid: bool = False) -> State:
     """Parse and validate the state JSON a runtime writes to a hook's stdin.
 
     `bundle` (or the pre-17.06 runc name `bundlePath`, still accepted by NCT)
     must be an absolute path; `pid` must be a positive integer when
     `require_pid` (prestart needs it to find the mount namespace; `plan` runs
-    without a container and passes False).
+    without a container and passes False).  `allow_zero_pid`: crun hands
+    createContainer hooks pid 0 (`container.c` `container_init_setup`); the
+    CDI hook finds the container's process itself (`rootpin.hook_processes`).
     """
     what = "OCI state on stdin"
     if len(data) > MAX_STATE_BYTES:
@@ -119,7 +121,7 @@ def parse_state(data: bytes, *, require_pid: bool = True) -> State:
     if not isinstance(bundle, str) or not bundle.startswith("/") or "\0" in bundle:
         raise StateError(f"{what}: field '{bundle_key}' must be an absolute path, got {bundle!r}")
     pid = doc.get("pid")
-    if pid is not None and (isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0):
+    if pid is not None and (isinstance(pid, bool) or not isinstance(pid, int) or pid < (0 if allow_zero_pid else 1)):
         raise StateError(f"{what}: field 'pid' must be a positive integer, got {pid!r}")
     if pid is None and require_pid:
         raise StateError(f"{what}: field 'pid' is missing (the container has no init process yet?)")

@@ -29,7 +29,7 @@ import pytest
 
 from e2e.conftest import fresh_rootfs, make_host
 from fixtures.apptainer import VENV, exec_caps, oci_caps, require_session
-from fixtures.container import make_bundle
+from fixtures.container import make_bundle, merge_cdi
 from fixtures.realdriver import driver_version, require_driver_root
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root, pytest.mark.slow, pytest.mark.realdriver]
@@ -113,24 +113,6 @@ def test_a_prestart_registration_is_never_run_by_the_oci_engine(session, tmp_pat
     assert "container" not in (host.base / "hook.log").read_text()  # `hookd` made the log; no start wrote to it
 
 
-def _merge_cdi(config: dict, spec: dict, device: str) -> dict:
-    """What a CDI engine does with a spec (CDI's `ContainerEdits.Apply`): env, nodes + cgroup rules, mounts, hooks."""
-    edits = [spec.get("containerEdits", {})] + [d["containerEdits"] for d in spec["devices"] if d["name"] == device]
-    linux = config.setdefault("linux", {})
-    for e in edits:
-        config["process"]["env"] += e.get("env", [])
-        for n in e.get("deviceNodes", []):
-            linux.setdefault("devices", []).append({k: n[k] for k in ("path", "type", "major", "minor", "fileMode")})
-            linux.setdefault("resources", {}).setdefault("devices", []).append(
-                {"allow": True, "type": n["type"], "major": n["major"], "minor": n["minor"], "access": "rwm"})
-        config["mounts"] += [{"source": m["hostPath"], "destination": m["containerPath"], "type": "bind",
-                              "options": m.get("options", [])} for m in e.get("mounts", [])]
-        for h in e.get("hooks", []):
-            config.setdefault("hooks", {}).setdefault(h["hookName"], []).append(
-                {k: v for k, v in h.items() if k != "hookName"})
-    return config
-
-
 def test_the_cdi_spec_merged_into_a_bundle_runs_with_its_hooks(session, tmp_path):
     host, root = _real_host(tmp_path)
     binds = (tmp_path, root)
@@ -139,7 +121,7 @@ def test_the_cdi_spec_merged_into_a_bundle_runs_with_its_hooks(session, tmp_path
     assert p.returncode == 0, p.stderr
     spec = json.loads(spec_path.read_text())
     bundle = _bundle(tmp_path, PROBE)
-    config = _edit(bundle, lambda c: _merge_cdi(c, spec, "1"))
+    config = _edit(bundle, lambda c: merge_cdi(c, spec, "1"))
     assert [h["args"][6] for h in config["hooks"]["createContainer"]] == ["create-symlinks", "update-ldcache",
                                                                           "proc-driver"]
     r = _oci_run(session, bundle, binds, f"pyxis-cdi-{os.getpid()}")

@@ -15,11 +15,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import stat
 
 import pytest
 
 from e2e.conftest import bundle_for, fresh_rootfs, make_host, mount_table, run_container
+from fixtures.cli import run_cli
+from fixtures.container import make_bundle, merge_cdi
+from fixtures.standin import tree_state
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root, pytest.mark.slow]
 
@@ -35,18 +37,6 @@ FLIPS = {
 @pytest.fixture
 def host(tmp_path):
     return make_host(tmp_path)
-
-
-def _tree(d) -> dict:
-    """Every entry below `d` with what would show a change: mode, size, inode, mtime, link target."""
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(d):
-        for n in dirnames + filenames:
-            p = os.path.join(dirpath, n)
-            st = os.lstat(p)
-            out[p] = (st.st_mode, st.st_size, st.st_ino, st.st_mtime_ns,
-                      os.readlink(p) if stat.S_ISLNK(st.st_mode) else None)
-    return out
 
 
 def _mounts_under(d) -> list[str]:
@@ -74,12 +64,12 @@ def _with_flipper(bundle, canary, flip: str) -> None:
 @pytest.mark.parametrize("runtime", RUNTIMES)
 def test_root_path_repointed_after_create_is_refused_and_the_host_dir_untouched(runtime, flip, tmp_path, host):
     canary = fresh_rootfs(tmp_path / "host-dir")
-    before = _tree(canary)
+    before = tree_state(canary)
     bundle = bundle_for(tmp_path, host, ("NVIDIA_VISIBLE_DEVICES=0",), "/usr/bin/gputest")
     _with_flipper(bundle, canary, flip)
     mounts = _mounts_under(tmp_path)
     r = run_container(runtime, bundle, f"pyxis-rootpin-{os.getpid()}-{runtime}-{flip}")
-    assert _tree(canary) == before, "the hook changed the host directory root.path was re-pointed at"
+    assert tree_state(canary) == before, "the hook changed the host directory root.path was re-pointed at"
     assert _mounts_under(tmp_path) == mounts
     assert r.rc != 0
     assert "is not the rootfs the runtime set up" in (host.base / "hook.log").read_text()
@@ -87,6 +77,51 @@ def test_root_path_repointed_after_create_is_refused_and_the_host_dir_untouched(
         errors = _hook_errors(r.stderr)
         assert len(errors) == 1 and "is not the rootfs the runtime set up" in errors[0], r.stderr
         assert "Traceback" not in r.stderr
+
+
+def _cdi_bundle(tmp_path, host, flip: str | None):
+    """A bundle with the CDI spec of `host` merged for device 0 (its createContainer hooks, no prestart hook
+    of ours), and the flipping prestart hook before them when `flip` says how."""
+    r = run_cli("cdi", "generate", conf=host.conf)
+    assert r.returncode == 0, r.stderr
+    bundle = tmp_path / "bundle"
+    fresh_rootfs(bundle / "rootfs")
+    make_bundle(bundle, args=("/bin/sh", "-c", "/usr/bin/gputest"), hooks={"prestart": []})
+    cfg_path = bundle / "config.json"
+    cfg_path.write_text(json.dumps(merge_cdi(json.loads(cfg_path.read_text()), json.loads(r.stdout), "0")))
+    if flip:
+        _with_flipper(bundle, tmp_path / "host-dir", flip)
+    return bundle
+
+
+@pytest.mark.parametrize("flip", sorted(FLIPS))
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_cdi_hooks_refuse_a_root_path_repointed_after_create(runtime, flip, tmp_path, host):
+    """The createContainer hooks of a CDI spec run inside the container's namespaces (runc: state pid 1,
+    crun: 0); they pin the rootfs the runtime mounted there, as prestart does."""
+    canary = fresh_rootfs(tmp_path / "host-dir")
+    before = tree_state(canary)
+    bundle = _cdi_bundle(tmp_path, host, flip)
+    mounts = _mounts_under(tmp_path)
+    r = run_container(runtime, bundle, f"pyxis-cdipin-{os.getpid()}-{runtime}-{flip}")
+    assert tree_state(canary) == before, "a CDI hook changed the host directory root.path was re-pointed at"
+    assert _mounts_under(tmp_path) == mounts
+    assert r.rc != 0
+    assert "is not the rootfs the runtime set up" in (host.base / "hook.log").read_text()
+    if runtime == "runc":  # crun does not show a failing hook's stderr
+        errors = _hook_errors(r.stderr)
+        assert len(errors) == 1 and "is not the rootfs the runtime set up" in errors[0], r.stderr
+        assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_cdi_hooks_pin_the_rootfs_the_runtime_mounted(runtime, tmp_path, host):
+    bundle = _cdi_bundle(tmp_path, host, None)
+    r = run_container(runtime, bundle, f"pyxis-cdipin-{os.getpid()}-{runtime}")
+    assert r.rc == 0, r.stderr
+    assert "cuDriverGetVersion=12020 rc=0" in r.stdout  # found through the ld.so.cache the hook merged
+    log = (host.base / "hook.log").read_text()
+    assert "ld.so.cache: merged" in log, log
 
 
 @pytest.mark.skipif("crun" not in RUNTIMES, reason="crun is not installed")

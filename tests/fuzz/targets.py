@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from pyxis_hook import asks
 from pyxis_hook.spec import config, oci, require
 from pyxis_hook.host import cgroup, gpus
-from pyxis_hook.engines import cdi, enroot
+from pyxis_hook.engines import cdihook, enroot
 from pyxis_hook.loader import cachelookup, elf, elfhead, ldcache
 from pyxis_hook.errors import PyxisHookError
 
@@ -194,7 +194,7 @@ _LDCONF = ["include /etc/ld.so.conf.d/*.conf", "/usr/lib/x86_64-linux-gnu", "inc
 
 
 def _cdi_args(text: str) -> None:
-    for parse in (cdi.parse_link, cdi.parse_lib):
+    for parse in (cdihook.parse_link, cdihook.parse_lib):
         try:
             parse(text)
         except PyxisHookError as e:

@@ -10,12 +10,15 @@ import json
 import os
 import re
 import subprocess
+import time
+from pathlib import Path
 import pytest
 from e2e.conftest import DRIVER_VERSION, fresh_rootfs
 from fixtures.cli import run_cli
 from fixtures.container import make_bundle
 from fixtures.oci_state import state_json
-from pyxis_hook.engines import cdi
+from fixtures.standin import tree_state
+from pyxis_hook.engines import cdihook
 from pyxis_hook.errors import UsageError
 from unit.engines.test_cdi import (  # noqa: F401 - helpers and fixtures shared with the unit tests
     _compat_image,
@@ -61,10 +64,10 @@ def test_hook_rejects_relative_link_and_bad_state(tmp_path):
     assert r.returncode != 0 and "--link 'rel/x::y'" in r.stderr and "Traceback" not in r.stderr
     r = run_cli("cdi", "hook", "update-ldcache", "--lib", "/usr/lib/libx.so::libx.so.1", input=state_json(bundle, id="cdi-test"))
     assert r.returncode != 0 and "--lib '/usr/lib/libx.so::libx.so.1'" in r.stderr and "Traceback" not in r.stderr
-    assert cdi.parse_lib("/usr/lib/libx.so.1.2::libx.so.1::0x0303") == ("/usr/lib", "libx.so.1.2", "libx.so.1", 0x303)
+    assert cdihook.parse_lib("/usr/lib/libx.so.1.2::libx.so.1::0x0303") == ("/usr/lib", "libx.so.1.2", "libx.so.1", 0x303)
     for flags in ("-1", "0x100000000"):  # a cache entry's flags are a 32-bit field
         with pytest.raises(UsageError, match="32-bit cache flag"):
-            cdi.parse_lib(f"/usr/lib/libx.so.1.2::libx.so.1::{flags}")
+            cdihook.parse_lib(f"/usr/lib/libx.so.1.2::libx.so.1::{flags}")
     r = run_cli("cdi", "hook", "update-ldcache", "--folder", "/usr/lib", input="{not json")
     assert r.returncode != 0 and r.stderr.startswith("pyxis-hook: error:") and "Traceback" not in r.stderr
 
@@ -141,3 +144,134 @@ def test_spec_hooks_load_the_compat_libcuda(host, tmp_path, mode, compat):
     else:
         assert not any("/usr/local/cuda/compat" in x for x in lines), lines
         assert "cuDriverGetVersion=12020 rc=0" in r.stdout, r.stdout + r.stderr
+
+
+# ------------------------------------------------ the rootfs is pinned: root.path is not followed
+
+
+def _mounts_below(d: Path) -> list[str]:
+    with open("/proc/self/mountinfo") as f:
+        return [line.split()[4] for line in f if line.split()[4].startswith(f"{d}/")]
+
+
+def _spec_hooks(host, tmp_path) -> dict:
+    r = run_cli("cdi", "generate", conf=host.conf)
+    assert r.returncode == 0, r.stderr
+    return {h["args"][6]: h for h in json.loads(r.stdout)["containerEdits"]["hooks"]}
+
+
+def _repoint(bundle: Path, canary: Path, flip: str) -> None:
+    """What the bundle's owner can do once the runtime has read root.path: point it at a host directory."""
+    if flip == "symlink":
+        (bundle / "rootfs").rename(bundle / "real")
+        (bundle / "rootfs").symlink_to(canary)
+    else:
+        doc = json.loads((bundle / "config.json").read_text())
+        doc["root"]["path"] = str(canary)
+        (bundle / "config.json").write_text(json.dumps(doc))
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("flip", ["symlink", "config"])
+@pytest.mark.parametrize("step", cdihook.HOOK_STEPS)
+def test_hook_inside_the_container_namespace_refuses_a_root_path_repointed_after_create(host, tmp_path, step,
+                                                                                          flip):
+    """runc's shape: the hook runs as the init's child in its namespaces (state pid 1); root.path now leads to
+    a host directory laid out like a rootfs.  One error line, the directory untouched, nothing mounted."""
+    from fixtures.standin import runc_init_argv
+
+    hook = _spec_hooks(host, tmp_path)[step]
+    bundle = tmp_path / "bundle"
+    rootfs = fresh_rootfs(bundle / "rootfs")
+    make_bundle(bundle)
+    canary = fresh_rootfs(tmp_path / "host-dir")
+    (canary / "proc").mkdir(exist_ok=True)
+    before = tree_state(canary)
+    state = tmp_path / "state.json"
+    state.write_text(state_json(bundle, id="cdi-flip"))
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    env = dict(e.split("=", 1) for e in hook["env"])
+    p = subprocess.Popen(runc_init_argv(rootfs, [hook["args"]], state, gate=gate), env=env, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        for _ in range(600):
+            if (gate / "ready").exists() or p.poll() is not None:
+                break
+            time.sleep(0.05)
+        _repoint(bundle, canary, flip)
+        (gate / "go").touch()
+        out, err = p.communicate(timeout=120)
+    finally:
+        p.kill()
+    assert p.returncode != 0
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("pyxis-hook: error: root.path "), err
+    assert "is not the rootfs the runtime set up for container process" in lines[0], err
+    assert tree_state(canary) == before, "the hook changed the host directory root.path was re-pointed at"
+    assert _mounts_below(tmp_path) == []
+
+
+def _pivoted_init(rootfs: Path) -> subprocess.Popen:
+    """A container process that already has the rootfs as its root (Apptainer's OCI engine runs hooks then)."""
+    import shutil
+
+    from fixtures.standin import start_standin
+
+    sleep = rootfs / "bin/sleep"
+    if sleep.is_symlink():
+        sleep.unlink()
+    shutil.copy2(rootfs / "bin/busybox", sleep)  # the stand-in is found by its exe's name
+    return start_standin(f"exec chroot {rootfs} /bin/sleep 600")
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("flip", [None, "config"])
+def test_hook_in_the_engines_namespace_pins_the_pivoted_root(host, tmp_path, flip):
+    """Apptainer's shape: the hook runs on the host with the container's host pid, after the container
+    pivoted.  The links land in the container's root; a root.path naming another directory is refused."""
+    hook = _spec_hooks(host, tmp_path)["create-symlinks"]
+    bundle = tmp_path / "bundle"
+    rootfs = fresh_rootfs(bundle / "rootfs")
+    make_bundle(bundle)
+    canary = fresh_rootfs(tmp_path / "host-dir")
+    before = tree_state(canary)
+    init = _pivoted_init(rootfs)
+    try:
+        if flip:
+            _repoint(bundle, canary, flip)
+        env = dict(e.split("=", 1) for e in hook["env"])
+        r = subprocess.run(hook["args"], input=state_json(bundle, id="cdi-pivoted", pid=init.pid), env=env,
+                           capture_output=True, text=True)
+    finally:
+        init.kill()
+        init.wait()
+    link = rootfs / "usr/lib/x86_64-linux-gnu/libcuda.so.1"
+    if flip:
+        assert r.returncode != 0 and r.stderr.count("\n") == 1, r.stderr
+        assert f"root.path {canary} is not the root directory of container process {init.pid}" in r.stderr
+        assert not link.is_symlink()
+    else:
+        assert r.returncode == 0, r.stderr
+        assert link.is_symlink() and os.readlink(link) == f"libcuda.so.{DRIVER_VERSION}"
+    assert tree_state(canary) == before
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("pid", [0, 1])
+def test_hook_finds_the_init_whatever_pid_the_runtime_states(host, tmp_path, pid):
+    """crun states pid 0 to createContainer hooks, runc the init's pid in its own namespace (1): either way
+    the hook is the init's child, and pins the rootfs the init mounted."""
+    from fixtures.standin import runc_init_argv
+
+    hook = _spec_hooks(host, tmp_path)["create-symlinks"]
+    bundle = tmp_path / "bundle"
+    rootfs = fresh_rootfs(bundle / "rootfs")
+    make_bundle(bundle)
+    state = tmp_path / "state.json"
+    state.write_text(state_json(bundle, id="cdi-pid", pid=pid))
+    env = dict(e.split("=", 1) for e in hook["env"])
+    r = subprocess.run(runc_init_argv(rootfs, [hook["args"]], state), env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    link = rootfs / "usr/lib/x86_64-linux-gnu/libcuda.so.1"
+    assert link.is_symlink() and os.readlink(link) == f"libcuda.so.{DRIVER_VERSION}"

@@ -22,7 +22,7 @@ from e2e.conftest import DRIVER_VERSION, fresh_rootfs, make_host
 from fixtures.cli import run_cli, write_conf
 from fixtures.container import make_bundle
 from fixtures.oci_state import state_json
-from pyxis_hook.engines import cdi
+from pyxis_hook.engines import cdi, cdihook
 from pyxis_hook.spec.config import load_config
 
 REPO = Path(__file__).resolve().parents[3]
@@ -156,23 +156,28 @@ def test_hook_hidden_from_help():
     assert "generate" in r.stdout and "hook" not in r.stdout.split("options")[0].replace("pyxis-hook", "")
 
 
-def _run_spec_hooks(spec: dict, bundle: Path, rootfs: Path) -> None:
-    """Apply the spec-wide edits the way runc does: mounts (as copies), then each createContainer hook
-    in its own mount namespace, state on stdin, cwd = rootfs.  The proc-driver view is left out."""
+def _run_spec_hooks(spec: dict, bundle: Path, rootfs: Path, *, after: str = "") -> str:
+    """Apply the spec-wide edits the way runc does: mounts (copied for later looks, and bound read-only over
+    the copies inside a stand-in container init, `standin.runc_init_argv`), then each createContainer hook
+    run by that init, state on stdin.  The proc-driver view is left out.  Returns what `after` printed."""
+    from fixtures.standin import runc_init_argv
+
     common = spec["containerEdits"]
-    # what the runtime would do for the mounts: copy the files (the hooks do not care how they got there)
+    mounts = []
     for m in common["mounts"]:
         dest = rootfs / m["containerPath"].lstrip("/")
         dest.parent.mkdir(parents=True, exist_ok=True)
         if os.path.isfile(m["hostPath"]):
             dest.write_bytes(Path(m["hostPath"]).read_bytes())
-    for h in common["hooks"]:
-        if h["args"][6] == "proc-driver":
-            continue
-        env = dict(e.split("=", 1) for e in h["env"])
-        r = subprocess.run(["unshare", "-m", "--propagation", "private", *h["args"]], executable=None,
-                           input=state_json(bundle, id="cdi-test"), capture_output=True, text=True, env=env, cwd=rootfs)
-        assert r.returncode == 0, (h["args"], r.stderr)
+            mounts.append((m["hostPath"], m["containerPath"]))
+    hooks = [h for h in common["hooks"] if h["args"][6] != "proc-driver"]
+    state = bundle.parent / f"{bundle.name}.state.json"
+    state.write_text(state_json(bundle, id="cdi-test"))
+    env = dict(e.split("=", 1) for e in hooks[0]["env"])
+    r = subprocess.run(runc_init_argv(rootfs, [h["args"] for h in hooks], state, mounts=mounts, after=after),
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 0, ([h["args"][6] for h in hooks], r.stderr)
+    return r.stdout
 
 
 def test_no_hooks_spec_binds_links_instead(host, spec):
@@ -196,7 +201,7 @@ def test_no_hooks_spec_binds_links_instead(host, spec):
 
 def test_docs_name_every_hook_step_and_the_version():
     text = (REPO / "docs/cdi.md").read_text()
-    for step in cdi.HOOK_STEPS:
+    for step in cdihook.HOOK_STEPS:
         assert f"cdi hook {step}" in text
     assert f"CDI `{cdi.CDI_VERSION}`" in text
     assert f"{cdi.HOST_DRIVER_VERSION_FLAG}=" in text and "cdi.md#cuda-forward-compatibility" in \
@@ -224,14 +229,14 @@ def test_proc_driver_hook_plans_the_gpus_the_runtime_was_given(host, tmp_path):
                                {"path": "/dev/nvidia1", "type": "c", "major": 195, "minor": 1}]
     (bundle / "config.json").write_text(json.dumps(doc))
     config = load_config(str(host.conf))
-    plan = cdi.hook_plan("proc-driver", oci.load_bundle(str(bundle)), config)
+    plan = cdihook.hook_plan("proc-driver", oci.load_bundle(str(bundle)), config)
     gpus = host.tree.gpus
     assert [d.lower() for d in plan.proc_driver.gpu_dirs] == [gpus[1].bus_id.lower(), gpus[3].bus_id.lower()]
     params = dict(plan.proc_driver.files)["params"]
     assert "ModifyDeviceFiles: 0" in params
     # without the kernel module there is nothing to show, and nothing is planned
     config = record_replace(config, proc_root=str(tmp_path / "no-proc"))
-    assert cdi.hook_plan("proc-driver", oci.load_bundle(str(bundle)), config).proc_driver is None
+    assert cdihook.hook_plan("proc-driver", oci.load_bundle(str(bundle)), config).proc_driver is None
 
 
 def test_cdi_hooks_get_the_hooks_d_environment(tmp_path, monkeypatch):
@@ -252,7 +257,7 @@ def test_update_ldcache_hook_refuses_an_image_ldconfig(host, tmp_path):
     """`ldconfig` without '@' names a binary in the image: the CDI hook refuses, as the planner does."""
     from pyxis_hook.record import replace as _replace
 
-    from pyxis_hook.engines.cdi import hook_plan
+    from pyxis_hook.engines.cdihook import hook_plan
     from pyxis_hook.spec.config import load_config
     from pyxis_hook.errors import UsageError
     from pyxis_hook.spec.oci import load_bundle
@@ -337,7 +342,7 @@ def test_hook_plan_puts_a_newer_compat_dir_first(host, tmp_path, mode):
     cfg = _replace(load_config(str(host.conf)), ldcache=mode)
     lib = "/usr/lib/x86_64-linux-gnu"
     row = f"{lib}/libcuda.so.{DRIVER_VERSION}::libcuda.so.1::0x0303"
-    plan = cdi.hook_plan("update-ldcache", bundle, cfg, folders=(lib,), libs=(row,),
+    plan = cdihook.hook_plan("update-ldcache", bundle, cfg, folders=(lib,), libs=(row,),
                          host_driver_version=DRIVER_VERSION)
     up = plan.ldcache
     assert up.mode == mode and up.first_dirs == (COMPAT_DIR,) and up.lib_dirs == (COMPAT_DIR, lib)
@@ -346,10 +351,10 @@ def test_hook_plan_puts_a_newer_compat_dir_first(host, tmp_path, mode):
         assert (lib, f"libcuda.so.{DRIVER_VERSION}", "libcuda.so.1", 0x303) in up.libs
     assert len(plan.notes) == 1 and plan.notes[0].startswith(f"cuda-compat: {COMPAT_DIR} comes first")
     # the same image without the version (an old spec, or --no-hooks never runs it): as before
-    plain = cdi.hook_plan("update-ldcache", bundle, cfg, folders=(lib,), libs=(row,))
+    plain = cdihook.hook_plan("update-ldcache", bundle, cfg, folders=(lib,), libs=(row,))
     assert plain.ldcache.first_dirs == () and plain.ldcache.lib_dirs == (lib,) and plain.notes == ()
     # cuda-compat = "disabled" in the pyxis.conf the hook reads wins over the spec's version
-    off = cdi.hook_plan("update-ldcache", bundle, _replace(cfg, cuda_compat="disabled"), folders=(lib,),
+    off = cdihook.hook_plan("update-ldcache", bundle, _replace(cfg, cuda_compat="disabled"), folders=(lib,),
                         libs=(row,), host_driver_version=DRIVER_VERSION)
     assert off.ldcache.first_dirs == () and "cuda-compat = 'disabled'" in off.notes[0]
 
@@ -362,7 +367,7 @@ def test_hook_plan_leaves_an_older_compat_dir_out(host, tmp_path, name, version,
     from pyxis_hook.spec import oci
 
     _compat_image(tmp_path / "b", name)
-    plan = cdi.hook_plan("update-ldcache", oci.load_bundle(str(tmp_path / "b")), load_config(str(host.conf)),
+    plan = cdihook.hook_plan("update-ldcache", oci.load_bundle(str(tmp_path / "b")), load_config(str(host.conf)),
                          folders=("/usr/lib/x86_64-linux-gnu",), host_driver_version=version)
     assert plan.ldcache.first_dirs == () and "/usr/local/cuda/compat" not in plan.ldcache.lib_dirs
     assert why in plan.notes[0]
@@ -376,7 +381,7 @@ def test_hook_refuses_a_bad_host_driver_version(host, tmp_path):
     bundle = oci.load_bundle(str(tmp_path / "b"))
     for bad in ("535.*", "x", "9" * 5000, "535..1"):
         with pytest.raises(UsageError, match="--host-driver-version"):
-            cdi.hook_plan("update-ldcache", bundle, load_config(str(host.conf)),
+            cdihook.hook_plan("update-ldcache", bundle, load_config(str(host.conf)),
                           folders=("/usr/lib/x86_64-linux-gnu",), host_driver_version=bad)
     r = run_cli("cdi", "hook", "update-ldcache", "--host-driver-version=535.*", "--folder", "/usr/lib",
                 conf=host.conf, input=state_json(tmp_path / "b", id="cdi-test"))

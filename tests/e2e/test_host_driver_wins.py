@@ -9,6 +9,9 @@ versioned files with SONAME links to them (a newer line: glibc's ldconfig
 would point the links back at them).  `ldcheck --bundle` is asked before
 the start; inside, a program dlopens both by SONAME and prints the files it
 mapped (`/proc/self/maps`: device and inode), which must be the host's.
+The same holds for a CDI spec merged into the bundle (no prestart hook): its
+create-symlinks hook binds the runtime's mount of the host's file over the
+image's regular file.
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ import subprocess
 
 import pytest
 
-from e2e.conftest import bundle_for, make_host, mount_table, run_container
+from e2e.conftest import bundle_for, fresh_rootfs, make_host, mount_table, run_container
 from fixtures.cli import run_cli
+from fixtures.container import make_bundle, merge_cdi
 from fixtures.maps import MAPS_C, mapped
 from fixtures.realdriver import TRIPLET_DIR, driver_version, require_driver_root
 from fixtures.synth import build_exe
@@ -60,12 +64,8 @@ def _image_with_copies(bundle, line: str, occupant: str) -> dict[str, bytes]:
 @pytest.mark.parametrize("ldcache", ["merge", "ldconfig"])
 @pytest.mark.parametrize("runtime", RUNTIMES)
 def test_container_loads_the_host_driver_not_the_images_copy(tmp_path, runtime, ldcache, occupant, line):
-    root = require_driver_root("535", "debian")
-    host = make_host(tmp_path, driver_root=root)
-    host.write_conf(ldcache=ldcache)
+    root, host = _real_host(tmp_path, ldcache)
     version = driver_version("535")
-    with open(os.path.join(host.proc_root, "driver/nvidia/version"), "w") as f:
-        f.write(f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {version}  Thu Jan  1 00:00:00 UTC 2026\n")
     bundle = bundle_for(tmp_path, host, ("NVIDIA_VISIBLE_DEVICES=0",), "/usr/bin/mapstest")
     build_exe(bundle / "rootfs/usr/bin", "mapstest", source=MAPS_C)
     put = _image_with_copies(bundle, line, occupant)
@@ -95,4 +95,42 @@ def test_container_loads_the_host_driver_not_the_images_copy(tmp_path, runtime, 
     for path in put:
         warned = [x for x in log.splitlines() if re.search(rf"\] warning: {re.escape(path)}: ", x)]
         assert len(warned) == (1 if occupant == "file" else 0), log
+        assert (bundle / "rootfs" / path.lstrip("/")).read_bytes() == put[path]
+
+
+def _real_host(tmp_path, ldcache: str = "merge"):
+    """The fake GPU host running the real 535 user-space files (its /proc version says so)."""
+    root = require_driver_root("535", "debian")
+    host = make_host(tmp_path, driver_root=root)
+    host.write_conf(ldcache=ldcache)
+    with open(os.path.join(host.proc_root, "driver/nvidia/version"), "w") as f:
+        f.write(f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {driver_version('535')}  "
+                "Thu Jan  1 00:00:00 UTC 2026\n")
+    return root, host
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_cdi_container_loads_the_host_driver_not_the_images_copy(tmp_path, runtime):
+    """470's files as regular files at the SONAME paths; the spec of `cdi generate` merged into config.json."""
+    root, host = _real_host(tmp_path)
+    r = run_cli("cdi", "generate", conf=host.conf)
+    assert r.returncode == 0, r.stderr
+    bundle = tmp_path / "bundle"
+    fresh_rootfs(bundle / "rootfs")
+    make_bundle(bundle, args=("/bin/sh", "-c", "/usr/bin/mapstest"))
+    cfg = bundle / "config.json"
+    cfg.write_text(json.dumps(merge_cdi(json.loads(cfg.read_text()), json.loads(r.stdout), "0")))
+    build_exe(bundle / "rootfs/usr/bin", "mapstest", source=MAPS_C)
+    put = _image_with_copies(bundle, "470", "file")
+    host_ino = {stem: os.stat(resolve_in_root(str(root), f"{LIBDIR}/{stem}.1")).st_ino for stem in STEMS}
+
+    out = run_container(runtime, bundle, f"pyxis-cdiwins-{os.getpid()}-{runtime}")
+    assert not [m for m in mount_table() if str(tmp_path) in m], "a mount leaked onto the host"
+    assert out.rc == 0, out.stderr + out.stdout
+    assert "cuDriverGetVersion=12020" in out.stdout, out.stdout
+    assert mapped(out.stdout, STEMS) == {stem: {host_ino[stem]} for stem in STEMS}, (out.stdout, host_ino)
+    log = (tmp_path / "hook.log").read_text()
+    for path in put:
+        warned = [x for x in log.splitlines() if re.search(rf"\] warning: {re.escape(path)}: the image's own", x)]
+        assert len(warned) == 1, log
         assert (bundle / "rootfs" / path.lstrip("/")).read_bytes() == put[path]

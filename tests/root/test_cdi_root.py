@@ -30,18 +30,29 @@ from unit.engines.test_cdi import (  # noqa: F401 - helpers and fixtures shared 
 )
 
 
+def _spec(host, tmp_path, *conf_lines: str) -> dict:
+    """The CDI spec `cdi generate` writes for `host`, with `conf_lines` added to its pyxis.conf."""
+    conf = tmp_path / "spec.conf"
+    conf.write_text(host.conf.read_text() + "".join(f"{x}\n" for x in conf_lines))
+    r = run_cli("cdi", "generate", conf=conf)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def _bundle(tmp_path) -> tuple[Path, Path]:
+    """(bundle, rootfs): our e2e image in a bundle whose config.json runs /bin/true."""
+    bundle = tmp_path / "bundle"
+    rootfs = fresh_rootfs(bundle / "rootfs")
+    make_bundle(bundle, env=(), args=("/bin/true",))
+    return bundle, rootfs
+
+
 @pytest.mark.root
 @pytest.mark.parametrize("mode", ["merge", "ldconfig"])
 def test_hooks_create_links_and_refresh_ldcache(host, tmp_path, mode):
     """Run the spec's hooks the way runc does (own mount namespace, state on stdin, cwd = rootfs)."""
-    conf = tmp_path / "mode.conf"
-    conf.write_text(host.conf.read_text() + f'ldcache = "{mode}"\n')
-    r = run_cli("cdi", "generate", conf=conf)
-    assert r.returncode == 0, r.stderr
-    spec = json.loads(r.stdout)
-    bundle = tmp_path / "bundle"
-    rootfs = fresh_rootfs(bundle / "rootfs")
-    make_bundle(bundle, env=(), args=("/bin/true",))
+    spec = _spec(host, tmp_path, f'ldcache = "{mode}"')
+    bundle, rootfs = _bundle(tmp_path)
     _run_spec_hooks(spec, bundle, rootfs)
     link = rootfs / "usr/lib/x86_64-linux-gnu/libcuda.so.1"
     assert link.is_symlink() and os.readlink(link).startswith("libcuda.so.")
@@ -155,9 +166,7 @@ def _mounts_below(d: Path) -> list[str]:
 
 
 def _spec_hooks(host, tmp_path) -> dict:
-    r = run_cli("cdi", "generate", conf=host.conf)
-    assert r.returncode == 0, r.stderr
-    return {h["args"][6]: h for h in json.loads(r.stdout)["containerEdits"]["hooks"]}
+    return {h["args"][6]: h for h in _spec(host, tmp_path)["containerEdits"]["hooks"]}
 
 
 def _repoint(bundle: Path, canary: Path, flip: str) -> None:
@@ -181,9 +190,7 @@ def test_hook_inside_the_container_namespace_refuses_a_root_path_repointed_after
     from fixtures.standin import runc_init_argv
 
     hook = _spec_hooks(host, tmp_path)[step]
-    bundle = tmp_path / "bundle"
-    rootfs = fresh_rootfs(bundle / "rootfs")
-    make_bundle(bundle)
+    bundle, rootfs = _bundle(tmp_path)
     canary = fresh_rootfs(tmp_path / "host-dir")
     (canary / "proc").mkdir(exist_ok=True)
     before = tree_state(canary)
@@ -231,9 +238,7 @@ def test_hook_in_the_engines_namespace_pins_the_pivoted_root(host, tmp_path, fli
     """Apptainer's shape: the hook runs on the host with the container's host pid, after the container
     pivoted.  The links land in the container's root; a root.path naming another directory is refused."""
     hook = _spec_hooks(host, tmp_path)["create-symlinks"]
-    bundle = tmp_path / "bundle"
-    rootfs = fresh_rootfs(bundle / "rootfs")
-    make_bundle(bundle)
+    bundle, rootfs = _bundle(tmp_path)
     canary = fresh_rootfs(tmp_path / "host-dir")
     before = tree_state(canary)
     init = _pivoted_init(rootfs)
@@ -265,9 +270,7 @@ def test_hook_finds_the_init_whatever_pid_the_runtime_states(host, tmp_path, pid
     from fixtures.standin import runc_init_argv
 
     hook = _spec_hooks(host, tmp_path)["create-symlinks"]
-    bundle = tmp_path / "bundle"
-    rootfs = fresh_rootfs(bundle / "rootfs")
-    make_bundle(bundle)
+    bundle, rootfs = _bundle(tmp_path)
     state = tmp_path / "state.json"
     state.write_text(state_json(bundle, id="cdi-pid", pid=pid))
     env = dict(e.split("=", 1) for e in hook["env"])
@@ -275,3 +278,36 @@ def test_hook_finds_the_init_whatever_pid_the_runtime_states(host, tmp_path, pid
     assert r.returncode == 0, r.stderr
     link = rootfs / "usr/lib/x86_64-linux-gnu/libcuda.so.1"
     assert link.is_symlink() and os.readlink(link) == f"libcuda.so.{DRIVER_VERSION}"
+
+
+# ------------------------------------------------ the host's library wins over the image's copy
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("mode", ["merge", "ldconfig"])
+def test_an_images_own_file_at_a_soname_path_is_covered_by_the_hosts_library(host, tmp_path, mode):
+    """The image COPY'd another driver's libcuda.so.1 (a regular file answering 11040): create-symlinks binds
+    the runtime's mount of the host's libcuda.so.<version> over it, so the container loads the host's file
+    (12020); the image's file itself is left as it was.  A directory at a link path is skipped, warned."""
+    from fixtures.fakedriver import CUDA_C, _lib
+
+    spec = _spec(host, tmp_path, f'ldcache = "{mode}"')
+    bundle, rootfs = _bundle(tmp_path)
+    lib = rootfs / "usr/lib/x86_64-linux-gnu"
+    theirs = _lib(CUDA_C % {"cuda": 11040}, "libcuda.so.1", "libcuda.so.470.256.02").read_bytes()
+    (lib / "libcuda.so.1").write_bytes(theirs)
+    (lib / "libnvidia-ml.so.1").mkdir()
+    host_lib = host.driver_root / f"usr/lib/x86_64-linux-gnu/libcuda.so.{DRIVER_VERSION}"
+    log_file = host.base / "hook.log"
+    seen = log_file.stat().st_size if log_file.exists() else 0
+    out = _run_spec_hooks(spec, bundle, rootfs, after=(
+        'stat -c "ino=%i" "$0/usr/lib/x86_64-linux-gnu/libcuda.so.1"; chroot "$0" /usr/bin/gputest'))
+    assert f"ino={os.stat(host_lib).st_ino}" in out.splitlines(), out
+    assert "cuDriverGetVersion=12020 rc=0" in out, out
+    assert (lib / "libcuda.so.1").read_bytes() == theirs and not (lib / "libcuda.so.1").is_symlink()
+    log = log_file.read_bytes()[seen:].decode()
+    covered = [x for x in log.splitlines() if "warning: /usr/lib/x86_64-linux-gnu/libcuda.so.1: the image's own "
+               "regular file is covered by the host's " in x]
+    assert len(covered) == 1, log
+    assert "warning: container cdi-test: cdi hook create-symlinks: /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1: " \
+           "a directory of the image is there" in log, log

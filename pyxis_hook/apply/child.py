@@ -19,9 +19,11 @@ as before.  The child sends one marshal'ed result up a pipe; the parent turns a
 failure into one PyxisHookError line (the same class the child raised).
 
 Safety rules kept here (docs/security.md):
-- sources are mounted by fd, never re-resolved by name (`apply.mounts`);
+- sources are mounted by fd, never re-resolved by name (`apply.mounts`); a source inside the
+  rootfs (a CDI hook binds the runtime's mount of a host library over the image's file) is
+  opened in the container's namespace through the rootfs fd, its last component never followed;
 - the rootfs is the fd `rootpin` found in the container's mount namespace
-  when the caller pinned one (prestart): the child never opens `plan.rootfs`
+  when the caller pinned one (prestart, the CDI hooks): the child never opens `plan.rootfs`
   by name then, so a `root.path` re-pointed since cannot lead it elsewhere;
 - targets are resolved and created inside the rootfs by `rootwrite.WritableRoot`
   (chroot semantics, O_NOFOLLOW creation);
@@ -65,8 +67,8 @@ def apply_plan(plan: Plan, pid: int | str, config=None, *, proc: str = "/proc", 
     """Apply `plan` to the container whose init is `pid` (in our PID namespace; "self": our own namespace).
 
     `root`: the rootfs pinned in the container's mount namespace
-    (`rootpin.PinnedRoot`, prestart): the child works on that fd and never
-    resolves `plan.rootfs` by name.  Without it (CDI and enroot hooks, tests)
+    (`rootpin.PinnedRoot`, prestart and the CDI hooks): the child works on
+    that fd and never resolves `plan.rootfs` by name.  Without it (the enroot hook, tests)
     the child opens `plan.rootfs` in the container's mount namespace.
     Every decision is in the plan (`cgroup_mode`, `ldcache.ldconfig`):
     `config` is accepted for the design's signature and not read.  Every

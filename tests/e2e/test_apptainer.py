@@ -132,9 +132,35 @@ def test_the_cdi_spec_merged_into_a_bundle_runs_with_its_hooks(session, tmp_path
     assert "\tlibcuda.so.1 (libc6,x86-64) => " in r.stdout and "\tlibnvidia-ml.so.1 (libc6,x86-64) => " in r.stdout
     log = (host.base / "hook.log").read_text()
     assert "ld.so.cache: merged" in log
-    # the engine runs createContainer hooks in its own mount namespace, not the container's: they reach the
-    # image by the bundle's path (the same directory), but its /proc there is an empty dir, not the container's
+    # the engine runs createContainer hooks in its own mount namespace, after the container pivoted: they pin
+    # its root and work in its namespace, where /proc is the container's own procfs (and this machine has no
+    # NVIDIA kernel module, so no /proc/driver/nvidia to put the view on)
     assert "/proc/driver/nvidia: not in the container's /proc" in log, log
+    assert "root.path" not in log, log
+
+
+def test_cdi_hooks_refuse_a_root_path_repointed_after_the_engine_read_it(session, tmp_path):
+    """The engine runs the CDI hooks on the host, naming the bundle by its host path: a createRuntime hook
+    standing in for the bundle's owner points root.path at a host directory; the hooks refuse, it is untouched."""
+    from fixtures.standin import tree_state
+
+    host, root = _real_host(tmp_path)
+    binds = (tmp_path, root)
+    spec_path = tmp_path / "pyxis-gpu.json"
+    p = session.enter([PYXIS, "--config", str(host.conf), "cdi", "generate", "--output", str(spec_path)], binds)
+    assert p.returncode == 0, p.stderr
+    canary = fresh_rootfs(tmp_path / "host-dir")
+    before = tree_state(canary)
+    bundle = _bundle(tmp_path, PROBE)
+    flip = {"path": "/bin/sh", "args": ["sh", "-c", f"cd {bundle} && sed -i 's#\"path\": \"rootfs\"#\"path\": "
+                                                     f"\"{canary}\"#' config.json"]}
+    config = _edit(bundle, lambda c: merge_cdi(c, json.loads(spec_path.read_text()), "1"))
+    _edit(bundle, lambda c: {**c, "hooks": {**config["hooks"], "createRuntime": [flip]}})
+    r = _oci_run(session, bundle, binds, f"pyxis-cdiflip-{os.getpid()}")
+    assert r.returncode != 0
+    assert tree_state(canary) == before, "a CDI hook changed the host directory root.path was re-pointed at"
+    log = (host.base / "hook.log").read_text()
+    assert f"root.path {canary} is not the root directory of container process" in log, log
 
 
 def _sif(session, tmp_path: Path, binds) -> Path:

@@ -388,3 +388,25 @@ def test_hook_refuses_a_bad_host_driver_version(host, tmp_path):
     assert r.returncode != 0 and "--host-driver-version '535.*'" in r.stderr and "Traceback" not in r.stderr
 
 
+
+
+def test_create_symlinks_plan_covers_an_images_file_with_the_end_of_our_link_chain(tmp_path):
+    """link_edit on what the image holds: a regular file -> a bind (from inside the rootfs) of the file our
+    links end at, never where the image's own links lead; a symlink -> our link; a directory -> skipped."""
+    lib = tmp_path / "rootfs/usr/lib/x86_64-linux-gnu"
+    lib.mkdir(parents=True)
+    (lib / "libcuda.so.1").write_text("another driver's libcuda\n")
+    (lib / "libcuda.so").symlink_to("/etc/shadow")  # the image's link: replaced, never followed
+    (lib / "libnvidia-ml.so.1").mkdir()
+    d = "/usr/lib/x86_64-linux-gnu"
+    links = tuple(cdihook.parse_link(x) for x in (f"{d}/libcuda.so.1::libcuda.so.535.1", f"{d}/libcuda.so::libcuda.so.1",
+                                                   f"{d}/libnvidia-ml.so.1::libnvidia-ml.so.535.1"))
+    plan = cdihook.link_plan("/b/rootfs", links, str(tmp_path / "rootfs"))
+    assert [(m.host_path, m.container_path, m.in_rootfs, "ro" in m.options) for m in plan.mounts] == \
+        [(f"{d}/libcuda.so.535.1", f"{d}/libcuda.so.1", True, True)]
+    assert "the image's own regular file is covered" in plan.mounts[0].covers
+    assert [(s.container_path, s.target) for s in plan.symlinks] == [(f"{d}/libcuda.so", "libcuda.so.1")]
+    assert len(plan.notes) == 1 and plan.notes[0].startswith(f"warning: {d}/libnvidia-ml.so.1: a directory")
+    # nothing of the image at any link path: the links as the spec names them
+    (lib / "libcuda.so.1").unlink()
+    assert cdihook.link_plan("/b/rootfs", links[:2], str(tmp_path / "rootfs")).symlinks == links[:2]

@@ -48,6 +48,9 @@ class Bind:
     host_path: str
     tree: int = -1
     covers: str = ""  # the plan's warning for a bind over a file of the image (MountEdit.covers)
+    #: a device node: when its mount point cannot be made (a host /dev bound in) the start fails;
+    #: any other bind is then skipped with a warning
+    required: bool = False
 
 
 def open_sources(plan: Plan, fds: list[int]) -> list[Bind]:
@@ -59,7 +62,7 @@ def open_sources(plan: Plan, fds: list[int]) -> list[Bind]:
         if not stat.S_ISCHR(st.st_mode) or st.st_rdev != os.makedev(d.major, d.minor):
             got = f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}" if stat.S_ISCHR(st.st_mode) else "not a char device"
             raise ApplyError(f"invalid device node {d.host_path}: expected c {d.major}:{d.minor}, found {got}")
-        binds.append(Bind(d.path, fd, "file", DEV_OPTIONS, d.host_path))
+        binds.append(Bind(d.path, fd, "file", DEV_OPTIONS, d.host_path, required=True))
     for m in plan.mounts:
         fd = open_host(m.host_path, fds)
         st = os.fstat(fd)

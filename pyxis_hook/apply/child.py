@@ -45,12 +45,12 @@ import os
 import sys
 from _signal import SIGKILL  # the C module: signal.py's enums cost the hook ~4 ms a start
 
-from pyxis_hook.apply import devcgroup, kernel, mounts, procview
+from pyxis_hook.apply import devcgroup, hostdirs, kernel, mounts, procview
 from pyxis_hook import log
 from pyxis_hook.errors import ApplyError, PathError, PyxisHookError
 from pyxis_hook.plan.build import Plan
-from pyxis_hook.record import record
-from pyxis_hook.apply.rootwrite import WritableRoot
+from pyxis_hook.record import record, replace
+from pyxis_hook.apply.rootwrite import HostDirError, WritableRoot
 from pyxis_hook.rootfs import RootPathError
 
 
@@ -105,7 +105,8 @@ def apply_plan(plan: Plan, pid: int | str, config=None, *, proc: str = "/proc", 
         owner = (owner_st.st_uid, owner_st.st_gid)
         exe_fd = _ldconfig_fd(plan, fds)
         allow = devcgroup.open_allow(plan, pid, proc, fds, messages) if plan.cgroup_rules else None
-        result = _in_child(plan, ns_fd, binds, gpu_dirs, exe_fd, owner, root, allow)
+        point = _rootfs_point(plan, root)
+        result = _in_child(plan, ns_fd, binds, gpu_dirs, exe_fd, owner, root, allow, point)
         messages += result["messages"]
     finally:
         for fd in fds:
@@ -131,6 +132,15 @@ def _preload_ldcache_modules() -> None:
 
 
 # ---------------------------------------------------------------- host side
+
+
+def _rootfs_point(plan: Plan, root) -> str | None:
+    """The rootfs's mount point in the hook's own namespace, for `hostdirs` (None: not known for sure)."""
+    try:
+        want = os.fstat(root.fd) if root is not None else os.stat(plan.rootfs)
+    except OSError:
+        return None
+    return hostdirs.rootfs_point(plan.rootfs, want)
 
 
 def _host_ldconfig(plan: Plan) -> str:
@@ -166,7 +176,7 @@ def _ldconfig_fd(plan: Plan, fds: list[int]) -> int | None:
 # -------------------------------------------------------- in the namespace
 
 
-def _in_child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner, root, allow) -> dict:
+def _in_child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner, root, allow, point) -> dict:
     r, w = os.pipe2(os.O_CLOEXEC)
     parent = os.getpid()
     pid = os.fork()
@@ -184,7 +194,7 @@ def _in_child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner, root, allo
                 os._exit(1)
             out: dict
             try:
-                out = _child(plan, ns_fd, binds, gpu_dirs, exe_fd, owner, root, allow)
+                out = _child(plan, ns_fd, binds, gpu_dirs, exe_fd, owner, root, allow, point)
             except PyxisHookError as e:
                 out = {"error": str(e), "class": type(e).__name__}
             except kernel.SyscallError as e:  # a mount, setns or umount the kernel refused: its own line
@@ -242,17 +252,19 @@ class _NoImports:
         raise ImportError(f"no import inside the container's mount namespace: {name}")
 
 
-def _child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner, root, allow) -> dict:
+def _child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner, root, allow, point) -> dict:
     sys.meta_path.insert(0, _NoImports)  # this forked child only
+    host_dirs = hostdirs.HostDirs(point)  # before setns: it keeps the hook's own mount table
     kernel.enter_mount_ns(ns_fd)
     undo = mounts.Undo()
     messages: list[str] = []
     mounted: list[str] = []
     links: list[str] = []
+    skipped: set[str] = set()
     owner = owner if owner != (0, 0) else None
     # a pinned rootfs is its fd (taken in this namespace), named by its path here, not by plan.rootfs
-    rfs = (WritableRoot(plan.rootfs, owner=owner) if root is None
-           else WritableRoot(root.ns_path, fd=root.fd, owner=owner))
+    rfs = (WritableRoot(plan.rootfs, owner=owner, host_dirs=host_dirs) if root is None
+           else WritableRoot(root.ns_path, fd=root.fd, owner=owner, host_dirs=host_dirs))
     local_fds: list[int] = []
     try:
         try:
@@ -262,7 +274,14 @@ def _child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner, root, allow) 
             if new_api:
                 local = [mounts.clone(b, local_fds) for b in local]
             for b in [*binds, *local]:
-                entry = rfs.ensure_entry(b.container_path, b.kind)
+                try:
+                    entry = rfs.ensure_entry(b.container_path, b.kind)
+                except HostDirError as e:
+                    if b.required:  # a GPU without its device node: the start fails, everything undone
+                        raise ApplyError(f"device node {e}") from None
+                    messages.append(f"warning: {e}; not mounted")
+                    skipped.add(b.container_path)
+                    continue
                 try:
                     if mounts.same_file(b.fd, entry.fd):
                         # a second hook run (createRuntime and prestart both registered, a hooks.d
@@ -279,6 +298,8 @@ def _child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner, root, allow) 
                 try:
                     if rfs.symlink(s.container_path, s.target):
                         links.append(s.container_path)
+                except HostDirError as e:
+                    messages.append(f"warning: symlink {e}")
                 except RootPathError as e:
                     if e.errno != errno.EEXIST:
                         raise
@@ -287,7 +308,7 @@ def _child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner, root, allow) 
                 mounted += procview.mount_view(plan, rfs, gpu_dirs, undo, new_api, messages)
             if allow is not None:  # the host's devices.allow, opened before the fork: no name resolved here
                 messages.append(devcgroup.write_rules(plan, *allow))
-            _ldcache(plan, rfs, exe_fd, messages)  # last: the one write the undo cannot take back
+            _ldcache(plan, rfs, exe_fd, messages, skipped)  # last: the one write the undo cannot take back
         except BaseException:
             problems = undo.run() + rfs.rollback()
             for p in problems:
@@ -301,9 +322,11 @@ def _child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner, root, allow) 
         for fd in local_fds:
             os.close(fd)
         rfs.close()
+        host_dirs.close()
 
 
-def _ldcache(plan: Plan, rfs: WritableRoot, exe_fd, messages: list[str]) -> None:
+def _ldcache(plan: Plan, rfs: WritableRoot, exe_fd, messages: list[str], skipped: frozenset[str] | set[str] = frozenset()) -> None:
+    """The ld.so.cache step; `skipped`: the plan's binds left out (a host directory), dropped from the merge."""
     mode = plan.ldcache.mode
     if mode == "none":
         return
@@ -312,14 +335,25 @@ def _ldcache(plan: Plan, rfs: WritableRoot, exe_fd, messages: list[str]) -> None
     if rfs.readonly:
         messages.append(f"ld.so.cache: {plan.rootfs} is read-only; cache not updated")
         return
+    try:
+        _update_ldcache(plan, rfs, exe_fd, messages, skipped)
+    except HostDirError as e:  # the image's /etc is the host's: its cache is not ours to write
+        messages.append(f"warning: ld.so.cache: {e}; cache not updated")
+
+
+def _update_ldcache(plan: Plan, rfs: WritableRoot, exe_fd, messages: list[str], skipped: frozenset[str] | set[str]) -> None:
     # preloaded by apply_plan: sys.modules lookups, no file is read in this namespace
     from pyxis_hook.apply import confined
     from pyxis_hook.loader import ldconf, ldmerge
 
-    if mode == "merge":
+    if plan.ldcache.mode == "merge":
+        update = plan.ldcache
+        if skipped:
+            update = replace(update, libs=tuple(r for r in update.libs
+                                                if f"{r[0].rstrip('/')}/{r[1]}" not in skipped))
         try:
             # reads the image's ld.so.conf first: UnsafeLoaderConfig (not a CannotMerge) refuses the start
-            messages.append(ldmerge.update_container_cache(rfs, ldmerge.libs_from_plan(plan.ldcache)))
+            messages.append(ldmerge.update_container_cache(rfs, ldmerge.libs_from_plan(update)))
             return
         except ldmerge.CannotMerge as e:
             messages.append(f"ld.so.cache: merge cannot model this image ({e}); running ldconfig instead")
@@ -345,8 +379,19 @@ def _run_ldconfig(plan: Plan, rfs: WritableRoot, exe_fd: int, messages: list[str
 
     dirs = tuple(dict.fromkeys(plan.ldcache.lib_dirs))
     try:
+        etc = rfs.open("/etc", os.O_PATH | os.O_DIRECTORY)
+    except RootPathError as e:
+        if e.errno != errno.ENOENT:
+            raise
+    else:
+        try:
+            rfs.check_dir(etc, cachefile.CACHE)  # ldconfig writes the cache there: not in a host /etc
+        finally:
+            os.close(etc)
+    try:
         # rfs.path: the rootfs's name in this mount namespace; the runner checks it is still rfs.fd's inode
-        warnings = confined.run_ldconfig(rfs.path, exe_fd, dirs, root_fd=rfs.fd, owner=rfs.owner)
+        host_devs = rfs.host_dirs.host_devices() if rfs.host_dirs is not None else frozenset()
+        warnings = confined.run_ldconfig(rfs.path, exe_fd, dirs, root_fd=rfs.fd, owner=rfs.owner, host_devs=host_devs)
     except BaseException:
         # glibc's ldconfig exits on a failed write, chmod or rename and leaves its temp file
         problem = cachefile.remove_temp(rfs)
@@ -374,6 +419,8 @@ def _relink(plan: Plan, rfs: WritableRoot, messages: list[str]) -> None:
         try:
             if rfs.symlink(s.container_path, s.target):
                 messages.append(f"{s.container_path}: ldconfig pointed it elsewhere; set back to {s.target}")
+        except HostDirError:
+            pass  # reported when the links were made
         except RootPathError as e:
             if e.errno != errno.EEXIST:
                 raise

@@ -143,7 +143,7 @@ def ldconfig_argv(lib_dirs: tuple[str, ...] | list[str], conf: str = "/etc/ld.so
 
 def run_ldconfig(rootfs: str, exe_fd: int, lib_dirs: tuple[str, ...] | list[str], *,
                  root_fd: int | None = None, owner: tuple[int, int] | None = None,
-                 timeout: float = DEFAULT_TIMEOUT) -> str:
+                 timeout: float = DEFAULT_TIMEOUT, host_devs: frozenset[str] = frozenset()) -> str:
     """Run the sealed ldconfig `exe_fd` chrooted into `rootfs`; return its stderr (warnings).
 
     The caller is inside the container's mount namespace, whose /dev may be
@@ -157,6 +157,9 @@ def run_ldconfig(rootfs: str, exe_fd: int, lib_dirs: tuple[str, ...] | list[str]
     and chroot through it would make every later mount fail with EINVAL);
     `root_fd`, when given, is the caller's fd of the same directory and the
     reopened one must be the same inode, so a swapped path is refused.
+    `host_devs`: the host's filesystems (`hostdirs.HostDirs.host_devices`);
+    a mount under the rootfs on one of them is a host directory bound in,
+    and is read-only in ldconfig's view, so its SONAME links never land there.
     """
     label = rootfs
     argv = ldconfig_argv(lib_dirs)
@@ -170,7 +173,7 @@ def run_ldconfig(rootfs: str, exe_fd: int, lib_dirs: tuple[str, ...] | list[str]
     if pid == 0:  # pragma: no cover - runs in the child
         try:
             os.close(errr)
-            _runner(rootfs, root_fd, exe_fd, argv, owner, errw, stdin)
+            _runner(rootfs, root_fd, exe_fd, argv, owner, errw, stdin, host_devs)
         except BaseException as e:  # noqa: BLE001 - report anything, exit
             try:
                 os.write(errw, f"pyxis-hook: ldconfig setup: {e}\n".encode())
@@ -286,7 +289,7 @@ def _wait(pid: int, errr: int, timeout: float) -> tuple[int | None, bytes]:
     return 128 + os.WTERMSIG(wstatus), buf
 
 
-def _runner(rootfs, root_fd, exe_fd, argv, owner, errw, stdin) -> None:  # pragma: no cover - child
+def _runner(rootfs, root_fd, exe_fd, argv, owner, errw, stdin, host_devs) -> None:  # pragma: no cover - child
     """In the forked child: unshare, fork ldconfig as pid 1 and relay its exit status."""
     os.dup2(stdin, 0)
     os.dup2(errw, 1)
@@ -306,7 +309,7 @@ def _runner(rootfs, root_fd, exe_fd, argv, owner, errw, stdin) -> None:  # pragm
     st = os.fstat(root_fd)
     if (st.st_dev, st.st_ino) != (expect.st_dev, expect.st_ino):
         raise ApplyError(f"{rootfs}: changed while preparing ldconfig")
-    root_fd = _nodev_view(rootfs, root_fd)
+    root_fd = _nodev_view(rootfs, root_fd, host_devs)
     st = os.fstat(root_fd)
     if (st.st_dev, st.st_ino) != (expect.st_dev, expect.st_ino):
         raise ApplyError(f"{rootfs}: changed while preparing ldconfig")
@@ -338,7 +341,7 @@ _KEPT_FLAGS = ((os.ST_RDONLY, kernel.MS_RDONLY), (os.ST_NOSUID, kernel.MS_NOSUID
                (os.ST_RELATIME, kernel.MS_RELATIME))
 
 
-def _nodev_view(rootfs: str, root_fd: int) -> int:  # pragma: no cover - child
+def _nodev_view(rootfs: str, root_fd: int, host_devs: frozenset[str] = frozenset()) -> int:  # pragma: no cover
     """Mount a nodev copy of the rootfs and every mount under it over the rootfs; return an fd of it.
 
     In the runner's private mount namespace only: ldconfig then cannot open
@@ -348,8 +351,10 @@ def _nodev_view(rootfs: str, root_fd: int) -> int:  # pragma: no cover - child
     without this a `/dev/zero` or a watchdog node under a conf.d name would
     be opened by root.  New mount API: one recursive clone with nodev set on
     all of it; older kernels: a recursive bind, then a bind remount of each
-    mount under it that repeats the flags it had.
+    mount under it that repeats the flags it had.  A mount below the rootfs
+    on one of `host_devs` (a host directory bound in) is made read-only too.
     """
+    real = os.path.realpath(rootfs)
     if kernel.have_new_mount_api():
         tree = kernel.open_tree(root_fd, "", kernel.OPEN_TREE_CLONE | kernel.OPEN_TREE_CLOEXEC | kernel.AT_EMPTY_PATH
                                 | kernel.AT_RECURSIVE, what=f"{rootfs} (nodev view)")
@@ -358,33 +363,40 @@ def _nodev_view(rootfs: str, root_fd: int) -> int:  # pragma: no cover - child
         kernel.move_mount(tree, "", root_fd, "", kernel.MOVE_MOUNT_F_EMPTY_PATH | kernel.MOVE_MOUNT_T_EMPTY_PATH,
                           what=f"{rootfs} (nodev view)")
         os.close(root_fd)
+        if host_devs:
+            for point, dev in _mounts_under(real):
+                if point != real and dev in host_devs:
+                    kernel.mount_setattr(kernel.AT_FDCWD, point, 0, kernel.MOUNT_ATTR_RDONLY,
+                                         what=f"{point} (host directory, read-only for ldconfig)")
         return tree
     kernel.mount(kernel.proc_fd_path(root_fd), rootfs, None, kernel.MS_BIND | kernel.MS_REC,
                  what=f"{rootfs} (nodev view)")
     os.close(root_fd)
-    for point in _mount_points_under(os.path.realpath(rootfs)):
+    for point, dev in _mounts_under(real):
         flags = kernel.MS_REMOUNT | kernel.MS_BIND | kernel.MS_NODEV
         have = os.statvfs(point).f_flag
         for st_flag, ms_flag in _KEPT_FLAGS:
             if have & st_flag:
                 flags |= ms_flag
+        if point != real and dev in host_devs:
+            flags |= kernel.MS_RDONLY
         kernel.mount(None, point, None, flags, what=f"{point} (nodev view)")
     return os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
 
 
-def _mount_points_under(root: str) -> list[str]:  # pragma: no cover - child
-    """Mount points at or below `root` in this namespace, parents first, each once (/proc/self/mountinfo)."""
+def _mounts_under(root: str) -> list[tuple[str, str]]:  # pragma: no cover - child
+    """(mount point, major:minor of the mount on top there) at or below `root` in this namespace, parents first."""
     with open(kernel.proc_self_path("mountinfo"), "rb") as f:
         lines = f.read().splitlines()
-    out: list[str] = []
+    out: dict[str, str] = {}
     for line in lines:
         fields = line.split(b" ")
         if len(fields) < 5:
             continue
         point = _unescape(fields[4])
-        if (point == root or point.startswith(root.rstrip("/") + "/")) and point not in out:
-            out.append(point)
-    return out
+        if point == root or point.startswith(root.rstrip("/") + "/"):
+            out[point] = fields[2].decode()  # a later line is a mount on top of an earlier one: its device counts
+    return list(out.items())
 
 
 def _unescape(field: bytes) -> str:

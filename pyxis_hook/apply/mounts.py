@@ -54,6 +54,9 @@ class Bind:
     covers: str = ""  # the plan's warning for a bind over a file of the image (MountEdit.covers)
     #: `fd` is a mount of the namespace the binding process is in (`open_in_rootfs`), not a host file
     local: bool = False
+    #: a device node: when its mount point cannot be made (a host /dev bound in) the start fails;
+    #: any other bind is then skipped with a warning
+    required: bool = False
 
 
 def open_sources(plan: Plan, fds: list[int]) -> list[Bind]:
@@ -65,7 +68,7 @@ def open_sources(plan: Plan, fds: list[int]) -> list[Bind]:
         if not stat.S_ISCHR(st.st_mode) or st.st_rdev != os.makedev(d.major, d.minor):
             got = f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}" if stat.S_ISCHR(st.st_mode) else "not a char device"
             raise ApplyError(f"invalid device node {d.host_path}: expected c {d.major}:{d.minor}, found {got}")
-        binds.append(Bind(d.path, fd, "file", DEV_OPTIONS, d.host_path))
+        binds.append(Bind(d.path, fd, "file", DEV_OPTIONS, d.host_path, required=True))
     for m in plan.mounts:
         if m.in_rootfs:
             continue  # opened in the container's mount namespace, by the child (`open_in_rootfs`)

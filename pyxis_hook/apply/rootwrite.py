@@ -12,7 +12,12 @@ import errno
 import os
 import stat
 
+from pyxis_hook.apply.hostdirs import HostDirs
 from pyxis_hook.rootfs import RACE_RETRIES, RootFS, RootPathError, path_error
+
+
+class HostDirError(RootPathError):
+    """Something would be created in a host directory bound into the container: it is not."""
 
 
 class _Created:
@@ -69,9 +74,28 @@ class WritableRoot(RootFS):
     """A RootFS that may create inside the root (`ensure_*`, `symlink`) and undo it (`rollback`)."""
 
     def __init__(self, path: str, *, fd: int | None = None, owner: tuple[int, int] | None = None,
-                 use_openat2: bool | None = None):
+                 use_openat2: bool | None = None, host_dirs: HostDirs | None = None):
         super().__init__(path, fd=fd, owner=owner, use_openat2=use_openat2)
         self.created: list[_Created] = []
+        #: asked before anything is created in a directory (`check_dir`); None: no host dir is bound in
+        self.host_dirs = host_dirs
+
+    def check_dir(self, dir_fd: int, path: str) -> None:
+        """Raise HostDirError when `path`'s directory, open as `dir_fd`, is a host directory bound in.
+
+        Called before every creation (mount point, missing parent dir,
+        link, the cache's temp file), on the very fd the creation is
+        relative to: nothing is created there, and nothing before it was
+        (what the walk creates lies below the directory it checked).
+        """
+        if self.host_dirs is None:
+            return
+        try:
+            why = self.host_dirs.why(dir_fd, self.fd)
+        except OSError as e:
+            raise path_error(path, self.path, e, "cannot tell whose directory holds ") from None
+        if why:
+            raise HostDirError(f"{path} (in {self.path}): not created: {why}", errno.EXDEV)
 
     def close(self) -> None:
         for c in self.created:
@@ -87,6 +111,7 @@ class WritableRoot(RootFS):
 
     def _mkdir(self, parent: int, name: str, mode: int, path: str) -> bool:
         """mkdirat relative to a verified fd; False when someone else made it first."""
+        self.check_dir(parent, path)
         try:
             os.mkdir(name, mode, dir_fd=parent)
         except FileExistsError:
@@ -174,6 +199,7 @@ class WritableRoot(RootFS):
         os.close(e.parent_fd)
         return e.fd
     def _create(self, parent: int, name: str, kind: str, mode: int, path: str) -> bool:
+        self.check_dir(parent, path)
         fd = None
         try:
             if kind == "dir":
@@ -224,6 +250,7 @@ class WritableRoot(RootFS):
                 raise path_error(path, self.path, e) from None
             if old == target:
                 return False
+            self.check_dir(parent, path)  # a new link, or the image's replaced: both write the directory
             if old is None:
                 try:
                     os.symlink(target, name, dir_fd=parent)

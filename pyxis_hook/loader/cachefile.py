@@ -43,6 +43,9 @@ def write_cache(rfs, data: bytes) -> None:
     """
     etc = rfs.open("/etc", os.O_PATH | os.O_DIRECTORY)
     try:
+        check = getattr(rfs, "check_dir", None)  # a WritableRoot: is this /etc a host directory bound in?
+        if check is not None:
+            check(etc, CACHE)
         fd = _create_temp(etc)
         try:
             try:

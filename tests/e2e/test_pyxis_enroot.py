@@ -19,6 +19,7 @@ hook injected, without it enroot binds the node's whole /dev.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from dataclasses import dataclass, field
@@ -227,6 +228,36 @@ def test_per_task_binding_each_task_opens_its_gpu_in_the_nodes_container(pyxis, 
     if bound:
         for node in pyxis[1].values():
             assert "names 1 of the step's 2 GPU(s) on this node (SLURM_GPUS_ON_NODE=2)" in node.log_text()
+
+
+def test_a_node_the_nodes_own_dev_lacks_is_never_created_in_it(pyxis):
+    """dev-root names a tree with a node that the node's /dev lacks.  Without ENROOT_RESTRICT_DEV enroot
+    binds the node's /dev into the container: the hook must not create a mount point in it (it would be an
+    empty file on the node), so the start fails with its one line.  With ENROOT_RESTRICT_DEV the container's
+    /dev is its own tmpfs and gets the node."""
+    cluster, nodes, _ = pyxis
+    node = nodes["pxa"]
+    slurmd = (cluster.base / "slurmd.pxa.pid").read_text().strip()
+    tools = Path(f"/proc/{slurmd}/root/dev/nvidia-uvm-tools")  # the node's own /dev, in its namespace
+    st = os.lstat(tools)
+    os.unlink(tools)
+    node.write_conf(node.base.parent / "driver", dev_root=str(node.base / "host"))
+    try:
+        host_dev = cluster.srun("-w", "pxa", "--gres=gpu:1", f"--container-image={pyxis[2]}", "true",
+                                env=cluster.env, timeout=120)
+        created = os.path.lexists(tools)
+        _, tasks = srun(pyxis, "-w", "pxa", "--gres=gpu:1", env={"ENROOT_RESTRICT_DEV": "y"},
+                        script="ls /dev/nvidia-uvm-tools && " + PROBE)
+    finally:
+        if not os.path.lexists(tools):
+            os.mknod(tools, st.st_mode, st.st_rdev)
+        node.write_conf(node.base.parent / "driver")
+    assert host_dev.returncode != 0, host_dev.stdout + host_dev.stderr
+    assert not created, "the hook created a mount point in the node's /dev"
+    assert "device node /dev/nvidia-uvm-tools (in " in node.log_text()
+    assert "not created: it is a host directory bound into the container" in node.log_text()
+    (task,) = tasks.values()
+    assert task.fields["cuda"] == "cuDriverGetVersion=12020_rc=0", task
 
 
 @pytest.mark.realdriver

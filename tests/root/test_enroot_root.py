@@ -6,11 +6,14 @@ They need root (mounts, mknod, namespaces, chown); the unit tests of the same mo
 
 from __future__ import annotations
 
+import os
+import stat
 import subprocess
 import pytest
 from pyxis_hook.engines import enroot
 from unit.engines.test_enroot import (  # noqa: F401 - helpers and fixtures shared with the unit tests
     PROBE,
+    EnrootContainer,
     _environ,
     setup,
 )
@@ -100,3 +103,47 @@ def test_value_with_newline_refused_before_anything_is_applied(setup):
     assert "NVIDIA_REQUIRE_X: a value with a newline cannot be written to ENROOT_ENVIRON" in r.stderr
     assert c.sh("ls /dev | grep -c nvidia").strip() == "0"
     assert env_file.read_text() == "NVIDIA_VISIBLE_DEVICES=all\n"
+
+
+def _tree(d) -> dict:
+    out = {}
+    for p, ds, fs in os.walk(d):
+        for n in ds + fs:
+            st = os.lstat(os.path.join(p, n))
+            out[os.path.join(p, n)] = (st.st_mode, st.st_ino, st.st_rdev, st.st_size)
+    return out
+
+
+@pytest.mark.root
+def test_restricted_dev_tmpfs_gets_the_nodes(setup):
+    """ENROOT_RESTRICT_DEV: hooks.d/10-devices.sh mounts a fresh tmpfs on the rootfs's /dev before our hook."""
+    host, shim, c, tmp = setup
+    r2 = EnrootContainer(c.rootfs, mounts=f"mount -t tmpfs -o mode=755 tmpfs '{c.rootfs}/dev'")
+    try:
+        env_file = _environ(tmp, ["NVIDIA_VISIBLE_DEVICES=0,2", "NVIDIA_DRIVER_CAPABILITIES=compute,utility"])
+        r = r2.hook(shim, env_file, {})
+        assert r.returncode == 0 and "warning" not in r.stderr, r.stderr
+        assert {"nvidia0", "nvidia2", "nvidiactl"} <= set(r2.sh("ls /dev").split())
+    finally:
+        r2.close()
+
+
+@pytest.mark.root
+def test_host_dev_bound_in_gets_no_mount_point(setup):
+    """Without ENROOT_RESTRICT_DEV enroot rbinds the node's /dev (mounts.d/10-system.fstab); dev-root names
+    another tree, so the nodes are missing there: the start fails with one line and that /dev holds nothing new.
+    A host-like directory stands for the node's /dev."""
+    host, shim, c, tmp = setup
+    hostdev = tmp / "hostdev"
+    hostdev.mkdir()
+    os.mknod(hostdev / "null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    before = _tree(hostdev)
+    r2 = EnrootContainer(c.rootfs, mounts=f"mount --rbind '{hostdev}' '{c.rootfs}/dev'")
+    try:
+        env_file = _environ(tmp, ["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=utility"])
+        r = r2.hook(shim, env_file, {})
+        assert r.returncode != 0 and r.stderr.count("\n") == 1, r.stderr
+        assert "not created: it is a host directory bound into the container" in r.stderr, r.stderr
+        assert _tree(hostdev) == before
+    finally:
+        r2.close()

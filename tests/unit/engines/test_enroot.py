@@ -98,11 +98,12 @@ def test_repo_shim_execs_pyxis_hook_enroot():
 class EnrootContainer:
     """A process in its own mount namespace over a rootfs, as enroot's runtime leaves it for hooks."""
 
-    def __init__(self, rootfs: Path):
+    def __init__(self, rootfs: Path, mounts: str = "true"):
+        """`mounts`: shell commands run after the rootfs bind, as enroot's fstabs and hooks before ours."""
         self.rootfs = rootfs
         self.proc = subprocess.Popen(
             ["unshare", "-m", "--propagation", "private", "sh", "-c",
-             f"mount --bind '{rootfs}' '{rootfs}' && echo ready && exec sleep 300"],
+             f"mount --bind '{rootfs}' '{rootfs}' && {mounts} && echo ready && exec sleep 300"],
             stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout.readline().strip() == "ready"
         self.pid = self.proc.pid

@@ -1,0 +1,177 @@
+"""Whether a directory of the container is a host directory bound in: asked before anything is created in it.
+
+Why: a runtime may bind a directory of the host into the rootfs.  enroot
+without `ENROOT_RESTRICT_DEV` binds the node's whole /dev (its
+`mounts.d/10-system.fstab`: `/dev /dev none rbind`), and users bind volumes
+(`-v /usr/bin:/usr/bin`, `-v /dev:/dev`).  A mount point, link or cache file
+the hook creates there is created on the host, by root, outside the
+container's rootfs (docs/security.md): an empty `/dev/nvidia3` on the node
+itself.  Mounting onto an entry that is already there changes nothing on the
+host and stays allowed; only creating (and replacing a link) is asked about.
+
+The rule compares mounts, not paths: a directory is the container's when
+- it is on the rootfs's own mount (the image: where nearly everything is
+  created), or
+- it is on a filesystem that the hook's own mount namespace does not have
+  mounted outside the rootfs: one the runtime made for this container
+  (runc's and crun's tmpfs /dev, enroot's under `ENROOT_RESTRICT_DEV`, a
+  devpts, a tmpfs volume) exists only there.
+Any other directory is on a filesystem the host has mounted (mountinfo's
+major:minor, the superblock; not `st_dev`, which btrfs gives per subvolume):
+a bind of a host directory, which the hook never writes.  The container's
+mounts are read in its namespace (mount ids are global: `mnt_id` of
+`/proc/self/fdinfo`), the host's from a mountinfo opened before the child
+entered it (the file keeps the namespace it was opened in).
+
+"Outside the rootfs": enroot hooks (and CDI createContainer hooks) run in
+the container's own namespace before it switches root, so the hook's
+namespace also holds the container's mounts, below the rootfs.  Mounts at
+or below the rootfs's mount point there are the container's and are left
+out; that point is `realpath(rootfs)` in the hook's namespace, taken only
+when it is the very directory the child writes in (`rootfs_point`).
+"""
+
+from __future__ import annotations
+
+import os
+
+from pyxis_hook.apply import kernel
+
+#: what mountinfo escapes in a mount point (fs/proc_namespace.c: seq_path_root(..., " \t\n\\"))
+_ESCAPED = " \t\n\\"
+
+
+def escape(path: str) -> str:
+    """`path` as mountinfo prints it (octal escapes), so it compares with its mount points."""
+    return "".join(f"\\{ord(c):03o}" if c in _ESCAPED else c for c in path)
+
+
+def host_filesystems(mountinfo: str, rootfs_point: str | None) -> dict[str, str]:
+    """major:minor -> the first mount point of that filesystem, for mounts outside `rootfs_point`.
+
+    `rootfs_point` is escaped as mountinfo escapes (`escape`); None leaves
+    nothing out.
+    """
+    out: dict[str, str] = {}
+    below = "" if rootfs_point is None else rootfs_point.rstrip("/") + "/"
+    for line in mountinfo.splitlines():
+        f = line.split(" ", 5)
+        if len(f) < 6:
+            continue
+        point = f[4]
+        if below and (point == rootfs_point or point.startswith(below)):
+            continue
+        out.setdefault(f[2], point)
+    return out
+
+
+def mount_devices(mountinfo: str) -> dict[int, str]:
+    """mount id -> major:minor, per line of a mountinfo."""
+    out = {}
+    for line in mountinfo.splitlines():
+        f = line.split(" ", 3)
+        if len(f) == 4 and f[0].isdigit():
+            out[int(f[0])] = f[2]
+    return out
+
+
+def rootfs_point(rootfs: str, want: os.stat_result) -> str | None:
+    """The rootfs's mount point as the hook's namespace names it (escaped), or None when unsure.
+
+    `want` is the directory the child writes in (the pinned rootfs, or
+    `rootfs` itself); a realpath that is not that directory is not used, so
+    a name swapped meanwhile never makes a host filesystem look private.
+    """
+    try:
+        real = os.path.realpath(rootfs)
+        st = os.stat(real)
+    except OSError:
+        return None
+    if (st.st_dev, st.st_ino) != (want.st_dev, want.st_ino):
+        return None
+    return escape(real)
+
+
+def mount_id(fd: int) -> int:
+    """The id of the mount `fd` is on (`mnt_id` of this process's fdinfo, Linux >= 3.15)."""
+    with open(kernel.proc_self_path(f"fdinfo/{fd}"), "rb") as f:
+        for line in f.read(4096).splitlines():
+            if line.startswith(b"mnt_id:"):
+                return int(line.split()[1])
+    raise OSError(0, f"no mnt_id in fdinfo of fd {fd}")
+
+
+def _read_all(fd: int) -> str:
+    chunks = []
+    os.lseek(fd, 0, os.SEEK_SET)
+    while True:
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks).decode("utf-8", "surrogateescape")
+
+
+class HostDirs:
+    """The question `why(dir_fd)`, for one container; made by apply's child before it enters the namespace.
+
+    Everything is read lazily, once: a start that creates nothing reads no
+    mountinfo.  `close` releases the host mountinfo fd.
+    """
+
+    def __init__(self, point: str | None):
+        self._point = point
+        # opened here, in the hook's own namespace: reading it later still lists that namespace's mounts
+        self._ours = os.open("/proc/self/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
+        self._host: dict[str, str] | None = None
+        self._theirs: dict[int, str] | None = None
+        self._root_mount: int | None = None
+        self._verdicts: dict[int, str | None] = {}
+        self._dirs: dict[tuple[int, int], str | None] = {}
+
+    def close(self) -> None:
+        if self._ours >= 0:
+            os.close(self._ours)
+            self._ours = -1
+
+    def _host_map(self) -> dict[str, str]:
+        if self._host is None:
+            self._host = host_filesystems(_read_all(self._ours), self._point)
+        return self._host
+
+    def host_devices(self) -> frozenset[str]:
+        """The host's filesystems (major:minor): the confined ldconfig's view makes their mounts read-only."""
+        return frozenset(self._host_map())
+
+    def why(self, dir_fd: int, root_fd: int) -> str | None:
+        """None when the directory `dir_fd` is the container's; else why it is a host directory.
+
+        `root_fd` is the rootfs the caller writes in.  A mount the
+        container's mount table does not list (it went away meanwhile) is
+        not judged the container's.
+        """
+        st = os.fstat(dir_fd)
+        here = (st.st_dev, st.st_ino)  # the same directory again (/dev for every GPU): no fdinfo read
+        if here in self._dirs:
+            return self._dirs[here]
+        if self._root_mount is None:
+            self._root_mount = mount_id(root_fd)
+        mid = mount_id(dir_fd)
+        if mid == self._root_mount:
+            self._dirs[here] = None
+            return None
+        if mid in self._verdicts:
+            self._dirs[here] = self._verdicts[mid]
+            return self._verdicts[mid]
+        if self._theirs is None or mid not in self._theirs:  # read again for a mount made since (a dir bind)
+            with open(kernel.proc_self_path("mountinfo"), "rb") as f:  # now: the container's namespace
+                self._theirs = mount_devices(f.read().decode("utf-8", "surrogateescape"))
+        dev = self._theirs.get(mid)
+        if dev is None:
+            verdict: str | None = f"its mount ({mid}) is not in the container's mount table"
+        else:
+            where = self._host_map().get(dev)
+            verdict = None if where is None else \
+                f"it is a host directory bound into the container (its filesystem, {dev}, is mounted at {where} on the host)"
+        self._verdicts[mid] = self._dirs[here] = verdict
+        return verdict

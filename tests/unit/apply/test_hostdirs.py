@@ -1,0 +1,70 @@
+"""hostdirs: which mounts of a container are host filesystems bound in (the rule on mountinfo text, no root).
+
+The shapes are mountinfo lines as the kernel writes them for the runtimes the
+hook runs under; the root tests (`tests/root/test_hostdirs_root.py`) make
+them for real and check that nothing lands on the host.
+"""
+
+from __future__ import annotations
+
+import os
+
+from pyxis_hook.apply import hostdirs
+
+#: the hook's own namespace on a node: / on a disk, devtmpfs /dev, a tmpfs /run, a podman overlay
+HOST = """\
+22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
+23 22 0:5 / /dev rw,nosuid shared:2 - devtmpfs udev rw
+24 23 0:21 / /dev/shm rw shared:3 - tmpfs tmpfs rw
+25 22 0:22 / /run rw shared:4 - tmpfs tmpfs rw
+26 22 0:40 / /var/lib/containers/storage/overlay/abc/merged rw - overlay overlay rw
+27 22 0:41 / /srv/my\\040data rw - btrfs /dev/sdb rw
+"""
+
+
+def test_every_filesystem_of_the_hooks_namespace_is_the_hosts():
+    host = hostdirs.host_filesystems(HOST, None)
+    assert host == {"8:1": "/", "0:5": "/dev", "0:21": "/dev/shm", "0:22": "/run", "0:40":
+                    "/var/lib/containers/storage/overlay/abc/merged", "0:41": "/srv/my\\040data"}
+
+
+def test_the_containers_own_mounts_in_the_hooks_namespace_are_left_out():
+    """enroot: the hook runs in the container's namespace, which holds the host's mounts and, below the
+    rootfs, the container's: its rootfs bind, the /dev tmpfs of ENROOT_RESTRICT_DEV, a devpts."""
+    enroot = HOST + """\
+40 22 8:1 /home/u/.local/share/enroot/pyxis_1 /home/u/.local/share/enroot/pyxis_1 rw - ext4 /dev/sda1 rw
+41 40 0:50 / /home/u/.local/share/enroot/pyxis_1/dev rw - tmpfs tmpfs rw
+42 41 0:51 / /home/u/.local/share/enroot/pyxis_1/dev/pts rw - devpts devpts rw
+43 41 0:21 / /home/u/.local/share/enroot/pyxis_1/dev/shm rw - tmpfs tmpfs rw
+"""
+    host = hostdirs.host_filesystems(enroot, "/home/u/.local/share/enroot/pyxis_1")
+    assert "0:50" not in host and "0:51" not in host  # the container's tmpfs and devpts: private
+    assert host["8:1"] == "/" and host["0:21"] == "/dev/shm"  # the host's, wherever else they are bound
+    # a sibling that merely starts with the same name is not below the rootfs
+    sibling = enroot + "44 22 0:52 / /home/u/.local/share/enroot/pyxis_10 rw - tmpfs tmpfs rw\n"
+    assert hostdirs.host_filesystems(sibling, "/home/u/.local/share/enroot/pyxis_1")["0:52"].endswith("pyxis_10")
+
+
+def test_a_rootfs_at_the_root_leaves_nothing_out_but_claims_nothing():
+    assert hostdirs.host_filesystems(HOST, "/") == {}
+
+
+def test_escape_matches_the_kernels_mount_points():
+    assert hostdirs.escape("/srv/my data\\x\tb\nc") == "/srv/my\\040data\\134x\\011b\\012c"
+    assert "0:41" not in hostdirs.host_filesystems(HOST, hostdirs.escape("/srv/my data"))
+
+
+def test_mount_devices_maps_ids_to_filesystems():
+    assert hostdirs.mount_devices(HOST + "garbage\n\n") == {22: "8:1", 23: "0:5", 24: "0:21", 25: "0:22",
+                                                             26: "0:40", 27: "0:41"}
+
+
+def test_rootfs_point_only_when_it_is_the_directory_written_in(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to("real")
+    st = os.stat(real)
+    assert hostdirs.rootfs_point(str(tmp_path / "link"), st) == str(real)
+    # the name leads elsewhere now than where the child writes: no point, nothing left out
+    assert hostdirs.rootfs_point(str(tmp_path / "link"), os.stat(tmp_path)) is None
+    assert hostdirs.rootfs_point(str(tmp_path / "gone"), st) is None

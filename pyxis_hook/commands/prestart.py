@@ -132,15 +132,15 @@ def main_fast() -> int:
     ELF files with pyelftools for seconds, turns it back on
     (`host.snapshot.load_or_build`).
     """
-    import gc  # built into the interpreter: no file read
-
-    gc.disable()
     try:
         data = sys.stdin.buffer.read()
     except OSError:
         data = b""  # the full path reports the missing state
     if certainly_void(data):
         return 0
+    import gc  # built into the interpreter: no file read
+
+    gc.disable()
     from pyxis_hook import errors, log
 
     try:

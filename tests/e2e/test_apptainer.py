@@ -183,7 +183,15 @@ def test_exec_nv_binds_what_nvliblist_finds_and_nothing_else(session, tmp_path):
               "'echo LD=$LD_LIBRARY_PATH; ls /.singularity.d/libs | tr \"\\n\" \" \"; echo; "
               "echo nodes=$(ls /dev | grep nvidia); command -v nvidia-smi; /usr/bin/gputest; "
               "echo cached=$(ldconfig -p | grep -c nvidia)'")
-    r = session.sh(script, binds)
+    before = sorted(n for n in os.listdir("/dev") if "nvidia" in n)
+    try:
+        r = session.sh(script, binds)
+    finally:
+        # --nv shares the machine's /dev, and the real libnvidia-ml, run as root without a kernel module
+        # (no /proc/driver/nvidia/params to say ModifyDeviceFiles: 0), mknods /dev/nvidiactl there
+        for n in set(os.listdir("/dev")) - set(before):
+            if "nvidia" in n:
+                os.unlink(f"/dev/{n}")
     assert r.returncode == 0, r.stderr
     out = r.stdout.splitlines()
     assert out[0] == "LD=/.singularity.d/libs"
@@ -191,7 +199,7 @@ def test_exec_nv_binds_what_nvliblist_finds_and_nothing_else(session, tmp_path):
     assert {"libcuda.so.1", "libnvidia-ml.so.1", "libGLX_nvidia.so.0", "libEGL_nvidia.so.0", "libnvcuvid.so.1",
             "libnvidia-encode.so.1"} <= libs, libs
     # the "host" /dev (the root's is the machine's): exactly its NVIDIA nodes, the fixture host's are not seen
-    assert out[2] == "nodes=" + " ".join(sorted(n for n in os.listdir("/dev") if "nvidia" in n))
+    assert out[2] == "nodes=" + " ".join(before)
     assert out[3] == "/usr/bin/nvidia-smi"
     assert "cuDriverGetVersion=12020 rc=0" in r.stdout
     assert out[-1] == "cached=0"

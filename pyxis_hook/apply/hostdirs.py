@@ -92,15 +92,6 @@ def rootfs_point(rootfs: str, want: os.stat_result) -> str | None:
     return escape(real)
 
 
-def mount_id(fd: int) -> int:
-    """The id of the mount `fd` is on (`mnt_id` of this process's fdinfo, Linux >= 3.15)."""
-    with open(kernel.proc_self_path(f"fdinfo/{fd}"), "rb") as f:
-        for line in f.read(4096).splitlines():
-            if line.startswith(b"mnt_id:"):
-                return int(line.split()[1])
-    raise OSError(0, f"no mnt_id in fdinfo of fd {fd}")
-
-
 def _read_all(fd: int) -> str:
     chunks = []
     os.lseek(fd, 0, os.SEEK_SET)
@@ -155,8 +146,8 @@ class HostDirs:
         if here in self._dirs:
             return self._dirs[here]
         if self._root_mount is None:
-            self._root_mount = mount_id(root_fd)
-        mid = mount_id(dir_fd)
+            self._root_mount = kernel.mount_id(root_fd)
+        mid = kernel.mount_id(dir_fd)
         if mid == self._root_mount:
             self._dirs[here] = None
             return None

@@ -376,6 +376,20 @@ def proc_self_path(name: str) -> str:
     return f"self/{name}" if _PROC_ANCHORED else f"/proc/self/{name}"
 
 
+def mount_id(fd: int, proc_self: str | None = None) -> int:
+    """The id of the mount `fd` is on, as mountinfo numbers it (`mnt_id` of the fd's fdinfo, Linux >= 3.15).
+
+    Read through `proc_self` (a `/proc/self` path) or this process's own procfs (`proc_self_path`);
+    the builtin `open`: nothing is imported, so it also runs after setns.
+    """
+    path = f"{proc_self}/fdinfo/{fd}" if proc_self else proc_self_path(f"fdinfo/{fd}")
+    with open(path, "rb") as f:
+        for line in f.read(4096).splitlines():
+            if line.startswith(b"mnt_id:"):
+                return int(line.split()[1])
+    raise ApplyError(f"no mnt_id in {path}")
+
+
 def proc_fd_path(fd: int) -> str:
     """The magic-link name of an fd, for syscalls that only take paths (legacy mount, a reopen)."""
     return proc_self_path(f"fd/{fd}")

@@ -103,22 +103,13 @@ def open_in_rootfs(m: MountEdit, rfs: RootFS, fds: list[int]) -> Bind:
                          f"that would cover {m.container_path}")
     parent = rfs.open(os.path.dirname(m.host_path), os.O_PATH | os.O_DIRECTORY)
     try:
-        own_mount = mount_id(fd) != mount_id(parent)
+        own_mount = kernel.mount_id(fd) != kernel.mount_id(parent)
     finally:
         os.close(parent)
     if not own_mount:
         raise ApplyError(f"{where}: a file of the image, not the runtime's mount of the host's library "
                          f"(the CDI spec's mount of it did not happen): {m.container_path} not covered")
     return Bind(m.container_path, fd, "file", m.options, m.host_path, covers=m.covers, local=True)
-
-
-def mount_id(fd: int) -> int:
-    """The id of the mount `fd` is on (`mnt_id` of the fd's fdinfo), read through this process's own procfs."""
-    with open(kernel.proc_self_path(f"fdinfo/{fd}"), "rb") as f:  # builtin open: no import after setns
-        for line in f.read(4096).splitlines():
-            if line.startswith(b"mnt_id:"):
-                return int(line.split()[1])
-    raise ApplyError(f"no mnt_id in the fdinfo of fd {fd}")
 
 
 def clone(b: Bind, fds: list[int]) -> Bind:

@@ -185,12 +185,13 @@ def _runtime_mount(rootfs: str, pid: int, root_fd: int, where: str, proc: str,
 
 def _judge(fd: int, pid: int, where: str, proc: str, ref: int | str) -> tuple[str, str | None]:
     """(mount point of the mount `fd` is on, why it is not the runtime's rootfs or None)."""
+    from pyxis_hook.apply import kernel
     from pyxis_hook.host.cgroup import parse_mountinfo, read_text
 
-    mount_id = _mount_id(fd, proc)
+    mount_id = kernel.mount_id(fd, f"{proc}/self")
     up = os.open("..", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
     try:
-        is_mount_root = _mount_id(up, proc) != mount_id  # '..' of a mount's root is on the mount below
+        is_mount_root = kernel.mount_id(up, f"{proc}/self") != mount_id  # '..' of a mount's root is on the mount below
     finally:
         os.close(up)
     theirs = _mounts(read_text(f"{where}/mountinfo") or "")
@@ -244,10 +245,3 @@ def _mounts(text: str) -> list[tuple[str, str, str]]:
     return out
 
 
-def _mount_id(fd: int, proc: str) -> int:
-    """The id of the mount `fd` is on (`mnt_id` of /proc/self/fdinfo, Linux >= 3.15), as mountinfo numbers it."""
-    with open(f"{proc}/self/fdinfo/{fd}", "rb") as f:
-        for line in f.read(4096).splitlines():
-            if line.startswith(b"mnt_id:"):
-                return int(line.split()[1])
-    raise OSError(0, f"no mnt_id in {proc}/self/fdinfo/{fd}")

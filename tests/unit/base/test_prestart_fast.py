@@ -107,3 +107,36 @@ def test_a_relative_or_empty_interpreter_path_never_picks_a_venv_from_the_workin
         r = subprocess.run([sys.executable, "-I", "-S", "-c", code % (exe, main, str(tmp_path))],
                            cwd=tmp_path / "bundle", capture_output=True, text=True)
         assert r.stdout.split()[-2:] == ["True", "False"], (exe, r.stdout, r.stderr)
+
+
+def _gc_after_main_fast(tmp_path, env: list[str], pid: bool) -> tuple[int, str]:
+    """(exit code, gc.isenabled()) of `prestart.main_fast` for a bundle with `env`, in a fresh interpreter."""
+    (tmp_path / "config.json").write_text(json.dumps({"process": {"env": env}}))
+    state = json.loads(state_json(tmp_path))
+    if not pid:
+        state.pop("pid", None)
+    code = ("import gc, io, sys; from pyxis_hook.commands import prestart; "
+            f"sys.stdin = io.TextIOWrapper(io.BytesIO({json.dumps(state).encode()!r})); "
+            "rc = prestart.main_fast(); print(rc, gc.isenabled())")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={**os.environ, "PYXIS_HOOK_CONFIG": str(tmp_path / "none.conf")})
+    rc, enabled = r.stdout.split()
+    return int(rc), enabled
+
+
+def test_the_gc_is_off_only_past_the_no_gpu_exit(tmp_path):
+    """A no-GPU start keeps the interpreter as it is; a GPU start runs with the cyclic GC off."""
+    assert _gc_after_main_fast(tmp_path, ["PATH=/bin"], True) == (0, "True")
+    rc, enabled = _gc_after_main_fast(tmp_path, ["NVIDIA_VISIBLE_DEVICES=all"], False)  # fails early: no pid
+    assert rc != 0 and enabled == "False"
+
+
+def test_the_command_script_imports_no_re(tmp_path):
+    """bin/pyxis-hook (what pip installs as `pyxis-hook`) runs the fast dispatch without pip's `import re`."""
+    (tmp_path / "config.json").write_text(json.dumps({"process": {"env": ["PATH=/bin"]}}))
+    repo = os.path.dirname(os.path.dirname(pyxis_hook.__file__))
+    r = subprocess.run([sys.executable, "-X", "importtime", "-S", os.path.join(repo, "bin", "pyxis-hook"), "prestart"],
+                       input=state_json(tmp_path).encode(), capture_output=True, env={"PYTHONPATH": repo})
+    assert r.returncode == 0, r.stderr
+    loaded = {line.split("|")[-1].strip() for line in r.stderr.decode().splitlines() if line.startswith("import time:")}
+    assert "pyxis_hook.commands.prestart" in loaded and "re" not in loaded, sorted(loaded)

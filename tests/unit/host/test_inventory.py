@@ -230,6 +230,22 @@ def test_to_dict_round_trip_and_schema(tmp_path):
 # --- snapshot -----------------------------------------------------------------------------
 
 
+def test_a_snapshot_rebuild_turns_the_gc_back_on_and_a_load_does_not(tmp_path):
+    """prestart turns the cyclic GC off for a start; a rebuild (pyelftools over the driver) runs with it on."""
+    import gc
+
+    c = cfg(make_driver(tmp_path / "root"))
+    try:
+        gc.disable()
+        load_or_build(c)  # no snapshot yet: built
+        assert gc.isenabled()
+        gc.disable()
+        load_or_build(c)  # the snapshot is valid: loaded
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
 def test_snapshot_saved_atomically_with_modes_and_reused(tmp_path):
     root = make_driver(tmp_path / "root")
     c = cfg(root)

@@ -90,6 +90,20 @@ def pin_rootfs(rootfs: str, pid: int, *, proc: str = "/proc", ref: int | str = "
         os.close(root_fd)
 
 
+def pin_bundle(bundle, pid: int, writable_bundle: str, label: str, *, ref: int | str = "self") -> PinnedRoot:
+    """The bundle's writers checked (`spec.bundleperm`, a warning logged under `label`), then its rootfs pinned.
+
+    What every hook does before it reads the image: prestart, and each CDI createContainer hook.
+    """
+    from pyxis_hook import log
+    from pyxis_hook.spec import bundleperm
+
+    warning = bundleperm.check_bundle(bundle.path, bundle.config_path, writable_bundle)
+    if warning:
+        log.warning(f"{label}: {warning}")
+    return pin_rootfs(bundle.rootfs, pid, ref=ref)
+
+
 def hook_processes(state_pid: int, *, proc: str = "/proc") -> tuple[int, int | str]:
     """(the container's process, `pin_rootfs`'s `ref`) for a createContainer hook, as `proc` numbers them.
 

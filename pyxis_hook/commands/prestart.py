@@ -34,13 +34,9 @@ def execute(config, stdin_bytes: bytes, bundle_dir: str | None = None) -> int:
     pinned = []
 
     def pin() -> str:
-        from pyxis_hook.spec import bundleperm
         from pyxis_hook.apply import rootpin
 
-        warning = bundleperm.check_bundle(bundle.path, bundle.config_path, config.writable_bundle)
-        if warning:
-            log.warning(f"container {state.id}: {warning}")
-        pinned.append(rootpin.pin_rootfs(bundle.rootfs, state.pid))
+        pinned.append(rootpin.pin_bundle(bundle, state.pid, config.writable_bundle, f"container {state.id}"))
         return pinned[0].view
 
     try:

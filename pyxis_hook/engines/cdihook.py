@@ -178,16 +178,13 @@ def run_hook(step: str, stdin_bytes: bytes, config, *, links=(), folders=(), lib
     from pyxis_hook import log
     from pyxis_hook.apply import rootpin
     from pyxis_hook.apply.child import apply_plan
-    from pyxis_hook.spec import bundleperm, oci
+    from pyxis_hook.spec import oci
 
     check_arguments(step, links, folders, libs, host_driver_version)
     state = oci.parse_state(stdin_bytes, require_pid=False, allow_zero_pid=True)
     bundle = oci.load_bundle(state.bundle)
-    warning = bundleperm.check_bundle(bundle.path, bundle.config_path, config.writable_bundle)
-    if warning:
-        log.warning(f"container {state.id}: cdi hook {step}: {warning}")
     pid, ref = rootpin.hook_processes(state.pid or 0)
-    pinned = rootpin.pin_rootfs(bundle.rootfs, pid, ref=ref)
+    pinned = rootpin.pin_bundle(bundle, pid, config.writable_bundle, f"container {state.id}: cdi hook {step}", ref=ref)
     try:
         plan = hook_plan(step, bundle, config, links=tuple(links), folders=tuple(folders), libs=tuple(libs),
                          host_driver_version=host_driver_version, view=pinned.view)

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from fixtures.oci_state import state_json
 import pyxis_hook
+from pyxis_hook import errors
 from pyxis_hook.spec import oci
 from pyxis_hook.commands.prestart import certainly_void
 from pyxis_hook.spec.request import void_request
@@ -140,3 +141,23 @@ def test_the_command_script_imports_no_re(tmp_path):
     assert r.returncode == 0, r.stderr
     loaded = {line.split("|")[-1].strip() for line in r.stderr.decode().splitlines() if line.startswith("import time:")}
     assert "pyxis_hook.commands.prestart" in loaded and "re" not in loaded, sorted(loaded)
+
+
+def test_the_runtimes_call_ends_without_teardown(tmp_path):
+    """`prestart` as the runtime calls it skips the interpreter's teardown, keeping its status and its line.
+
+    An atexit handler stands for the teardown: it must not run, while the
+    one error line (buffered in sys.stderr) still reaches the runtime and the
+    exit status is the error's.
+    """
+    main = os.path.join(os.path.dirname(pyxis_hook.__file__), "__main__.py")
+    code = ("import atexit, runpy, sys; atexit.register(lambda: sys.stderr.write('teardown ran\\n')); "
+            f"sys.argv = [{main!r}, 'prestart']; runpy.run_path({main!r}, run_name='__main__')")
+    (tmp_path / "config.json").write_text(json.dumps({"process": {"env": ["PATH=/bin"]}}))
+    for stdin, status in ((b"{not json", errors.USAGE), (state_json(tmp_path).encode(), 0)):
+        r = subprocess.run([sys.executable, "-I", "-S", "-c", code], input=stdin, capture_output=True, text=False)
+        err = r.stderr.decode()
+        assert r.returncode == status, err
+        assert "teardown ran" not in err
+        if status:
+            assert len(err.splitlines()) == 1 and err.startswith("pyxis-hook: "), err

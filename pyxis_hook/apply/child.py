@@ -1,4 +1,4 @@
-"""Plan -> kernel: the forked child that applies a plan to a container, and its rollback.
+"""Plan -> kernel: applying a plan in the container's mount namespace, and its rollback.
 
 Order (the plan's order): device binds, library/file binds, symlinks, the
 /proc/driver/nvidia view, the device cgroup rules, then the ld.so.cache
@@ -9,14 +9,19 @@ ldconfig), so a wrong source or cgroup fails before anything is mounted.
 A v1 cgroup rule cannot be taken back, so the rules come after every mount
 and link; the ld.so.cache is last, the one write the undo cannot take back.
 
-Why a forked child does the namespace work: `setns(CLONE_NEWNS)` fails with
-EINVAL in a multi-threaded process and changes the caller's view of the
-filesystem for good.  A child of `fork()` is single-threaded whatever the
-parent is (a test runner, a future CLI with a thread), it inherits the host
-fds opened and checked before the fork, and when it exits the parent is
-still on the host, so error reporting, logging and a second container work
-as before.  The child sends one marshal'ed result up a pipe; the parent turns a
-failure into one PyxisHookError line (the same class the child raised).
+Where the namespace work runs: `setns(CLONE_NEWNS)` fails with EINVAL in
+a multi-threaded process and changes the caller's view of the filesystem
+until it sets it back.  When this process can come back (one thread, its
+own mount namespace owned by its own user namespace: `_home`), it works in
+place and returns to its namespace, root and directory right after
+(`kernel.leave_mount_ns`; a failed return ends the process at once); that
+spares a start the fork of the interpreter and the exit of its copy.
+Otherwise (a CLI or test runner with a thread, a hook whose namespace
+belongs to an ancestor user namespace) a forked child does it: single-
+threaded whatever the parent is, it inherits the host fds opened and
+checked before the fork, sends one marshal'ed result up a pipe and exits.
+Either way a failure is one PyxisHookError line of the same class
+(`_outcome`, `_result`).
 
 Safety rules kept here (docs/security.md):
 - sources are mounted by fd, never re-resolved by name (`apply.mounts`); a source inside the
@@ -47,7 +52,7 @@ from _signal import SIGKILL  # the C module: signal.py's enums cost the hook ~4 
 
 from pyxis_hook.apply import devcgroup, hostdirs, kernel, mounts, procview
 from pyxis_hook import log
-from pyxis_hook.errors import ApplyError, PathError, PyxisHookError
+from pyxis_hook.errors import INTERNAL, ApplyError, PathError, PyxisHookError
 from pyxis_hook.plan.build import Plan
 from pyxis_hook.record import record, replace
 from pyxis_hook.apply.rootwrite import HostDirError, WritableRoot
@@ -106,7 +111,7 @@ def apply_plan(plan: Plan, pid: int | str, config=None, *, proc: str = "/proc", 
         exe_fd = _ldconfig_fd(plan, fds)
         allow = devcgroup.open_allow(plan, pid, proc, fds, messages) if plan.cgroup_rules else None
         point = _rootfs_point(plan, root)
-        result = _in_child(plan, ns_fd, binds, gpu_dirs, exe_fd, owner, root, allow, point)
+        result = _in_namespace(plan, ns_fd, binds, gpu_dirs, exe_fd, owner, root, allow, point)
         messages += result["messages"]
     finally:
         for fd in fds:
@@ -176,7 +181,95 @@ def _ldconfig_fd(plan: Plan, fds: list[int]) -> int | None:
 # -------------------------------------------------------- in the namespace
 
 
+def _in_namespace(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner, root, allow, point) -> dict:
+    """Run `_child` in the container's mount namespace: in this process when it can come back, else forked."""
+    home = _home()
+    if home is None:
+        return _result(plan, _in_child(plan, ns_fd, binds, gpu_dirs, exe_fd, owner, root, allow, point))
+    try:
+        try:
+            out = _outcome(plan, ns_fd, binds, gpu_dirs, exe_fd, owner, root, allow, point)
+        finally:
+            _go_home(home)
+    finally:
+        for fd in home:
+            os.close(fd)
+    return _result(plan, out)
+
+
+def _home() -> tuple[int, int, int] | None:
+    """(own mount namespace, root, working directory) fds to come back with, or None: fork instead.
+
+    Working in place spares a GPU start the fork of the whole interpreter
+    and the exit of its copy (~5% of a start).  It needs what the way back
+    needs: a single thread (setns(CLONE_NEWNS) fails with EINVAL in a
+    threaded process), and this process's mount namespace owned by its own
+    user namespace (`kernel.owned_by_own_userns`), so the capability that
+    enters the container's namespace also returns from it.
+    """
+    try:
+        if len(os.listdir("/proc/self/task")) != 1:
+            return None
+    except OSError:
+        return None
+    fds: list[int] = []
+    try:
+        for path, flags in (("/proc/self/ns/mnt", os.O_RDONLY), ("/", os.O_PATH | os.O_DIRECTORY),
+                            (".", os.O_PATH | os.O_DIRECTORY)):
+            fds.append(os.open(path, flags | os.O_CLOEXEC))
+        if kernel.owned_by_own_userns(fds[0]):
+            return fds[0], fds[1], fds[2]
+    except OSError:
+        pass
+    for fd in fds:
+        os.close(fd)
+    return None
+
+
+def _go_home(home: tuple[int, int, int]) -> None:
+    """Back into the hook's own mount namespace, root and directory; or end the process here.
+
+    A process left in the container's namespace as root must run nothing
+    more (an import, a log line by name, a second container would act on
+    the image's files): when the way back fails, it exits at once with one line.
+    """
+    try:
+        kernel.leave_mount_ns(*home)
+    except BaseException as e:  # noqa: BLE001 - whatever it was, nothing else may run in there
+        line = f"pyxis-hook: error: cannot return to the hook's own mount namespace: {e}\n"
+        try:
+            log.error(line.strip())
+            os.write(2, line.encode("utf-8", "replace"))
+        finally:
+            os._exit(INTERNAL)
+    while _NoImports in sys.meta_path:
+        sys.meta_path.remove(_NoImports)
+
+
+def _outcome(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner, root, allow, point) -> dict:
+    """`_child`'s result, or its failure as {"error", "class"}: one form for both ways of running it."""
+    try:
+        return _child(plan, ns_fd, binds, gpu_dirs, exe_fd, owner, root, allow, point)
+    except PyxisHookError as e:
+        return {"error": str(e), "class": type(e).__name__}
+    except kernel.SyscallError as e:  # a mount, setns or umount the kernel refused: its own line
+        return {"error": str(e), "class": "ApplyError"}
+    except BaseException as e:  # noqa: BLE001 - a bug: log the frames, report one line
+        log.error(f"apply: internal error\n{log.frames(e)}")  # no traceback module: nothing read here
+        return {"error": f"internal error while applying the plan: {type(e).__name__}: {e}",
+                "class": "ApplyError"}
+
+
+def _result(plan: Plan, out: dict) -> dict:
+    """`out` of `_outcome`, its failure raised as the PathError or ApplyError the runtime's line comes from."""
+    if "error" in out:
+        cls = PathError if out.get("class") in ("PathError", "RootPathError") else ApplyError
+        raise cls(out["error"])
+    return out
+
+
 def _in_child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner, root, allow, point) -> dict:
+    """`_outcome` in a forked child, sent up a pipe with marshal."""
     r, w = os.pipe2(os.O_CLOEXEC)
     parent = os.getpid()
     pid = os.fork()
@@ -192,19 +285,7 @@ def _in_child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner, root, allo
             kernel.prctl(kernel.PR_SET_PDEATHSIG, SIGKILL)
             if os.getppid() != parent:  # the hook died before the line above
                 os._exit(1)
-            out: dict
-            try:
-                out = _child(plan, ns_fd, binds, gpu_dirs, exe_fd, owner, root, allow, point)
-            except PyxisHookError as e:
-                out = {"error": str(e), "class": type(e).__name__}
-            except kernel.SyscallError as e:  # a mount, setns or umount the kernel refused: its own line
-                out = {"error": str(e), "class": "ApplyError"}
-            except BaseException as e:  # noqa: BLE001 - a bug: log the frames, report one line
-                log.error(f"apply: internal error\n{log.frames(e)}")  # no traceback module: nothing read here
-                out = {"error": f"internal error while applying the plan: {type(e).__name__}",
-                       "class": "ApplyError"}
-                out["error"] += f": {e}"
-            data = marshal.dumps(out)  # our own process's dict of strings: no json import
+            data = marshal.dumps(_outcome(plan, ns_fd, binds, gpu_dirs, exe_fd, owner, root, allow, point))
             while data:
                 data = data[os.write(w, data):]
             status = 0
@@ -222,14 +303,10 @@ def _in_child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner, root, allo
         os.close(r)
     _, status = os.waitpid(pid, 0)
     try:
-        out = marshal.loads(b"".join(chunks))
+        return marshal.loads(b"".join(chunks))
     except (ValueError, EOFError, TypeError):
         raise ApplyError(f"the process applying the plan to {plan.rootfs} died "
                          f"(wait status {status:#x}); nothing reported") from None
-    if "error" in out:
-        cls = PathError if out.get("class") in ("PathError", "RootPathError") else ApplyError
-        raise cls(out["error"])
-    return out
 
 
 class _NoImports:
@@ -253,7 +330,7 @@ class _NoImports:
 
 
 def _child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner, root, allow, point) -> dict:
-    sys.meta_path.insert(0, _NoImports)  # this forked child only
+    sys.meta_path.insert(0, _NoImports)  # until the process dies or `_go_home` takes it out
     host_dirs = hostdirs.HostDirs(point)  # before setns: it keeps the hook's own mount table
     kernel.enter_mount_ns(ns_fd)
     undo = mounts.Undo()

@@ -360,14 +360,66 @@ def enter_mount_ns(ns_fd: int, what: str = "container mount namespace") -> None:
     The host's procfs, opened before the switch, stays usable as the cwd
     (setns resets the cwd to the namespace's root; fchdir takes it back).
     """
-    global _PROC_ANCHORED
+    global _PROC_ANCHORED, _ENTERED
     proc = os.open("/proc", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         setns(ns_fd, CLONE_NEWNS, what)
+        _ENTERED = True
         os.fchdir(proc)
     finally:
         os.close(proc)
     _PROC_ANCHORED = True
+
+
+#: set by `enter_mount_ns` once setns succeeded, cleared by `leave_mount_ns`
+_ENTERED = False
+
+#: ioctl(2) on a namespace fd: an fd of the user namespace that owns it (Linux >= 4.9)
+NS_GET_USERNS = 0xB701
+
+_ioctl = cabi.libc_function("ioctl", cabi.c_int)
+
+
+def owned_by_own_userns(ns_fd: int) -> bool:
+    """Whether the namespace `ns_fd` belongs to this process's own user namespace.
+
+    setns(2) needs CAP_SYS_ADMIN in the user namespace that owns the target:
+    a process may enter a container's mount namespace (owned by a user
+    namespace it has that capability in) and still be refused its way back
+    into its own when that one belongs to an ancestor user namespace.  False
+    when the kernel cannot tell (before 4.9).
+    """
+    cabi.set_errno(0)
+    owner = _ioctl(cabi.c_int(ns_fd), cabi.c_ulong(NS_GET_USERNS))
+    if owner < 0:
+        return False
+    try:
+        a, b = os.fstat(owner), os.stat("/proc/self/ns/user")
+    except OSError:
+        return False
+    finally:
+        os.close(owner)
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def leave_mount_ns(home_ns: int, root_fd: int, cwd_fd: int) -> None:
+    """Undo `enter_mount_ns`: back into `home_ns`, with the root and working directory held as fds.
+
+    setns(CLONE_NEWNS) sets the root and the working directory to the
+    namespace's root; a hook that ran chrooted is put back into its own root
+    (fchdir + chroot("."), as nsenter(1) does), then into its directory.
+    Nothing when `enter_mount_ns` did not get as far as setns.
+    """
+    global _PROC_ANCHORED, _ENTERED
+    if not _ENTERED:
+        return
+    setns(home_ns, CLONE_NEWNS, "the hook's own mount namespace")
+    _ENTERED = _PROC_ANCHORED = False
+    here, want = os.stat("/"), os.fstat(root_fd)
+    if (here.st_dev, here.st_ino) != (want.st_dev, want.st_ino):
+        os.fchdir(root_fd)
+        os.chroot(".")
+    os.fchdir(cwd_fd)
 
 
 def proc_self_path(name: str) -> str:

@@ -55,8 +55,8 @@ def with_mig_uuids(inventory):
 
     NVML is the driver's own libnvidia-ml (from the inventory, so a
     driver-root install is used, not whatever the hook's loader finds); it is
-    loaded in this process, before any namespace is entered (apply forks a
-    single-threaded child for that).
+    loaded in this process, before any namespace is entered (should it start
+    a thread, apply then enters the namespace from a forked, single-threaded child).
     """
     from pyxis_hook.host import inventory as inv_mod, nvml
 

@@ -893,7 +893,7 @@ def test_internal_error_in_the_child_is_one_line_and_a_file_free_trace_in_the_lo
         log.close()
     text = logfile.read_text()
     assert "apply: internal error\nTraceback (most recent call last, source lines not read):" in text
-    assert f'File "{apply_mod.__file__}", line ' in text and ", in _in_child" in text
+    assert f'File "{apply_mod.__file__}", line ' in text and ", in _outcome" in text
     assert "in broken\nKeyError: 'boom'" in text
     assert _mounts_under(pid, root) == {}  # nothing mounted
 
@@ -935,6 +935,7 @@ def test_the_child_ends_even_when_reporting_its_own_error_fails(world, monkeypat
 
     monkeypatch.setattr(apply_mod, "_child", broken)
     monkeypatch.setattr(log, "frames", frames_fails)
+    monkeypatch.setattr(apply_mod, "_home", lambda: None)  # the forked way
     parent = os.getpid()
     with pytest.raises(ApplyError, match=r"died \(wait status 0x100\); nothing reported"):  # exit status 1
         try:
@@ -943,3 +944,115 @@ def test_the_child_ends_even_when_reporting_its_own_error_fails(world, monkeypat
             if os.getpid() != parent:  # the child came back into its caller: the bug this test is about
                 os._exit(99)
     assert _mounts_under(pid, root) == {}
+
+
+def _where() -> tuple:
+    """This process's mount namespace, root and working directory, as (dev, inode) pairs."""
+    return tuple((st.st_dev, st.st_ino) for st in (os.stat("/proc/self/ns/mnt"), os.stat("/"), os.stat(".")))
+
+
+def test_in_place_the_hook_comes_back_to_its_namespace_root_and_directory(world, tmp_path, monkeypatch):
+    """Worked in place (no fork): the plan is in the container and the hook is back where it was."""
+    host, root, pid = world
+    forks = []
+    monkeypatch.setattr(apply_mod, "_in_child", lambda *a: forks.append(a))
+    monkeypatch.chdir(tmp_path)
+    before = _where()
+    result = apply_plan(_basic_plan(host, root), pid)
+    assert forks == [] and _where() == before
+    assert apply_mod._NoImports not in sys.meta_path
+    assert f"{LIBDIR}/libcuda.so.535.104.05" in result.mounted
+    assert _inside(pid, "cat", f"{root}/usr/bin/nvidia-smi").stdout == "#!/bin/true\n"
+    assert not os.path.exists(f"{root}/usr/bin/nvidia-smi") or _mounts_under("self", root) == {}
+
+
+def test_in_place_a_failure_undoes_everything_and_comes_back(world, tmp_path, monkeypatch):
+    """A refused bind in place: one ApplyError, nothing left in the container, the hook back home."""
+    host, root, pid = world
+    monkeypatch.chdir(tmp_path)
+    before = _where()
+    real, done = apply_mod.mounts.bind, []
+
+    def third_refused(b, *args):
+        if len(done) == 2:
+            raise ApplyError(f"bind {b.container_path}: refused")
+        done.append(real(b, *args))
+
+    monkeypatch.setattr(apply_mod.mounts, "bind", third_refused)
+    with pytest.raises(ApplyError, match=f"^bind {LIBDIR}/libcuda.so.535.104.05: refused$"):
+        apply_plan(_basic_plan(host, root), pid)
+    assert len(done) == 2 and _where() == before
+    assert _mounts_under(pid, root) == {}
+
+
+def test_in_place_a_bug_comes_back_before_it_is_reported(world, tmp_path, monkeypatch):
+    """A bug in the error handling itself, in place: it surfaces on the host, not in the container."""
+    host, root, pid = world
+
+    def broken(*args, **kwargs):
+        kernel.enter_mount_ns(args[1])
+        raise KeyError("boom")
+
+    def frames_fails(exc):
+        raise RuntimeError("cannot format")
+
+    monkeypatch.setattr(apply_mod, "_child", broken)
+    monkeypatch.setattr(log, "frames", frames_fails)
+    before = _where()
+    with pytest.raises(RuntimeError, match="cannot format"):
+        apply_plan(_basic_plan(host, root), pid)
+    assert _where() == before
+
+
+def test_in_place_a_failed_return_ends_the_process_with_one_line(world):
+    """When the way back is refused, the process ends at once (it sits in the container's namespace)."""
+    host, root, pid = world
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - reported through the pipe and the exit status
+        try:
+            os.dup2(w, 2)
+            real = kernel.setns
+
+            def back_refused(fd, nstype, what=""):
+                if what.startswith("the hook's own"):
+                    raise kernel.SyscallError(f"setns {what}: Operation not permitted", errno.EPERM)
+                real(fd, nstype, what)
+
+            kernel.setns = back_refused
+            apply_plan(_basic_plan(host, root), pid)
+        finally:
+            os._exit(99)  # never reached when the hook ends itself
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        err = f.read().decode()
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 70, err
+    assert err == ("pyxis-hook: error: cannot return to the hook's own mount namespace: "
+                   "setns the hook's own mount namespace: Operation not permitted\n")
+
+
+def test_a_threaded_caller_applies_through_a_forked_child(world, tmp_path, monkeypatch):
+    """setns(CLONE_NEWNS) refuses a threaded process: a caller with a thread gets the forked way."""
+    import threading
+
+    host, root, pid = world
+    forks = []
+    real = apply_mod._in_child
+
+    def counted(*args):
+        forks.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(apply_mod, "_in_child", counted)
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait)
+    t.start()
+    try:
+        before = _where()
+        result = apply_plan(_basic_plan(host, root), pid)
+    finally:
+        stop.set()
+        t.join()
+    assert forks == [1] and _where() == before
+    assert f"{LIBDIR}/libcuda.so.535.104.05" in result.mounted

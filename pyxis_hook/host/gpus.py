@@ -372,9 +372,14 @@ class _Reader:
         self.warnings: list[str] = []
 
     def read(self, path: str, *, missing_ok: bool = False) -> str | None:
+        """The file's text as `open(path, errors="replace").read()` gives it, read with `os` calls.
+
+        Why not `open`: a buffered text file costs seven syscalls and two
+        objects a read, and a GPU start reads one of these per GPU (a
+        64-GPU node must cost at most 1.3x a one-GPU one).
+        """
         try:
-            with open(path, encoding="utf-8", errors="replace") as f:
-                return f.read()
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
             if not missing_ok:
                 self.warnings.append(f"{path}: missing")
@@ -382,6 +387,18 @@ class _Reader:
         except OSError as e:
             self.warnings.append(f"{path}: cannot read: {e.strerror or e}")
             return None
+        chunks = []
+        try:
+            while chunk := os.read(fd, 1 << 16):
+                chunks.append(chunk)
+        except OSError as e:
+            self.warnings.append(f"{path}: cannot read: {e.strerror or e}")
+            return None
+        finally:
+            os.close(fd)
+        text = b"".join(chunks).decode("utf-8", "replace")
+        # text mode's universal newlines: \r\n and \r read as \n
+        return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
 
     def listdir(self, path: str) -> list[str]:
         try:

@@ -307,3 +307,16 @@ def test_fixture_without_root_skips_nodes_and_says_so(tmp_path, monkeypatch):
     assert not (tmp_path / "dev" / "nvidiactl").exists()
     host = discover(tree)
     assert host.imex_channels == (2,)  # listed from the directory even as plain files
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.binary(max_size=300) | st.text(alphabet="ab:\r\n\t é", max_size=200).map(lambda t: t.encode()))
+def test_reader_reads_what_a_text_mode_open_reads(tmp_path_factory, data):
+    """Discovery reads procfs with `os` calls (fewer syscalls per GPU): the same text `open` gives,
+    newlines translated and bad UTF-8 replaced."""
+    path = tmp_path_factory.mktemp("r") / "information"
+    path.write_bytes(data)
+    with open(path, encoding="utf-8", errors="replace") as f:
+        expected = f.read()
+    r = gpus._Reader()
+    assert r.read(str(path)) == expected and r.warnings == []

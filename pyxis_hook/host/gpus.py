@@ -634,8 +634,9 @@ def device_nodes_for(host: HostGpus, gpu_minors=(), mig_devices=(), *, uvm: bool
     wanted += [(cap_node_path(m), host.majors.caps, m) for m in dict.fromkeys(caps)]
     wanted += [(imex_node_path(c), host.majors.imex, c) for c in imex_channels]
     out = []
+    recorded = {n.path: n for n in host.nodes}  # one lookup per node: a 64-GPU node asks for ~70
     for path, major, minor in wanted:
-        known = host.node(path)
+        known = recorded.get(path)
         if known is not None:
             out.append(known)
         elif major is None:

@@ -1056,3 +1056,18 @@ def test_a_threaded_caller_applies_through_a_forked_child(world, tmp_path, monke
         t.join()
     assert forks == [1] and _where() == before
     assert f"{LIBDIR}/libcuda.so.535.104.05" in result.mounted
+
+
+def test_in_place_only_where_the_way_back_is_allowed():
+    """A mount namespace of an ancestor user namespace (a hook in a new user namespace, its mount
+    namespace the host's) could be entered but never returned to: such a hook forks instead.
+    One whose mount namespace belongs to its own user namespace works in place."""
+    code = ("import os, sys; sys.path.insert(0, %r)\n"
+            "from pyxis_hook.apply import child, kernel\n"
+            "fd = os.open('/proc/self/ns/mnt', os.O_RDONLY)\n"
+            "print(kernel.owned_by_own_userns(fd), child._home() is not None)\n") % os.path.dirname(
+                os.path.dirname(apply_mod.__file__.rsplit("/", 1)[0]))
+    for flags, expected in ((["-U", "-r"], "False False"), (["-U", "-r", "-m"], "True True"), ([], "True True")):
+        r = subprocess.run(["unshare", *flags, sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == expected, (flags, r.stdout, r.stderr)

@@ -150,10 +150,6 @@ def path_error(path: str, root: str, e: OSError | int, what: str = "") -> RootPa
         text = "too many levels of symbolic links, or a symlink where none is allowed"
     if err == errno.EXDEV:
         text = "crosses a magic link or leaves the root"
-    if err == errno.EAGAIN:  # only openat2 answers it, after kernel.openat2's retries
-        from pyxis_hook.apply import kernel  # loaded: RootFS used openat2
-
-        text = kernel.BUSY
     return RootPathError(f"{what}{path} (in {root}): {text}", err)
 
 
@@ -213,7 +209,11 @@ class RootFS:
                 return kernel.openat2(self.fd, path, flags, mode,
                                       kernel.RESOLVE_IN_ROOT | kernel.RESOLVE_NO_MAGICLINKS)
             except kernel.SyscallError as e:
-                raise path_error(path, self.path, e.errno) from None
+                if e.errno != errno.EAGAIN:
+                    raise path_error(path, self.path, e.errno) from None
+                # the kernel kept asking to retry (mounts or renames elsewhere racing each `..` step,
+                # kernel.OPENAT2_TRIES times): the walk below takes `..` itself, one fd at a time, with
+                # the same chroot semantics, so a busy host costs a slower lookup, never a failed start
         nofollow = bool(flags & os.O_NOFOLLOW)
         for _ in range(RACE_RETRIES):
             parent, name = self._walk(path, follow_last=not nofollow, create_mode=None)

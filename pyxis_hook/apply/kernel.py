@@ -199,8 +199,8 @@ class _OpenHow(cabi.Structure):
 #: system since the walk began (fs/namei.c, mount_lock and rename_lock), and returns EAGAIN if one
 #: did: "the caller may choose to retry" (openat2(2)).  On a node that starts containers that is
 #: routine (measured: 3% of opens through a `../..` link failed while another process mounted and
-#: unmounted a tmpfs in a loop), and a race that wins OPENAT2_TRIES times in a row is a host that
-#: never stops, so the error then says so.
+#: unmounted a tmpfs in a loop); after OPENAT2_TRIES in a row `RootFS.open` walks the path itself,
+#: one component at a time, which no such race can make fail.
 OPENAT2_TRIES = 64
 
 
@@ -217,7 +217,7 @@ def openat2(dirfd: int, path: str, flags: int, mode: int = 0, resolve: int = 0) 
     raise SyscallError(f"open {path}: {BUSY}", _errno.EAGAIN)
 
 
-#: what an open that stayed EAGAIN says (RootFS names the path and root before it)
+#: what an open that stayed EAGAIN says (RootFS does not let it through: it walks the path itself then)
 BUSY = (f"the kernel asked {OPENAT2_TRIES} times in a row to retry the lookup (EAGAIN: mounts, unmounts or "
         "renames elsewhere on the host kept racing its '..' steps)")
 

@@ -253,8 +253,7 @@ def fsmount(fsfd: int, attr_flags: int) -> int:
 def prctl(option: int, arg: int = 0, arg3: int = 0) -> int:
     """prctl(2) with up to two arguments; returns its (non-negative) result."""
     cabi.set_errno(0)
-    r = _prctl(cabi.c_int(option), cabi.c_ulong(arg), cabi.c_ulong(arg3), cabi.c_ulong(0),
-                    cabi.c_ulong(0))
+    r = _prctl(cabi.c_int(option), cabi.c_ulong(arg), cabi.c_ulong(arg3), cabi.c_ulong(0), cabi.c_ulong(0))
     if r < 0:
         raise _fail("prctl", str(option))
     return r

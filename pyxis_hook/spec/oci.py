@@ -121,8 +121,10 @@ def parse_state(data: bytes, *, require_pid: bool = True, allow_zero_pid: bool =
     if not isinstance(bundle, str) or not bundle.startswith("/") or "\0" in bundle:
         raise StateError(f"{what}: field '{bundle_key}' must be an absolute path, got {bundle!r}")
     pid = doc.get("pid")
-    if pid is not None and (isinstance(pid, bool) or not isinstance(pid, int) or pid < (0 if allow_zero_pid else 1)):
-        raise StateError(f"{what}: field 'pid' must be a positive integer, got {pid!r}")
+    least = 0 if allow_zero_pid else 1
+    if pid is not None and (isinstance(pid, bool) or not isinstance(pid, int) or pid < least):
+        kind = "a non-negative" if allow_zero_pid else "a positive"
+        raise StateError(f"{what}: field 'pid' must be {kind} integer, got {pid!r}")
     if pid is None and require_pid:
         raise StateError(f"{what}: field 'pid' is missing (the container has no init process yet?)")
     return State(

@@ -88,6 +88,13 @@ def test_state_pid_optional_for_plan():
         parse_state(state(pid=0), require_pid=False)
 
 
+def test_state_pid_zero_only_where_crun_gives_it():
+    """crun hands createContainer hooks pid 0: the CDI hook takes it, a negative pid still fails, said so."""
+    assert parse_state(state(pid=0), allow_zero_pid=True).pid == 0
+    with pytest.raises(StateError, match="'pid' must be a non-negative integer, got -1"):
+        parse_state(state(pid=-1), allow_zero_pid=True)
+
+
 @settings(max_examples=200)
 @given(st.binary(max_size=200) | st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=8),

@@ -74,9 +74,14 @@ def _is_index(tok: str) -> bool:
     return 0 < len(tok) <= 9 and _DIGITS.issuperset(tok)
 
 
+def _is_lsf_task_var(name: str) -> bool:
+    """LSF's per-task `CUDA_VISIBLE_DEVICES<N>` (`lsf_task_vars`)."""
+    return name.startswith(CVD) and _is_index(name[len(CVD):])
+
+
 def is_job_var(name: str) -> bool:
     """A variable a scheduler decision reads: the enroot mode takes these from the hook's own environment."""
-    return name in JOB_VARS or (name.startswith(CVD) and _is_index(name[len(CVD):]))
+    return name in JOB_VARS or _is_lsf_task_var(name)
 
 
 def _usable(host: HostGpus) -> list[Gpu]:
@@ -189,8 +194,7 @@ def lsf_task_vars(env: Mapping[str, str]) -> list[tuple[str, str]]:
     environment (open-mpi/ompi `orte/mca/schizo/ompi/schizo_ompi.c`,
     `parse_rank_specific_launcher_settings`).
     """
-    found = [(int(k[len(CVD):]), k, v) for k, v in env.items()
-             if k.startswith(CVD) and _is_index(k[len(CVD):])]
+    found = [(int(k[len(CVD):]), k, v) for k, v in env.items() if _is_lsf_task_var(k)]
     return [(k, v) for _, k, v in sorted(found)]
 
 
@@ -208,17 +212,14 @@ def _lsf(env: Mapping[str, str], host: HostGpus, allowed: frozenset[int] | None)
     job = f"LSF job {env.get('LSB_JOBID')}"
     tasks = f" (the union over {len(sources)} variables: a task's CUDA_VISIBLE_DEVICES is its share only)" \
         if len(sources) > 1 else ""
-    if allowed is None:
-        found = {g.minor: g for k, v in sources for g in _global_indices(host, f"{k}={v}", v)}
-        gpus = tuple(sorted(found.values(), key=lambda g: g.index or 0))
-        return Allocation("LSF", label, gpus, f"{job}: {label}: host GPUs {_indices(gpus)} "
-                                              f"(global indices: the job is not in a device cgroup){tasks}")
-    inside = [g for g in _usable(host) if g.minor in allowed]
+    inside = [g for g in _usable(host) if g.minor in allowed] if allowed is not None else []
 
     def reader(var_label: str) -> Callable[[str], Gpu | None]:
         def token(tok: str) -> Gpu | None:
             if not _is_index(tok):
                 return None
+            if allowed is None:
+                return _by_index(host, var_label, tok)
             if int(tok) >= len(inside):
                 raise RequestError(f"{var_label}: GPU {tok} does not exist in this job's device cgroup, which "
                                    f"allows {len(inside)} GPU(s) (LSF renumbers them from 0)")
@@ -227,6 +228,9 @@ def _lsf(env: Mapping[str, str], host: HostGpus, allowed: frozenset[int] | None)
 
     found = {g.minor: g for k, v in sources for g in _parse(host, f"{k}={v}", v, reader(f"{k}={v}"))}
     gpus = tuple(sorted(found.values(), key=lambda g: g.index or 0))
+    if allowed is None:
+        return Allocation("LSF", label, gpus, f"{job}: {label}: host GPUs {_indices(gpus)} "
+                                              f"(global indices: the job is not in a device cgroup){tasks}")
     return Allocation("LSF", label, gpus, f"{job}: {label} counts the {len(inside)} GPU(s) of its device cgroup "
                                           f"from 0: host GPUs {_indices(gpus)}{tasks}")
 

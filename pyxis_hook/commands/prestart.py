@@ -137,6 +137,9 @@ def main_fast() -> int:
     import gc  # built into the interpreter: no file read
 
     gc.disable()
+    from pyxis_hook import startimage
+
+    image = startimage.load()
     from pyxis_hook import errors, log
 
     try:
@@ -144,6 +147,14 @@ def main_fast() -> int:
 
         config = load_config(None)
         log.configure(config.log_file, config.log_level, "error")
-        return execute(config, data)
+        log.debug(image.status)
+        rc = execute(config, data)
     except Exception as e:  # noqa: BLE001 — one line for the runtime, the traceback in the log
         return errors.report(e, "prestart")
+    try:
+        saved = startimage.save(image)
+    except Exception as e:  # noqa: BLE001 — the container is set up; a faster next start is optional
+        saved = f"start image: not written: {type(e).__name__}: {e}"
+    if saved:
+        log.debug(saved)
+    return rc

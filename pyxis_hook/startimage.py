@@ -1,0 +1,260 @@
+"""The start image: the modules a GPU start imports, kept in one file and loaded without the import system.
+
+Why: a GPU start imports ~55 modules from source files.  For each one,
+Python's import system runs ~300,000 instructions of its own Python code
+(finder, spec, loader, cache path, pyc validation) and five or six syscalls
+before the module's code runs: ~14 M of a start's ~88 M instructions,
+measured with callgrind.  The image holds their code objects, in the order
+their imports completed, and a start that finds it current executes them
+directly: one file read, one `marshal.loads`, one stat per module.
+
+What it holds: every module a successful start imported from a Python
+source file (the package's own and the standard library's; extension modules
+and the interpreter's frozen ones import as usual) after the point where it
+knew it had GPU work, each with the stat signature (mtime in ns, size) of its
+source.  A start of another request shape that imports a module the image
+lacks imports it as usual and then rewrites the image with it (the set only
+grows, so rewrites end).  A start that rebuilt the host snapshot (pyelftools
+imported) writes nothing: that is not the steady state, and the image would
+then execute pyelftools on every start.
+
+When it is used: only when every entry's source still has its signature,
+the file is the one this interpreter wrote (its bytecode magic) and it is
+trusted as the host snapshot is (a regular file owned by root or by us, not
+writable by group or others, in such a directory).  Otherwise it is ignored
+whole and the start imports as usual.  It lives beside the bytecode Python
+itself writes and trusts (`__pycache__` of the package), so it asks for no
+more trust than the .pyc files do; it is not written where Python would not
+write bytecode (a read-only install, `-B`).
+
+Import order: Python moves a module to the end of `sys.modules` when its
+code finishes (`importlib._bootstrap._load_unlocked`), so that dict's order
+is the order imports completed: a module's top-level imports precede it.
+Executing in that order, each module's imports find their modules already
+loaded.  Should one not be (a changed import graph), it imports as usual and
+the image skips it when its turn comes.
+
+Loading imports nothing: `sys`, `posix` and `marshal` are built in, and the
+import system's own classes come from `sys.modules`.
+"""
+
+import marshal
+import posix
+import sys
+
+#: the image's own layout: bumped when the entries change shape
+FORMAT = b"pyxis-hook start image 1\n"
+
+_SOURCE_LOADER = "SourceFileLoader"
+#: a module whose presence says the start was not the steady state (the snapshot was rebuilt)
+_REBUILD_MARKER = "elftools"
+
+
+def image_path() -> str:
+    """Where this interpreter's image lives: the package's `__pycache__`, named by the cache tag."""
+    package_dir = __file__.rpartition("/")[0]
+    return f"{package_dir}/__pycache__/start-image.{sys.implementation.cache_tag}.bin"
+
+
+def _header() -> bytes:
+    magic = sys.modules["_frozen_importlib_external"].MAGIC_NUMBER  # the marshal format's version
+    return magic + FORMAT
+
+
+def _untrusted(st) -> str:
+    """Why a file or dir with stat `st` may not hold code root runs ("" when it may)."""
+    if st.st_uid not in (0, posix.geteuid()):
+        return f"owned by uid {st.st_uid}"
+    if st.st_mode & 0o022:
+        return f"writable by group or others (mode {st.st_mode & 0o7777:04o})"
+    return ""
+
+
+def _read(path: str) -> tuple[list | None, str]:
+    """The image's entries, or None and why not."""
+    try:
+        dir_st = posix.stat(path.rpartition("/")[0])
+    except OSError as e:
+        return None, f"no image ({e.strerror})"
+    why = _untrusted(dir_st)
+    if why:
+        return None, f"directory {why}"
+    try:
+        fd = posix.open(path, posix.O_RDONLY | posix.O_NOFOLLOW | posix.O_CLOEXEC | posix.O_NONBLOCK)
+    except OSError as e:
+        return None, f"no image ({e.strerror})"
+    try:
+        st = posix.fstat(fd)
+        why = "not a regular file" if st.st_mode & 0o170000 != 0o100000 else _untrusted(st)
+        if why:
+            return None, why
+        chunks = []
+        while chunk := posix.read(fd, 1 << 20):
+            chunks.append(chunk)
+    finally:
+        posix.close(fd)
+    data = b"".join(chunks)
+    header = _header()
+    if not data.startswith(header):
+        return None, "written by another Python or format"
+    try:
+        entries = marshal.loads(memoryview(data)[len(header):])
+    except (EOFError, ValueError, TypeError) as e:
+        return None, f"corrupt ({e})"
+    if not isinstance(entries, list):
+        return None, "corrupt (not a list)"
+    return entries, ""
+
+
+def held(path: str = "") -> tuple[str, ...]:
+    """The modules the image at `path` (this interpreter's by default) holds; () when it is unreadable."""
+    entries, _why = _read(path or image_path())
+    try:
+        return tuple(entry[0] for entry in entries or ())
+    except (TypeError, IndexError):
+        return ()
+
+
+def _current(entries: list) -> str:
+    """Why the entries do not match their sources now ("" when every one does)."""
+    for entry in entries:
+        try:
+            _name, origin, _is_package, mtime_ns, size, _code = entry
+            st = posix.stat(origin)
+        except (ValueError, TypeError):
+            return "corrupt (bad entry)"
+        except OSError as e:
+            return f"stale ({origin}: {e.strerror})"
+        if st.st_mtime_ns != mtime_ns or st.st_size != size:
+            return f"stale ({origin} changed)"
+    return ""
+
+
+class Loaded:
+    """What `load` did: the outcome line for the debug log, and what a later `save` compares against.
+
+    A plain class: `record` would be one more module to import before the image is read.
+    """
+
+    __slots__ = ("path", "status", "names", "before")
+
+    def __init__(self, path: str, status: str, names: frozenset[str], before: frozenset[str]) -> None:
+        self.path = path
+        self.status = status
+        self.names = names  # the modules the image holds (empty: not used)
+        self.before = before  # what was imported before: not the image's to hold
+
+
+def load(path: str = "") -> Loaded:
+    """Execute the current image's modules into `sys.modules`; never raises for a bad image.
+
+    A module whose code raises stops the image there (it is removed again,
+    as the import system would): the start's own import of it then raises
+    the same error where it belongs.
+    """
+    before = frozenset(sys.modules)
+    path = path or image_path()
+    try:
+        return _load(path, before)
+    except Exception as e:  # noqa: BLE001 — a malformed entry: what ran stays, the rest imports as usual
+        return Loaded(path, f"start image {path}: not used further: {type(e).__name__}: {e}", frozenset(), before)
+
+
+def _load(path: str, before: frozenset[str]) -> Loaded:
+    mods = sys.modules
+    entries, why = _read(path)
+    if entries is not None:
+        why = _current(entries)
+    if why:
+        return Loaded(path, f"start image {path}: not used: {why}", frozenset(), before)
+    bootstrap = mods["_frozen_importlib"]
+    source_loader = getattr(mods["_frozen_importlib_external"], _SOURCE_LOADER)
+    new_module = type(sys)
+    done = 0
+    for name, origin, is_package, _mtime, _size, code in entries:
+        if name in mods:
+            continue
+        parent, _, leaf = name.rpartition(".")
+        if parent and parent not in mods:
+            break  # its package's code did not run: import the rest as usual
+        loader = source_loader(name, origin)
+        spec = bootstrap.ModuleSpec(name, loader, origin=origin, is_package=is_package)
+        spec.has_location = True
+        module = new_module(name)
+        module.__spec__ = spec
+        module.__loader__ = loader
+        module.__file__ = origin
+        if is_package:
+            module.__path__ = spec.submodule_search_locations = [origin.rpartition("/")[0]]
+            module.__package__ = name
+        else:
+            module.__package__ = parent
+        mods[name] = module
+        try:
+            exec(code, module.__dict__)
+        except BaseException:
+            mods.pop(name, None)
+            break
+        mods[name] = mods.pop(name)  # to the end, as the import system does: completion order
+        if parent:
+            setattr(mods[parent], leaf, module)
+        done += 1
+    names = frozenset(e[0] for e in entries)
+    return Loaded(path, f"start image {path}: {done} modules loaded", names, before)
+
+
+def _from_source(module) -> bool:
+    """Whether the module was loaded from a Python source file (not frozen, built in or an extension)."""
+    spec = getattr(module, "__spec__", None)
+    return spec is not None and type(spec.loader).__name__ == _SOURCE_LOADER
+
+
+def save(loaded: Loaded) -> str:
+    """Write the image from this start's imports when it lacks any; a line for the debug log.
+
+    Called after a successful start.  Writes nothing when the image already
+    holds every module the start imported from source, when the start was
+    not the steady state, or where Python would not write bytecode.
+    """
+    mods = sys.modules
+    if _REBUILD_MARKER in mods:
+        return "start image: not written: this start rebuilt the host snapshot"
+    picked = [(name, m) for name, m in list(mods.items()) if name not in loaded.before and _from_source(m)]
+    if not picked or {name for name, _ in picked} <= loaded.names:
+        return ""
+    path = loaded.path
+    directory = path.rpartition("/")[0]
+    if sys.flags.dont_write_bytecode or not posix.access(directory, posix.W_OK):
+        return f"start image {path}: not written: {directory} is not writable"
+    entries = []
+    for name, module in picked:
+        spec = module.__spec__
+        try:
+            st = posix.stat(spec.origin)
+            code = spec.loader.get_code(name)  # type: ignore[attr-defined]  # a SourceFileLoader (_from_source)
+            if posix.stat(spec.origin).st_mtime_ns != st.st_mtime_ns:
+                return f"start image {path}: not written: {spec.origin} changed meanwhile"
+        except (OSError, ImportError, SyntaxError) as e:
+            return f"start image {path}: not written: {name}: {e}"
+        entries.append((name, spec.origin, spec.submodule_search_locations is not None,
+                        st.st_mtime_ns, st.st_size, code))
+    data = _header() + marshal.dumps(entries)
+    tmp = f"{path}.{posix.getpid()}.tmp"
+    try:
+        fd = posix.open(tmp, posix.O_WRONLY | posix.O_CREAT | posix.O_EXCL | posix.O_NOFOLLOW | posix.O_CLOEXEC,
+                        0o644)
+        try:
+            posix.fchmod(fd, 0o644)  # whatever the umask
+            view = memoryview(data)
+            while view:
+                view = view[posix.write(fd, view):]
+        finally:
+            posix.close(fd)
+        posix.rename(tmp, path)
+    except OSError as e:
+        try:
+            posix.unlink(tmp)
+        except OSError:
+            pass
+        return f"start image {path}: not written: {e.strerror}"
+    return f"start image {path}: written, {len(entries)} modules"

@@ -1,0 +1,205 @@
+"""The start image: a GPU start's modules executed from one file, exactly when every source is unchanged.
+
+Each case runs a fresh interpreter (`-I -S`, as the runtime runs the hook)
+on a small package of its own, so what the image holds, loads and writes
+is what a start would see: `sys.modules` from an empty start, the import
+system's own finder asked (or not) for each module.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+
+# Prints what load and save said, which modules the import system had to find, and the loaded
+# modules' attributes; the test reads them back with literal_eval (no json import after load:
+# it would join the image).
+RUNNER = """
+import sys
+sys.path[:0] = [{repo!r}, {lib!r}]
+from pyxis_hook import startimage
+found = []
+
+class Spy:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name.startswith("pkgx"):
+            found.append(name)
+        return None
+
+sys.meta_path.insert(0, Spy)
+loaded = startimage.load({image!r})
+for name in sys.argv[1:]:
+    __import__(name)
+saved = startimage.save(loaded)
+import pkgx, pkgx.b
+order = [n for n in sys.modules if n.startswith("pkgx")]
+print(repr(dict(status=loaded.status, saved=saved, found=found, value=pkgx.b.VALUE, order=order,
+                b_file=pkgx.b.__file__, b_package=pkgx.b.__package__, b_spec=pkgx.b.__spec__.origin,
+                pkg_path=pkgx.__path__, pkg_package=pkgx.__package__, parent_has_b=pkgx.b is pkgx.__dict__.get("b"))))
+"""
+
+
+@pytest.fixture
+def pkg(tmp_path):
+    """A package `pkgx` (b imports a), an image path in a private dir, and a function running a start."""
+    lib = tmp_path / "lib"
+    (lib / "pkgx").mkdir(parents=True)
+    (lib / "pkgx" / "__init__.py").write_text("")
+    (lib / "pkgx" / "a.py").write_text("A = 1\n")
+    (lib / "pkgx" / "b.py").write_text("from pkgx import a\nVALUE = a.A + 1\n")
+    (lib / "pkgx" / "c.py").write_text("import os\nif os.path.exists(__file__ + '.fail'):\n"
+                                       "    raise RuntimeError('c refuses')\n")
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o755)
+    os.chmod(cache, 0o755)
+    image = cache / "start-image.bin"
+    script = RUNNER.format(repo=str(REPO), lib=str(lib), image=str(image))
+
+    def start(*modules: str, check: bool = True, flags: tuple[str, ...] = ()) -> dict:
+        r = subprocess.run([sys.executable, "-I", "-S", *flags, "-c", script, *modules],
+                           capture_output=True, text=True)
+        if not check:
+            return {"rc": r.returncode, "stderr": r.stderr}
+        assert r.returncode == 0, r.stderr
+        return ast.literal_eval(r.stdout.strip().splitlines()[-1])
+
+    return lib / "pkgx", image, start
+
+
+def _bump(path: Path, text: str) -> None:
+    """New content and a later mtime, as an edit or an upgrade leaves a source."""
+    st = path.stat()
+    path.write_text(text)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+
+
+def test_a_start_writes_the_image_and_the_next_one_runs_from_it(pkg):
+    src, image, start = pkg
+    first = start("pkgx.b")
+    assert "not used: no image" in first["status"]
+    assert first["saved"].endswith("written, 3 modules")  # pkgx, pkgx.a, pkgx.b
+    assert first["found"] == ["pkgx", "pkgx.b", "pkgx.a"]  # b imports a
+    assert image.stat().st_mode & 0o777 == 0o644
+
+    second = start("pkgx.b")
+    assert second["status"].endswith("3 modules loaded")
+    assert second["found"] == []  # the import system was never asked
+    assert second["saved"] == ""  # nothing new: no rewrite
+    assert second["value"] == 2
+    assert second["order"] == ["pkgx", "pkgx.a", "pkgx.b"]  # completion order, as an import leaves it
+    # what the import system would have set
+    assert second["b_file"] == str(src / "b.py") == second["b_spec"]
+    assert second["b_package"] == "pkgx" == second["pkg_package"]
+    assert second["pkg_path"] == [str(src)]
+    assert second["parent_has_b"]
+
+
+def test_a_changed_source_makes_the_whole_image_unused_and_rewritten(pkg):
+    src, image, start = pkg
+    start("pkgx.b")
+    _bump(src / "a.py", "A = 41\n")
+    stale = start("pkgx.b")
+    assert f"stale ({src / 'a.py'} changed)" in stale["status"]
+    assert stale["found"] == ["pkgx", "pkgx.b", "pkgx.a"]  # none of the old code ran
+    assert stale["value"] == 42
+    assert "written, 3 modules" in stale["saved"]
+    again = start("pkgx.b")
+    assert again["status"].endswith("3 modules loaded") and again["value"] == 42
+
+
+def test_a_removed_source_makes_the_image_unused(pkg):
+    src, image, start = pkg
+    start("pkgx.b")
+    (src / "a.py").rename(src / "a2.py")
+    r = start("pkgx", check=False)  # pkgx.b can no longer import
+    assert r["rc"] != 0 and "cannot import name 'a' from 'pkgx'" in r["stderr"]  # not the image's stale copy
+
+
+def test_the_image_grows_by_what_a_start_of_another_shape_imported(pkg):
+    src, image, start = pkg
+    start("pkgx.b")
+    grown = start("pkgx.b", "pkgx.c")
+    assert grown["found"] == ["pkgx.c"]
+    assert "written, 4 modules" in grown["saved"]
+    mtime = image.stat().st_mtime_ns
+    assert start("pkgx.b")["status"].endswith("4 modules loaded")
+    assert image.stat().st_mtime_ns == mtime  # a start needing less does not shrink it back
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "other-python", "empty"])
+def test_a_damaged_image_is_ignored_whole(pkg, damage):
+    src, image, start = pkg
+    start("pkgx.b")
+    data = image.read_bytes()
+    image.write_bytes({"truncated": data[: len(data) // 2], "garbage": data[:40] + b"\x00" * 200,
+                       "other-python": b"\x00\x00\x0d\x0a" + data[4:], "empty": b""}[damage])
+    r = start("pkgx.b")
+    assert "not used" in r["status"]
+    assert r["found"] == ["pkgx", "pkgx.b", "pkgx.a"] and r["value"] == 2
+    assert "written, 3 modules" in r["saved"]  # replaced by a good one
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
+@pytest.mark.parametrize("what", ["file-mode", "dir-mode", "file-owner", "symlink"])
+def test_an_image_others_could_have_written_is_not_run(pkg, what):
+    src, image, start = pkg
+    start("pkgx.b")
+    if what == "file-mode":
+        os.chmod(image, 0o664)
+    elif what == "dir-mode":
+        os.chmod(image.parent, 0o777)
+    elif what == "file-owner":
+        os.chown(image, 12345, 12345)
+    else:
+        real = image.with_name("elsewhere.bin")
+        image.rename(real)
+        image.symlink_to(real)
+    r = start("pkgx.b")
+    assert "not used" in r["status"], r["status"]
+    assert r["found"] == ["pkgx", "pkgx.b", "pkgx.a"]
+
+
+def test_a_module_that_raises_stops_the_image_and_raises_where_it_is_imported(pkg):
+    src, image, start = pkg
+    start("pkgx.b", "pkgx.c")
+    (src / "c.py.fail").write_text("")
+    r = start("pkgx.b", "pkgx.c", check=False)
+    assert r["rc"] != 0
+    assert "RuntimeError: c refuses" in r["stderr"]
+    assert r["stderr"].count("c refuses") == 1 or "During handling" not in r["stderr"]
+
+
+def test_nothing_is_written_where_python_writes_no_bytecode(pkg):
+    src, image, start = pkg
+    r = start("pkgx.b", flags=("-B",))
+    assert "not writable" in r["saved"] and not image.exists()
+    if os.geteuid() != 0:  # root writes through a 0555 dir
+        os.chmod(image.parent, 0o555)
+        r = start("pkgx.b")
+        assert "not writable" in r["saved"] and not image.exists()
+
+
+def test_a_start_that_rebuilt_the_snapshot_writes_nothing(pkg):
+    """pyxelftools imported means discovery ran: the image would otherwise run it on every start."""
+    src, image, start = pkg
+    elftools = src.parent / "elftools"
+    elftools.mkdir()
+    (elftools / "__init__.py").write_text("")
+    r = start("pkgx.b", "elftools")
+    assert "rebuilt the host snapshot" in r["saved"] and not image.exists()
+
+
+def test_the_package_image_lives_beside_its_bytecode():
+    from pyxis_hook import startimage
+
+    path = startimage.image_path()
+    assert path.startswith(str(REPO / "pyxis_hook" / "__pycache__") + "/")
+    assert sys.implementation.cache_tag in path

@@ -8,11 +8,13 @@ measured with callgrind.  The image holds their code objects, in the order
 their imports completed, and a start that finds it current executes them
 directly: one file read, one `marshal.loads`, one stat per module.
 
-What it holds: every module a successful start imported from a Python
-source file (the package's own and the standard library's; extension modules
-and the interpreter's frozen ones import as usual) after the point where it
-knew it had GPU work, each with the stat signature (mtime in ns, size) of its
-source.  A start of another request shape that imports a module the image
+What it holds: every module a successful start imported from a file after
+the point where it knew it had GPU work, each with the stat signature (mtime
+in ns, size) of its file: the code of Python sources (the package's own and
+the standard library's), and the path of extension modules (`_ctypes`,
+`_struct`, ...: loaded from it directly, without searching `sys.path`'s
+directories for them).  The interpreter's frozen and built-in modules import
+as usual.  A start of another request shape that imports a module the image
 lacks imports it as usual and then rewrites the image with it (the set only
 grows, so rewrites end).  A start that rebuilt the host snapshot (pyelftools
 imported) writes nothing: that is not the steady state, and the image would
@@ -46,6 +48,7 @@ import sys
 FORMAT = b"pyxis-hook start image 1\n"
 
 _SOURCE_LOADER = "SourceFileLoader"
+_EXTENSION_LOADER = "ExtensionFileLoader"
 #: a module whose presence says the start was not the steady state (the snapshot was rebuilt)
 _REBUILD_MARKER = "elftools"
 
@@ -168,7 +171,9 @@ def _load(path: str, before: frozenset[str]) -> Loaded:
     if why:
         return Loaded(path, f"start image {path}: not used: {why}", frozenset(), before)
     bootstrap = mods["_frozen_importlib"]
-    source_loader = getattr(mods["_frozen_importlib_external"], _SOURCE_LOADER)
+    machinery = mods["_frozen_importlib_external"]
+    source_loader = getattr(machinery, _SOURCE_LOADER)
+    extension_loader = getattr(machinery, _EXTENSION_LOADER)
     new_module = type(sys)
     done = 0
     for name, origin, is_package, _mtime, _size, code in entries:
@@ -177,21 +182,25 @@ def _load(path: str, before: frozenset[str]) -> Loaded:
         parent, _, leaf = name.rpartition(".")
         if parent and parent not in mods:
             break  # its package's code did not run: import the rest as usual
-        loader = source_loader(name, origin)
+        loader = source_loader(name, origin) if code is not None else extension_loader(name, origin)
         spec = bootstrap.ModuleSpec(name, loader, origin=origin, is_package=is_package)
         spec.has_location = True
-        module = new_module(name)
-        module.__spec__ = spec
-        module.__loader__ = loader
-        module.__file__ = origin
-        if is_package:
-            module.__path__ = spec.submodule_search_locations = [origin.rpartition("/")[0]]
-            module.__package__ = name
-        else:
-            module.__package__ = parent
-        mods[name] = module
         try:
-            exec(code, module.__dict__)
+            # what importlib._bootstrap._load_unlocked does, minus the finding
+            module = new_module(name) if code is not None else loader.create_module(spec)
+            module.__spec__ = spec
+            module.__loader__ = loader
+            module.__file__ = origin
+            if is_package:
+                module.__path__ = spec.submodule_search_locations = [origin.rpartition("/")[0]]
+                module.__package__ = name
+            else:
+                module.__package__ = parent
+            mods[name] = module
+            if code is not None:
+                exec(code, module.__dict__)
+            else:
+                loader.exec_module(module)
         except BaseException:
             mods.pop(name, None)
             break
@@ -203,10 +212,10 @@ def _load(path: str, before: frozenset[str]) -> Loaded:
     return Loaded(path, f"start image {path}: {done} modules loaded", names, before)
 
 
-def _from_source(module) -> bool:
-    """Whether the module was loaded from a Python source file (not frozen, built in or an extension)."""
+def _from_file(module) -> bool:
+    """Whether the module was loaded from a file: Python source or an extension module (not frozen or built in)."""
     spec = getattr(module, "__spec__", None)
-    return spec is not None and type(spec.loader).__name__ == _SOURCE_LOADER
+    return spec is not None and type(spec.loader).__name__ in (_SOURCE_LOADER, _EXTENSION_LOADER)
 
 
 def save(loaded: Loaded) -> str:
@@ -219,7 +228,7 @@ def save(loaded: Loaded) -> str:
     mods = sys.modules
     if _REBUILD_MARKER in mods:
         return "start image: not written: this start rebuilt the host snapshot"
-    picked = [(name, m) for name, m in list(mods.items()) if name not in loaded.before and _from_source(m)]
+    picked = [(name, m) for name, m in list(mods.items()) if name not in loaded.before and _from_file(m)]
     if not picked or {name for name, _ in picked} <= loaded.names:
         return ""
     path = loaded.path
@@ -231,7 +240,10 @@ def save(loaded: Loaded) -> str:
         spec = module.__spec__
         try:
             st = posix.stat(spec.origin)
-            code = spec.loader.get_code(name)  # type: ignore[attr-defined]  # a SourceFileLoader (_from_source)
+            if type(spec.loader).__name__ == _SOURCE_LOADER:
+                code = spec.loader.get_code(name)  # type: ignore[attr-defined]
+            else:
+                code = None  # an extension module: loaded by its path, as the import system would
             if posix.stat(spec.origin).st_mtime_ns != st.st_mtime_ns:
                 return f"start image {path}: not written: {spec.origin} changed meanwhile"
         except (OSError, ImportError, SyntaxError) as e:

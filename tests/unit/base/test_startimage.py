@@ -30,8 +30,7 @@ found = []
 class Spy:
     @staticmethod
     def find_spec(name, path=None, target=None):
-        if name.startswith("pkgx"):
-            found.append(name)
+        found.append(name)
         return None
 
 sys.meta_path.insert(0, Spy)
@@ -41,10 +40,17 @@ for name in sys.argv[1:]:
 saved = startimage.save(loaded)
 import pkgx, pkgx.b
 order = [n for n in sys.modules if n.startswith("pkgx")]
-print(repr(dict(status=loaded.status, saved=saved, found=found, value=pkgx.b.VALUE, order=order,
+ext = sys.modules.get({ext!r})
+print(repr(dict(status=loaded.status, saved=saved, value=pkgx.b.VALUE, order=order,
+                found=[n for n in found if n.startswith("pkgx")], found_all=found,
+                ext_file=getattr(ext, "__file__", None), ext_works=ext is not None and {ext_check},
                 b_file=pkgx.b.__file__, b_package=pkgx.b.__package__, b_spec=pkgx.b.__spec__.origin,
                 pkg_path=pkgx.__path__, pkg_package=pkgx.__package__, parent_has_b=pkgx.b is pkgx.__dict__.get("b"))))
 """
+
+
+#: an extension module a bare `-I -S` interpreter has not loaded, and a call showing it works
+EXTENSION, EXTENSION_CHECK = "_bisect", "ext.bisect_left([1, 3], 2) == 1"
 
 
 @pytest.fixture
@@ -61,7 +67,8 @@ def pkg(tmp_path):
     cache.mkdir(mode=0o755)
     os.chmod(cache, 0o755)
     image = cache / "start-image.bin"
-    script = RUNNER.format(repo=str(REPO), lib=str(lib), image=str(image))
+    script = RUNNER.format(repo=str(REPO), lib=str(lib), image=str(image), ext=EXTENSION,
+                           ext_check=EXTENSION_CHECK)
 
     def start(*modules: str, check: bool = True, flags: tuple[str, ...] = ()) -> dict:
         r = subprocess.run([sys.executable, "-I", "-S", *flags, "-c", script, *modules],
@@ -100,6 +107,21 @@ def test_a_start_writes_the_image_and_the_next_one_runs_from_it(pkg):
     assert second["b_package"] == "pkgx" == second["pkg_package"]
     assert second["pkg_path"] == [str(src)]
     assert second["parent_has_b"]
+
+
+def test_an_extension_module_is_loaded_by_its_path_without_a_search(pkg):
+    import importlib.util
+
+    spec = importlib.util.find_spec(EXTENSION)
+    if type(spec.loader).__name__ != "ExtensionFileLoader":
+        pytest.skip(f"{EXTENSION} is built into this interpreter")
+    src, image, start = pkg
+    first = start("pkgx.b", EXTENSION)
+    assert EXTENSION in first["found_all"] and "written, 4 modules" in first["saved"]
+    second = start("pkgx.b", EXTENSION)
+    assert second["status"].endswith("4 modules loaded")
+    assert EXTENSION not in second["found_all"]
+    assert second["ext_file"] == spec.origin and second["ext_works"]
 
 
 def test_a_changed_source_makes_the_whole_image_unused_and_rewritten(pkg):

@@ -571,3 +571,26 @@ def test_a_binary_on_path_wins_over_the_library_prefix(tmp_path):
     bins = {f.name: f.path for f in discover(cfg(root)).files if f.kind == "bin"}
     assert bins == {"nvidia-smi": "/usr/bin/nvidia-smi", "nvidia-cuda-mps-control": "/usr/bin/nvidia-cuda-mps-control",
                     "nvidia-debugdump": "/opt/nvidia/bin/nvidia-debugdump"}
+
+
+def test_the_snapshot_file_name_is_stable_and_differs_per_configuration():
+    """The name is a digest of the key (the key itself is checked inside): the same across runs and
+    Python versions, so an upgrade or a restart finds the snapshot it wrote; pinned here because a
+    changed digest would leave every node's snapshot behind and rebuild it."""
+    c = replace(Config(), driver_root="/", proc_root="/proc", dev_root="/dev", snapshot_dir="/var/cache/x",
+                path=("/usr/bin",), mps_pipe_dir="/tmp/nvidia-mps")
+    name = os.path.basename(snapshot.snapshot_path(c))
+    raw = repr(sorted(snapshot.config_key(c).items())).encode()
+    assert name == f"inventory-{int.from_bytes(raw, 'big') % (2**32 - 5):08x}.json"
+    code = ("from pyxis_hook.host import snapshot; from pyxis_hook.spec.config import Config; "
+            "from pyxis_hook.record import replace; "
+            "print(snapshot.snapshot_path(replace(Config(), driver_root='/', proc_root='/proc', dev_root='/dev', "
+            "snapshot_dir='/var/cache/x', path=('/usr/bin',), mps_pipe_dir='/tmp/nvidia-mps')))")
+    for seed in ("1", "2"):  # another process, another str hash seed: the same name
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env={**os.environ, "PYTHONHASHSEED": seed})
+        assert r.stdout.strip() == snapshot.snapshot_path(c), r.stderr
+    others = {snapshot.snapshot_path(replace(c, **{k: v})) for k, v in
+              (("mps_pipe_dir", "/elsewhere"), ("dev_root", "/dev2"), ("path", ("/bin",)),
+               ("graphics_config_files", not c.graphics_config_files))}
+    assert len(others | {snapshot.snapshot_path(c)}) == 5

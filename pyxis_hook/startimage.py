@@ -109,6 +109,23 @@ def _read(path: str) -> tuple[list | None, str]:
     return entries, ""
 
 
+def state(path: str = "") -> tuple[int, str]:
+    """(modules held, "") when the image at `path` would be used now, else (0, why not): for `doctor`."""
+    path = path or image_path()
+    entries, why = _read(path)
+    if entries is not None:
+        why = _current(entries)
+    if why:
+        return 0, why
+    return len(entries or ()), ""
+
+
+def writable(path: str = "") -> bool:
+    """Whether a start could write the image (`save`'s own test: Python's -B, the directory's access)."""
+    directory = (path or image_path()).rpartition("/")[0]
+    return not sys.dont_write_bytecode and posix.access(directory, posix.W_OK)
+
+
 def held(path: str = "") -> tuple[str, ...]:
     """The modules the image at `path` (this interpreter's by default) holds; () when it is unreadable."""
     entries, _why = _read(path or image_path())
@@ -232,9 +249,8 @@ def save(loaded: Loaded) -> str:
     if not picked or {name for name, _ in picked} <= loaded.names:
         return ""
     path = loaded.path
-    directory = path.rpartition("/")[0]
-    if sys.flags.dont_write_bytecode or not posix.access(directory, posix.W_OK):
-        return f"start image {path}: not written: {directory} is not writable"
+    if not writable(path):
+        return f"start image {path}: not written: {path.rpartition('/')[0]} is not writable"
     entries = []
     for name, module in picked:
         spec = module.__spec__

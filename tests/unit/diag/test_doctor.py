@@ -415,3 +415,37 @@ def test_scheduler_line_names_the_scheduler_and_its_gpus(tmp_path, driver):
     env = denv(tmp_path, environ=(("LSB_JOBID", "4711"), ("CUDA_VISIBLE_DEVICES", "5")))
     assert only(check_scheduler(host, cfg, env), "scheduler-allocation").severity == "error"
     assert check_scheduler(host, cfg, denv(tmp_path)) == []
+
+
+def test_start_image_findings(tmp_path, monkeypatch):
+    """Current, pending (no image yet, or a stale one) and unwritable, as a GPU start would see the file."""
+    import marshal
+    import sys
+
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)  # as the hook runs (-I: PYTHONDONTWRITEBYTECODE ignored)
+
+    from pyxis_hook import startimage
+    from pyxis_hook.diag.doctor import check_start_image
+
+    (tmp_path / "cache").mkdir(mode=0o755)
+    os.chmod(tmp_path / "cache", 0o755)
+    path = str(tmp_path / "cache" / "start-image.bin")
+    (pending,) = check_start_image(path)
+    assert (pending.severity, pending.code) == ("info", "start-image-pending") and "no image" in pending.what
+    src = tmp_path / "m.py"
+    src.write_text("X = 1\n")
+    st = src.stat()
+    entry = ("m", str(src), False, st.st_mtime_ns, st.st_size, compile("X = 1\n", str(src), "exec"))
+    with open(path, "wb") as f:
+        f.write(startimage._header() + marshal.dumps([entry]))
+    os.chmod(path, 0o644)
+    (ok,) = check_start_image(path)
+    assert (ok.severity, ok.code) == ("ok", "start-image") and "current, 1 modules" in ok.what
+    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    (stale,) = check_start_image(path)
+    assert stale.code == "start-image-pending" and f"stale ({src} changed)" in stale.what
+    (unwritable,) = check_start_image(str(tmp_path / "missing-dir" / "start-image.bin"))
+    assert unwritable.code == "start-image-unwritable"
+    assert unwritable.severity == ("warning" if os.geteuid() == 0 else "info")
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)  # python -B: no bytecode, no image either
+    assert check_start_image(str(tmp_path / "cache" / "other.bin"))[0].code == "start-image-unwritable"

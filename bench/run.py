@@ -354,7 +354,12 @@ def imports(w: World) -> str:
         for s, name in sorted(rows, reverse=True)[:15]:
             out.append(f"  {s / 1000:6.2f} ms  {name}")
         ours = sorted(name for _, name in rows if name.startswith("pyxis_hook"))
-        out.append(f"  ours ({len(ours)}): {' '.join(n[len('pyxis_hook.'):] or n for n in ours)}")
+        out.append(f"  imported, ours ({len(ours)}): {' '.join(n[len('pyxis_hook.'):] or n for n in ours)}")
+        if env:  # past the no-GPU exit the rest runs from the start image, which -X importtime does not see
+            held = subprocess.run([PY, "-I", "-S", "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
+                                   "from pyxis_hook import startimage; print(*startimage.held())", str(REPO)],
+                                  capture_output=True, text=True).stdout.split()
+            out.append(f"  from the start image ({len(held)}): {' '.join(held)}")
     return "\n".join(out)
 
 

@@ -1,0 +1,205 @@
+"""POSIX path strings without importing `os`: the `os.path` functions a GPU start uses.
+
+Why: a GPU start (`prestart`, once per container) is ~32 ms against ~12 ms
+for a bare interpreter, and `import os` alone was ~1.5 ms and 5.7 M of its
+~77 M instructions: `os` imports `_collections_abc` (~30 ABC classes) and
+runs its own body.  Everything else the start needs from `os` is in
+`posix`, os's builtin C core that the interpreter has already imported;
+what `posix` lacks are these path-string functions and fsencode/fsdecode.
+
+The specification is CPython 3.11's `Lib/posixpath.py` (and
+`Lib/genericpath.py`, `Lib/os.py` for fsencode/fsdecode): each function
+here gives what its namesake gives for `str` (and path-like) arguments,
+including `realpath`'s non-strict handling of nonexistent tails and symlink
+loops, since the snapshot compares its `realpath` of the driver root with
+the one discovery stored.  tests/unit/base/test_pathnames.py checks each
+against its namesake.  Modules off the start path use `os` as usual.
+"""
+
+from __future__ import annotations
+
+import posix
+import sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # hints only: typing costs a start ~3 ms
+    from os import PathLike
+
+    StrPath = str | PathLike[str]
+
+_S_IFMT = 0o170000
+_S_IFDIR = 0o040000
+_S_IFREG = 0o100000
+_S_IFLNK = 0o120000
+
+# os.fsencode/os.fsdecode: the interpreter's filesystem encoding and its error handler
+_FS_ENCODING = sys.getfilesystemencoding()
+_FS_ERRORS = sys.getfilesystemencodeerrors()
+
+
+def fsencode(filename: str | bytes | PathLike[str] | PathLike[bytes]) -> bytes:
+    """`os.fsencode`: a str in the filesystem encoding (surrogateescape), bytes unchanged."""
+    name = posix.fspath(filename)
+    return name.encode(_FS_ENCODING, _FS_ERRORS) if isinstance(name, str) else name
+
+
+def fsdecode(filename: str | bytes | PathLike[str] | PathLike[bytes]) -> str:
+    """`os.fsdecode`: bytes from the filesystem encoding (surrogateescape), a str unchanged."""
+    name = posix.fspath(filename)
+    return name.decode(_FS_ENCODING, _FS_ERRORS) if isinstance(name, bytes) else name
+
+
+def join(a: StrPath, *p: StrPath) -> str:
+    """`os.path.join`: an absolute part discards what came before; '/' inserted as needed."""
+    path: str = posix.fspath(a)
+    for b in p:
+        b = posix.fspath(b)
+        if b.startswith("/"):
+            path = b
+        elif not path or path.endswith("/"):
+            path += b
+        else:
+            path += "/" + b
+    return path
+
+
+def split(p: StrPath) -> tuple[str, str]:
+    """`os.path.split`: (head, tail) at the last '/'; the head's trailing slashes go unless all slashes."""
+    p = posix.fspath(p)
+    i = p.rfind("/") + 1
+    head, tail = p[:i], p[i:]
+    if head and head != "/" * len(head):
+        head = head.rstrip("/")
+    return head, tail
+
+
+def basename(p: StrPath) -> str:
+    """`os.path.basename`: what follows the last '/'."""
+    p = posix.fspath(p)
+    return p[p.rfind("/") + 1:]
+
+
+def dirname(p: StrPath) -> str:
+    """`os.path.dirname`: split(p)[0]."""
+    return split(p)[0]
+
+
+def _normpath(path: str) -> str:
+    """posixpath's Python normpath, for an interpreter whose posix lacks `_path_normpath`."""
+    if not path:
+        return "."
+    initial = 1 if path.startswith("/") else 0
+    # POSIX allows one or two initial slashes, but treats three or more as one
+    if initial and path.startswith("//") and not path.startswith("///"):
+        initial = 2
+    comps: list[str] = []
+    for comp in path.split("/"):
+        if comp in ("", "."):
+            continue
+        if comp != ".." or (not initial and not comps) or (comps and comps[-1] == ".."):
+            comps.append(comp)
+        elif comps:
+            comps.pop()
+    return ("/" * initial + "/".join(comps)) or "."
+
+
+_path_normpath = getattr(posix, "_path_normpath", None)
+
+
+def normpath(path: StrPath) -> str:
+    """`os.path.normpath`: no '.', no 'x/..', no repeated '/' (but a leading '//' stays)."""
+    path = posix.fspath(path)
+    if _path_normpath is not None:
+        return _path_normpath(path) or "."
+    return _normpath(path)
+
+
+def abspath(path: StrPath) -> str:
+    """`os.path.abspath`: normpath of the path, joined to the working directory when relative."""
+    path = posix.fspath(path)
+    if not path.startswith("/"):
+        path = join(posix.getcwd(), path)
+    return normpath(path)
+
+
+def realpath(filename: StrPath) -> str:
+    """`os.path.realpath` (non-strict): symlinks resolved; a missing tail or a loop is kept as written."""
+    filename = posix.fspath(filename)
+    path, _ = _joinrealpath("", filename, {})
+    return abspath(path)
+
+
+def _joinrealpath(path: str, rest: str, seen: dict[str, str | None]) -> tuple[str, bool]:
+    """posixpath._joinrealpath with strict=False: `rest` resolved onto the resolved `path`."""
+    if rest.startswith("/"):
+        rest = rest[1:]
+        path = "/"
+    while rest:
+        name, _, rest = rest.partition("/")
+        if not name or name == ".":
+            continue
+        if name == "..":
+            if path:
+                path, name = split(path)
+                if name == "..":
+                    path = join(path, "..", "..")
+            else:
+                path = ".."
+            continue
+        newpath = join(path, name)
+        try:
+            is_link = posix.lstat(newpath).st_mode & _S_IFMT == _S_IFLNK
+        except OSError:
+            is_link = False
+        if not is_link:
+            path = newpath
+            continue
+        if newpath in seen:
+            known = seen[newpath]
+            if known is not None:
+                path = known
+                continue
+            return join(newpath, rest), False  # a loop: the resolved part and the rest as written
+        seen[newpath] = None
+        path, ok = _joinrealpath(path, posix.readlink(newpath), seen)
+        if not ok:
+            return join(path, rest), False
+        seen[newpath] = path
+    return path, True
+
+
+def _mode(path: StrPath) -> int:
+    """The file type bits of what the path leads to, 0 when it cannot be stat'ed (as genericpath: OSError, ValueError)."""
+    try:
+        st = posix.stat(path)
+    except (OSError, ValueError):
+        return 0
+    return st.st_mode & _S_IFMT
+
+
+def exists(path: StrPath) -> bool:
+    """`os.path.exists`: stat succeeds (False for a dangling symlink)."""
+    try:
+        posix.stat(path)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def lexists(path: StrPath) -> bool:
+    """`os.path.lexists`: lstat succeeds (True for a dangling symlink)."""
+    try:
+        posix.lstat(path)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def isdir(path: StrPath) -> bool:
+    """`os.path.isdir`: a directory, following symlinks."""
+    return _mode(path) == _S_IFDIR
+
+
+def isfile(path: StrPath) -> bool:
+    """`os.path.isfile`: a regular file, following symlinks."""
+    return _mode(path) == _S_IFREG

@@ -8,7 +8,7 @@ never inside a container rootfs.
 
 from __future__ import annotations
 
-import os
+import posix
 import sys
 import time
 
@@ -25,8 +25,8 @@ def configure(log_file: str = "", level: str = "info", stderr_level: str = "warn
     _state["path"] = log_file
     if log_file:
         try:
-            _state["fd"] = os.open(
-                log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640
+            _state["fd"] = posix.open(
+                log_file, posix.O_WRONLY | posix.O_APPEND | posix.O_CREAT | posix.O_NOFOLLOW | posix.O_CLOEXEC, 0o640
             )
         except OSError as e:
             sys.stderr.write(f"pyxis-hook: warning: cannot open log file {log_file}: {e.strerror}\n")
@@ -39,7 +39,7 @@ def log_path() -> str:
 
 def close() -> None:
     if _state["fd"] >= 0:
-        os.close(_state["fd"])
+        posix.close(_state["fd"])
         _state["fd"] = -1
 
 
@@ -47,9 +47,9 @@ def _emit(level: str, msg: str) -> None:
     n = LEVELS[level]
     if _state["fd"] >= 0 and n >= _state["file_level"]:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
-        line = f"{stamp} pyxis-hook[{os.getpid()}] {level}: {msg}\n"
+        line = f"{stamp} pyxis-hook[{posix.getpid()}] {level}: {msg}\n"
         try:
-            os.write(_state["fd"], line.encode("utf-8", "replace"))
+            posix.write(_state["fd"], line.encode("utf-8", "replace"))
         except OSError:
             pass
     if n >= _state["stderr_level"] and level != "error":

@@ -11,9 +11,10 @@ not re-resolve names after checking them.
 from __future__ import annotations
 
 import errno
-import os
+import posix
 import stat
 
+from pyxis_hook import pathnames
 from pyxis_hook.errors import PathError
 
 MAX_SYMLINKS = 40
@@ -26,7 +27,7 @@ def resolve_in_root(root: str, path: str, *, follow_last: bool = True) -> str:
     file is an error).  The result always starts with `root` (normalised).
     Raises PathError on a symlink loop.
     """
-    root = os.path.normpath(os.path.abspath(root))
+    root = pathnames.normpath(pathnames.abspath(root))
     if root == "/":
         prefix = ""
     else:
@@ -44,7 +45,7 @@ def resolve_in_root(root: str, path: str, *, follow_last: bool = True) -> str:
         candidate = prefix + "/" + "/".join(done + [comp])
         is_last = not todo
         try:
-            st = os.lstat(candidate)
+            st = posix.lstat(candidate)
         except OSError as e:
             if e.errno in (errno.ENOENT, errno.ENOTDIR):
                 done.append(comp)
@@ -54,7 +55,7 @@ def resolve_in_root(root: str, path: str, *, follow_last: bool = True) -> str:
             links += 1
             if links > MAX_SYMLINKS:
                 raise PathError(f"{path}: too many levels of symbolic links inside {root}")
-            target = os.readlink(candidate)
+            target = posix.readlink(candidate)
             parts = [c for c in target.split("/") if c not in ("", ".")]
             if target.startswith("/"):
                 done = []
@@ -74,7 +75,7 @@ def try_resolve_in_root(root: str, path: str) -> str | None:
 
 def to_root_relative(root: str, host_path: str) -> str:
     """Inverse of resolve_in_root's prefixing: '/ROOT/usr/lib/x' -> '/usr/lib/x'."""
-    root = os.path.normpath(os.path.abspath(root))
+    root = pathnames.normpath(pathnames.abspath(root))
     if root == "/":
         return host_path
     if host_path == root:
@@ -101,16 +102,16 @@ def open_regular_path(path: str) -> int:
     driver never sees an open(), and a directory is EISDIR; only then is the
     same inode opened for reading, through /proc/self/fd.
     """
-    pfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    pfd = posix.open(path, posix.O_PATH | posix.O_CLOEXEC)
     try:
-        mode = os.fstat(pfd).st_mode
+        mode = posix.fstat(pfd).st_mode
         if stat.S_ISDIR(mode):
             raise IsADirectoryError(errno.EISDIR, "Is a directory")
         if not stat.S_ISREG(mode):
             raise OSError(errno.EINVAL, "not a regular file")
-        return os.open(f"/proc/self/fd/{pfd}", os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        return posix.open(f"/proc/self/fd/{pfd}", posix.O_RDONLY | posix.O_NONBLOCK | posix.O_NOCTTY | posix.O_CLOEXEC)
     finally:
-        os.close(pfd)
+        posix.close(pfd)
 
 
 def read_regular_path(path: str, limit: int) -> bytes:
@@ -121,14 +122,14 @@ def read_regular_path(path: str, limit: int) -> bytes:
 def _read_capped(fd: int, limit: int) -> bytes:
     """All of open file `fd` (closed here), or OSError(EFBIG) past `limit` bytes: the cap bounds memory."""
     try:
-        if os.fstat(fd).st_size > limit:
+        if posix.fstat(fd).st_size > limit:
             raise OSError(errno.EFBIG, f"larger than {limit} bytes")
         chunks, left = [], limit + 1  # one byte more tells a file that grew past the cap
-        while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
+        while left > 0 and (chunk := posix.read(fd, min(left, 1 << 20))):
             chunks.append(chunk)
             left -= len(chunk)
     finally:
-        os.close(fd)
+        posix.close(fd)
     data = b"".join(chunks)
     if len(data) > limit:
         raise OSError(errno.EFBIG, f"larger than {limit} bytes")
@@ -145,7 +146,7 @@ class RootPathError(PathError):
 
 def path_error(path: str, root: str, e: OSError | int, what: str = "") -> RootPathError:
     err = e if isinstance(e, int) else (e.errno or 0)
-    text = os.strerror(err)
+    text = posix.strerror(err)
     if err == errno.ELOOP:
         text = "too many levels of symbolic links, or a symlink where none is allowed"
     if err == errno.EXDEV:
@@ -174,9 +175,9 @@ class RootFS:
         """
         from pyxis_hook.apply import kernel
 
-        self.path = os.path.normpath(os.path.abspath(path))
+        self.path = pathnames.normpath(pathnames.abspath(path))
         try:
-            self.fd = os.open(self.path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) if fd is None else os.dup(fd)
+            self.fd = posix.open(self.path, posix.O_PATH | posix.O_DIRECTORY | posix.O_CLOEXEC) if fd is None else posix.dup(fd)
         except OSError as e:
             raise RootPathError(f"container rootfs {self.path}: {e.strerror}", e.errno or 0) from None
         self.owner = owner  # who gets what is created inside (WritableRoot, the cache file)
@@ -185,7 +186,7 @@ class RootFS:
     # -- lifetime -------------------------------------------------------
     def close(self) -> None:
         if self.fd >= 0:
-            os.close(self.fd)
+            posix.close(self.fd)
             self.fd = -1
 
     def __enter__(self) -> "RootFS":
@@ -197,7 +198,7 @@ class RootFS:
     @property
     def readonly(self) -> bool:
         """True when the filesystem holding the rootfs is mounted read-only."""
-        return bool(os.fstatvfs(self.fd).f_flag & os.ST_RDONLY)
+        return bool(posix.fstatvfs(self.fd).f_flag & posix.ST_RDONLY)
 
     # -- resolution -----------------------------------------------------
     def open(self, path: str, flags: int, mode: int = 0) -> int:
@@ -214,23 +215,23 @@ class RootFS:
                 # the kernel kept asking to retry (mounts or renames elsewhere racing each `..` step,
                 # kernel.OPENAT2_TRIES times): the walk below takes `..` itself, one fd at a time, with
                 # the same chroot semantics, so a busy host costs a slower lookup, never a failed start
-        nofollow = bool(flags & os.O_NOFOLLOW)
+        nofollow = bool(flags & posix.O_NOFOLLOW)
         for _ in range(RACE_RETRIES):
             parent, name = self._walk(path, follow_last=not nofollow, create_mode=None)
             try:
-                fd = os.open(name or ".", flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=parent)
+                fd = posix.open(name or ".", flags | posix.O_NOFOLLOW | posix.O_CLOEXEC, mode, dir_fd=parent)
             except OSError as e:
                 raise path_error(path, self.path, e) from None
             finally:
-                os.close(parent)
-            if nofollow or not stat.S_ISLNK(os.fstat(fd).st_mode):
+                posix.close(parent)
+            if nofollow or not stat.S_ISLNK(posix.fstat(fd).st_mode):
                 return fd
-            os.close(fd)  # became a symlink between the walk and the open: walk again
+            posix.close(fd)  # became a symlink between the walk and the open: walk again
         raise path_error(path, self.path, errno.ELOOP, "changed while resolving: ")
 
     def exists(self, path: str) -> bool:
         try:
-            os.close(self.open(path, os.O_PATH))
+            posix.close(self.open(path, posix.O_PATH))
             return True
         except RootPathError as e:
             if e.errno in (errno.ENOENT, errno.ENOTDIR):
@@ -255,19 +256,19 @@ class RootFS:
         root, and a FIFO never blocks.  Directories are EISDIR, so callers
         can treat one as ldconfig does.
         """
-        pfd = self.open(path, os.O_PATH)
+        pfd = self.open(path, posix.O_PATH)
         try:
-            mode = os.fstat(pfd).st_mode
+            mode = posix.fstat(pfd).st_mode
             if stat.S_ISDIR(mode):
                 raise RootPathError(f"{path} (in {self.path}): is a directory", errno.EISDIR)
             if not stat.S_ISREG(mode):
                 raise RootPathError(f"{path} (in {self.path}): not a regular file", errno.EINVAL)
             try:
-                return self.reopen(pfd, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+                return self.reopen(pfd, posix.O_RDONLY | posix.O_NONBLOCK | posix.O_NOCTTY)
             except OSError as e:
                 raise path_error(path, self.path, e, "cannot open ") from None
         finally:
-            os.close(pfd)
+            posix.close(pfd)
 
     def read_bytes(self, path: str, limit: int) -> bytes:
         """Read a regular file of the image, at most `limit` bytes; anything else is a RootPathError.
@@ -302,17 +303,17 @@ class RootFS:
             if name is None:
                 return parent, "/" + "/".join(names)
             try:
-                fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+                fd = posix.open(name, posix.O_PATH | posix.O_NOFOLLOW | posix.O_CLOEXEC, dir_fd=parent)
             except OSError as e:
                 raise path_error(path, self.path, e) from None
             finally:
-                os.close(parent)
-            mode = os.fstat(fd).st_mode
+                posix.close(parent)
+            mode = posix.fstat(fd).st_mode
             if stat.S_ISLNK(mode):
-                os.close(fd)
+                posix.close(fd)
                 continue  # became a symlink between the walk and the open: walk again
             if not names and name in hidden and stat.S_ISDIR(mode):
-                os.close(fd)
+                posix.close(fd)
                 raise path_error(path, self.path, errno.ENOENT)
             return fd, "/" + "/".join([*names, name])
         raise path_error(path, self.path, errno.ELOOP, "changed while resolving: ")
@@ -336,14 +337,14 @@ class RootFS:
                 comp = todo.pop()
                 if comp == "..":
                     if stack:
-                        os.close(stack.pop())
+                        posix.close(stack.pop())
                         resolved.pop()
                     continue
                 cur = stack[-1] if stack else self.fd
                 is_last = not todo
                 for _ in range(RACE_RETRIES):
                     try:
-                        target = os.readlink(comp, dir_fd=cur)
+                        target = posix.readlink(comp, dir_fd=cur)
                     except OSError as e:
                         if e.errno == errno.EINVAL:
                             target = None
@@ -364,7 +365,7 @@ class RootFS:
                             raise path_error(path, self.path, errno.ELOOP)
                         if target.startswith("/"):
                             while stack:
-                                os.close(stack.pop())
+                                posix.close(stack.pop())
                             resolved.clear()
                         todo.extend(reversed([c for c in target.split("/") if c not in ("", ".")]))
                         break
@@ -384,7 +385,7 @@ class RootFS:
             return self._own(stack, cur), None
         finally:
             for fd in stack:
-                os.close(fd)
+                posix.close(fd)
 
     def _mkdir(self, parent: int, name: str, mode: int, path: str) -> bool:
         """A reading RootFS creates nothing: `apply.rootwrite.WritableRoot` does."""
@@ -393,23 +394,23 @@ class RootFS:
     @staticmethod
     def _own(stack: list[int], cur: int) -> int:
         """Hand the caller an fd of `cur` that survives the walk's cleanup."""
-        return os.dup(cur)
+        return posix.dup(cur)
 
     def _open_dir(self, cur: int, comp: str, path: str) -> int | None:
         try:
-            fd = os.open(comp, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=cur)
+            fd = posix.open(comp, posix.O_PATH | posix.O_NOFOLLOW | posix.O_DIRECTORY | posix.O_CLOEXEC, dir_fd=cur)
         except OSError as e:
             if e.errno in (errno.ENOTDIR, errno.ELOOP, errno.ENOENT):
                 try:
-                    st = os.stat(comp, dir_fd=cur, follow_symlinks=False)
+                    st = posix.stat(comp, dir_fd=cur, follow_symlinks=False)
                 except OSError:
                     return None
                 if stat.S_ISLNK(st.st_mode):
                     return None
                 raise path_error(path, self.path, errno.ENOTDIR) from None
             raise path_error(path, self.path, e) from None
-        if not stat.S_ISDIR(os.fstat(fd).st_mode):
-            os.close(fd)
+        if not stat.S_ISDIR(posix.fstat(fd).st_mode):
+            posix.close(fd)
             return None
         return fd
 

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import errno
 import marshal
-import os
+import posix
 import sys
 from _signal import SIGKILL  # the C module: signal.py's enums cost the hook ~4 ms a start
 
@@ -102,8 +102,8 @@ def apply_plan(plan: Plan, pid: int | str, config=None, *, proc: str = "/proc", 
             binds = [mounts.clone(b, fds) for b in binds]
             gpu_dirs = [mounts.clone(b, fds) for b in gpu_dirs]
         try:
-            owner_st = os.stat(f"{proc}/{pid}")
-            ns_fd = os.open(f"{proc}/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+            owner_st = posix.stat(f"{proc}/{pid}")
+            ns_fd = posix.open(f"{proc}/{pid}/ns/mnt", posix.O_RDONLY | posix.O_CLOEXEC)
         except OSError as e:
             raise ApplyError(f"container process {pid}: {e.strerror}") from None
         fds.append(ns_fd)
@@ -115,7 +115,7 @@ def apply_plan(plan: Plan, pid: int | str, config=None, *, proc: str = "/proc", 
         messages += result["messages"]
     finally:
         for fd in fds:
-            os.close(fd)
+            posix.close(fd)
         for m in messages:
             if m.startswith("warning: "):
                 log.warning(m[len("warning: "):])
@@ -142,7 +142,7 @@ def _preload_ldcache_modules() -> None:
 def _rootfs_point(plan: Plan, root) -> str | None:
     """The rootfs's mount point in the hook's own namespace, for `hostdirs` (None: not known for sure)."""
     try:
-        want = os.fstat(root.fd) if root is not None else os.stat(plan.rootfs)
+        want = posix.fstat(root.fd) if root is not None else posix.stat(plan.rootfs)
     except OSError:
         return None
     return hostdirs.rootfs_point(plan.rootfs, want)
@@ -169,7 +169,7 @@ def _ldconfig_fd(plan: Plan, fds: list[int]) -> int | None:
     elif plan.ldcache.mode == "merge" and plan.ldcache.ldconfig:
         path = _host_ldconfig(plan)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY)
+            fd = posix.open(path, posix.O_RDONLY | posix.O_CLOEXEC | posix.O_NOCTTY)
         except OSError as e:
             raise ApplyError(f"ldconfig {path}: {e.strerror}") from None
     else:
@@ -193,7 +193,7 @@ def _in_namespace(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner, root, 
             _go_home(home)
     finally:
         for fd in home:
-            os.close(fd)
+            posix.close(fd)
     return _result(plan, out)
 
 
@@ -208,21 +208,21 @@ def _home() -> tuple[int, int, int] | None:
     enters the container's namespace also returns from it.
     """
     try:
-        if len(os.listdir("/proc/self/task")) != 1:
+        if len(posix.listdir("/proc/self/task")) != 1:
             return None
     except OSError:
         return None
     fds: list[int] = []
     try:
-        for path, flags in (("/proc/self/ns/mnt", os.O_RDONLY), ("/", os.O_PATH | os.O_DIRECTORY),
-                            (".", os.O_PATH | os.O_DIRECTORY)):
-            fds.append(os.open(path, flags | os.O_CLOEXEC))
+        for path, flags in (("/proc/self/ns/mnt", posix.O_RDONLY), ("/", posix.O_PATH | posix.O_DIRECTORY),
+                            (".", posix.O_PATH | posix.O_DIRECTORY)):
+            fds.append(posix.open(path, flags | posix.O_CLOEXEC))
         if kernel.owned_by_own_userns(fds[0]):
             return fds[0], fds[1], fds[2]
     except OSError:
         pass
     for fd in fds:
-        os.close(fd)
+        posix.close(fd)
     return None
 
 
@@ -239,9 +239,9 @@ def _go_home(home: tuple[int, int, int]) -> None:
         line = f"pyxis-hook: error: cannot return to the hook's own mount namespace: {e}\n"
         try:
             log.error(line.strip())
-            os.write(2, line.encode("utf-8", "replace"))
+            posix.write(2, line.encode("utf-8", "replace"))
         finally:
-            os._exit(INTERNAL)
+            posix._exit(INTERNAL)
     while _NoImports in sys.meta_path:
         sys.meta_path.remove(_NoImports)
 
@@ -270,38 +270,38 @@ def _result(plan: Plan, out: dict) -> dict:
 
 def _in_child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner, root, allow, point) -> dict:
     """`_outcome` in a forked child, sent up a pipe with marshal."""
-    r, w = os.pipe2(os.O_CLOEXEC)
-    parent = os.getpid()
-    pid = os.fork()
+    r, w = posix.pipe2(posix.O_CLOEXEC)
+    parent = posix.getpid()
+    pid = posix.fork()
     if pid == 0:  # pragma: no cover - measured through the tests' results
         # Whatever happens below, this process ends here: it must never return into the
         # caller's code while it sits in the container's mount namespace as root.
         status = 1
         try:
-            os.close(r)
+            posix.close(r)
             # dies with the hook: a runtime that kills the hook (its hook timeout, a SIGKILL)
             # waits for the hook's stdout/stderr to close, which this process holds too, and
             # must not find the rootfs still being written after it gave up on the start
             kernel.prctl(kernel.PR_SET_PDEATHSIG, SIGKILL)
-            if os.getppid() != parent:  # the hook died before the line above
-                os._exit(1)
+            if posix.getppid() != parent:  # the hook died before the line above
+                posix._exit(1)
             data = marshal.dumps(_outcome(plan, ns_fd, binds, gpu_dirs, exe_fd, owner, root, allow, point))
             while data:
-                data = data[os.write(w, data):]
+                data = data[posix.write(w, data):]
             status = 0
         finally:
-            os._exit(status)
-    os.close(w)
+            posix._exit(status)
+    posix.close(w)
     chunks = []
     try:
         while True:
-            chunk = os.read(r, 65536)
+            chunk = posix.read(r, 65536)
             if not chunk:
                 break
             chunks.append(chunk)
     finally:
-        os.close(r)
-    _, status = os.waitpid(pid, 0)
+        posix.close(r)
+    _, status = posix.waitpid(pid, 0)
     try:
         return marshal.loads(b"".join(chunks))
     except (ValueError, EOFError, TypeError):
@@ -393,11 +393,11 @@ def _child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner, root, allow, 
             raise
         # success: the mounts stay; their fds are no longer needed (the parent logs the messages)
         for fd, _path in undo.mount_fds:
-            os.close(fd)
+            posix.close(fd)
         return {"mounted": mounted, "symlinks": links, "messages": messages}
     finally:
         for fd in local_fds:
-            os.close(fd)
+            posix.close(fd)
         rfs.close()
         host_dirs.close()
 
@@ -442,7 +442,7 @@ def _update_ldcache(plan: Plan, rfs: WritableRoot, exe_fd, messages: list[str], 
             try:
                 _run_ldconfig(plan, rfs, exe_fd, messages)
             finally:
-                os.close(exe_fd)
+                posix.close(exe_fd)
             return
     # the same reader as the merge's, first: glibc's ldconfig would block on a FIFO, open a
     # device as root or recurse through an include loop until its limits killed it
@@ -456,7 +456,7 @@ def _run_ldconfig(plan: Plan, rfs: WritableRoot, exe_fd: int, messages: list[str
 
     dirs = tuple(dict.fromkeys(plan.ldcache.lib_dirs))
     try:
-        etc = rfs.open("/etc", os.O_PATH | os.O_DIRECTORY)
+        etc = rfs.open("/etc", posix.O_PATH | posix.O_DIRECTORY)
     except RootPathError as e:
         if e.errno != errno.ENOENT:
             raise
@@ -464,7 +464,7 @@ def _run_ldconfig(plan: Plan, rfs: WritableRoot, exe_fd: int, messages: list[str
         try:
             rfs.check_dir(etc, cachefile.CACHE)  # ldconfig writes the cache there: not in a host /etc
         finally:
-            os.close(etc)
+            posix.close(etc)
     try:
         # rfs.path: the rootfs's name in this mount namespace; the runner checks it is still rfs.fd's inode
         host_devs = rfs.host_dirs.host_devices() if rfs.host_dirs is not None else frozenset()

@@ -49,12 +49,13 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import os
+import posix
 import resource
 import select
 import stat
 from _signal import SIGKILL  # the C module: signal.py's enums cost the hook ~4 ms a start
 
+from pyxis_hook import pathnames
 from pyxis_hook.apply import kernel
 from pyxis_hook.errors import ApplyError
 
@@ -89,13 +90,13 @@ _SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_S
 def sealed_copy(host_path: str) -> int:
     """Open a host ELF executable and return a sealed, close-on-exec memfd holding a copy of it."""
     try:
-        src = os.open(host_path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY)
+        src = posix.open(host_path, posix.O_RDONLY | posix.O_CLOEXEC | posix.O_NOCTTY)
     except OSError as e:
         raise ApplyError(f"ldconfig {host_path}: {e.strerror}") from None
     try:
         return sealed_copy_from_fd(src, host_path)
     finally:
-        os.close(src)
+        posix.close(src)
 
 
 def sealed_copy_from_fd(src: int, what: str) -> int:
@@ -105,23 +106,23 @@ def sealed_copy_from_fd(src: int, what: str) -> int:
     namespace, copies the host binary it opened before entering.
     """
     try:
-        st = os.fstat(src)
+        st = posix.fstat(src)
         if not stat.S_ISREG(st.st_mode):
             raise ApplyError(f"ldconfig {what}: not a regular file")
-        if os.pread(src, 4, 0) != b"\x7fELF":
+        if posix.pread(src, 4, 0) != b"\x7fELF":
             raise ApplyError(f"ldconfig {what}: not an ELF executable (a wrapper script? use ldconfig.real)")
-        mfd = os.memfd_create("ldconfig", os.MFD_CLOEXEC | getattr(os, "MFD_ALLOW_SEALING", 2))
+        mfd = posix.memfd_create("ldconfig", posix.MFD_CLOEXEC | getattr(posix, "MFD_ALLOW_SEALING", 2))
         try:
             offset = 0
             while offset < st.st_size:
-                n = os.sendfile(mfd, src, offset, st.st_size - offset)
+                n = posix.sendfile(mfd, src, offset, st.st_size - offset)
                 if n == 0:
                     break
                 offset += n
-            os.fchmod(mfd, 0o555)
+            posix.fchmod(mfd, 0o555)
             fcntl.fcntl(mfd, fcntl.F_ADD_SEALS, _SEALS)
         except BaseException:
-            os.close(mfd)
+            posix.close(mfd)
             raise
         return mfd
     except OSError as e:
@@ -166,22 +167,22 @@ def run_ldconfig(rootfs: str, exe_fd: int, lib_dirs: tuple[str, ...] | list[str]
     for d in lib_dirs:
         if not d.startswith("/") or "\0" in d:
             raise ApplyError(f"ldconfig: library dir {d!r} is not an absolute container path")
-    errr, errw = os.pipe2(os.O_CLOEXEC)
-    stdin, eof = os.pipe2(os.O_CLOEXEC)  # the runner's stdin: its write end closed at once
-    os.close(eof)
-    pid = os.fork()
+    errr, errw = posix.pipe2(posix.O_CLOEXEC)
+    stdin, eof = posix.pipe2(posix.O_CLOEXEC)  # the runner's stdin: its write end closed at once
+    posix.close(eof)
+    pid = posix.fork()
     if pid == 0:  # pragma: no cover - runs in the child
         try:
-            os.close(errr)
+            posix.close(errr)
             _runner(rootfs, root_fd, exe_fd, argv, owner, errw, stdin, host_devs)
         except BaseException as e:  # noqa: BLE001 - report anything, exit
             try:
-                os.write(errw, f"pyxis-hook: ldconfig setup: {e}\n".encode())
+                posix.write(errw, f"pyxis-hook: ldconfig setup: {e}\n".encode())
             except OSError:
                 pass
-        os._exit(127)
-    os.close(errw)
-    os.close(stdin)
+        posix._exit(127)
+    posix.close(errw)
+    posix.close(stdin)
     try:
         status, err = _wait(pid, errr, timeout)
     except BaseException as e:
@@ -190,7 +191,7 @@ def run_ldconfig(rootfs: str, exe_fd: int, lib_dirs: tuple[str, ...] | list[str]
             raise ApplyError(f"ldconfig in {label}: waiting for it failed ({e}); killed") from None
         raise
     finally:
-        os.close(errr)
+        posix.close(errr)
     text = err.decode("utf-8", "replace")
     if status is None:
         raise ApplyError(f"ldconfig in {label}: no result after {timeout:g} s, killed")
@@ -203,12 +204,12 @@ def run_ldconfig(rootfs: str, exe_fd: int, lib_dirs: tuple[str, ...] | list[str]
 def _kill_and_reap(pid: int) -> None:
     """SIGKILL the runner (its pid-1 ldconfig dies with it: PDEATHSIG) and wait for it; never raises."""
     try:
-        os.kill(pid, SIGKILL)
+        posix.kill(pid, SIGKILL)
     except OSError:
         pass
     while True:
         try:
-            os.waitpid(pid, 0)
+            posix.waitpid(pid, 0)
             return
         except InterruptedError:
             continue
@@ -230,7 +231,7 @@ def _wait(pid: int, errr: int, timeout: float) -> tuple[int | None, bytes]:
     import time
 
     try:
-        pidfd: int | None = os.pidfd_open(pid)
+        pidfd: int | None = posix.pidfd_open(pid)
     except (OSError, AttributeError):
         pidfd = None
     poller = select.poll()
@@ -245,13 +246,13 @@ def _wait(pid: int, errr: int, timeout: float) -> tuple[int | None, bytes]:
     try:
         while not exited:
             if pidfd is None:
-                done, wstatus = os.waitpid(pid, os.WNOHANG)
+                done, wstatus = posix.waitpid(pid, posix.WNOHANG)
                 if done:
                     reaped, exited = wstatus, True
                     break
             left = deadline - time.monotonic()
             if left <= 0:
-                os.kill(pid, SIGKILL)  # its pid-1 child dies with it (PDEATHSIG)
+                posix.kill(pid, SIGKILL)  # its pid-1 child dies with it (PDEATHSIG)
                 timed_out = True
                 break
             slice_s = left if pidfd is not None else min(left, _POLL_INTERVAL)
@@ -259,7 +260,7 @@ def _wait(pid: int, errr: int, timeout: float) -> tuple[int | None, bytes]:
                 if fd == pidfd:
                     exited = True
                 elif pipe_open:
-                    chunk = os.read(errr, 4096)
+                    chunk = posix.read(errr, 4096)
                     if not chunk:
                         poller.unregister(errr)
                         pipe_open = False
@@ -271,33 +272,33 @@ def _wait(pid: int, errr: int, timeout: float) -> tuple[int | None, bytes]:
         while pipe_open and time.monotonic() < drain_deadline:
             if not poller.poll(200):
                 continue
-            chunk = os.read(errr, 4096)
+            chunk = posix.read(errr, 4096)
             if not chunk:
                 break
             buf = (buf + chunk)[-STDERR_LIMIT:]
     finally:
         if pidfd is not None:
-            os.close(pidfd)
+            posix.close(pidfd)
     if reaped is None:
-        _, wstatus = os.waitpid(pid, 0)
+        _, wstatus = posix.waitpid(pid, 0)
     else:
         wstatus = reaped
     if timed_out:
         return None, buf
-    if os.WIFEXITED(wstatus):
-        return os.WEXITSTATUS(wstatus), buf
-    return 128 + os.WTERMSIG(wstatus), buf
+    if posix.WIFEXITED(wstatus):
+        return posix.WEXITSTATUS(wstatus), buf
+    return 128 + posix.WTERMSIG(wstatus), buf
 
 
 def _runner(rootfs, root_fd, exe_fd, argv, owner, errw, stdin, host_devs) -> None:  # pragma: no cover - child
     """In the forked child: unshare, fork ldconfig as pid 1 and relay its exit status."""
-    os.dup2(stdin, 0)
-    os.dup2(errw, 1)
-    os.dup2(errw, 2)
+    posix.dup2(stdin, 0)
+    posix.dup2(errw, 1)
+    posix.dup2(errw, 2)
     kernel.prctl(kernel.PR_SET_PDEATHSIG, SIGKILL)
     if root_fd is None:
-        root_fd = os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    expect = os.fstat(root_fd)
+        root_fd = posix.open(rootfs, posix.O_PATH | posix.O_DIRECTORY | posix.O_CLOEXEC)
+    expect = posix.fstat(root_fd)
     flags = kernel.CLONE_NEWNS | kernel.CLONE_NEWIPC | kernel.CLONE_NEWUTS | kernel.CLONE_NEWPID
     kernel.unshare(flags)
     try:
@@ -305,40 +306,40 @@ def _runner(rootfs, root_fd, exe_fd, argv, owner, errw, stdin, host_devs) -> Non
     except kernel.SyscallError:
         pass  # not essential: ldconfig opens no sockets
     kernel.mount(None, "/", None, kernel.MS_REC | kernel.MS_PRIVATE, what="/ (make rprivate)")
-    root_fd = os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    st = os.fstat(root_fd)
+    root_fd = posix.open(rootfs, posix.O_PATH | posix.O_DIRECTORY | posix.O_CLOEXEC)
+    st = posix.fstat(root_fd)
     if (st.st_dev, st.st_ino) != (expect.st_dev, expect.st_ino):
         raise ApplyError(f"{rootfs}: changed while preparing ldconfig")
     root_fd = _nodev_view(rootfs, root_fd, host_devs)
-    st = os.fstat(root_fd)
+    st = posix.fstat(root_fd)
     if (st.st_dev, st.st_ino) != (expect.st_dev, expect.st_ino):
         raise ApplyError(f"{rootfs}: changed while preparing ldconfig")
-    child = os.fork()
+    child = posix.fork()
     if child == 0:
         try:
             _exec_ldconfig(root_fd, exe_fd, argv, owner)
         except BaseException as e:  # noqa: BLE001
             try:
-                os.write(2, f"pyxis-hook: ldconfig setup: {e}\n".encode())
+                posix.write(2, f"pyxis-hook: ldconfig setup: {e}\n".encode())
             except OSError:
                 pass
-        os._exit(127)
+        posix._exit(127)
     while True:
         try:
-            _, wstatus = os.waitpid(child, 0)
+            _, wstatus = posix.waitpid(child, 0)
             break
         except InterruptedError:
             continue
-    if os.WIFSIGNALED(wstatus):
-        os.write(2, f"ldconfig killed by signal {os.WTERMSIG(wstatus)}\n".encode())
-        os._exit(128 + os.WTERMSIG(wstatus))
-    os._exit(os.WEXITSTATUS(wstatus))
+    if posix.WIFSIGNALED(wstatus):
+        posix.write(2, f"ldconfig killed by signal {posix.WTERMSIG(wstatus)}\n".encode())
+        posix._exit(128 + posix.WTERMSIG(wstatus))
+    posix._exit(posix.WEXITSTATUS(wstatus))
 
 
 #: statvfs flags a bind remount must repeat (it resets the per-mount flags it is not given)
-_KEPT_FLAGS = ((os.ST_RDONLY, kernel.MS_RDONLY), (os.ST_NOSUID, kernel.MS_NOSUID), (os.ST_NOEXEC, kernel.MS_NOEXEC),
-               (os.ST_NOATIME, kernel.MS_NOATIME), (os.ST_NODIRATIME, kernel.MS_NODIRATIME),
-               (os.ST_RELATIME, kernel.MS_RELATIME))
+_KEPT_FLAGS = ((posix.ST_RDONLY, kernel.MS_RDONLY), (posix.ST_NOSUID, kernel.MS_NOSUID), (posix.ST_NOEXEC, kernel.MS_NOEXEC),
+               (posix.ST_NOATIME, kernel.MS_NOATIME), (posix.ST_NODIRATIME, kernel.MS_NODIRATIME),
+               (posix.ST_RELATIME, kernel.MS_RELATIME))
 
 
 def _nodev_view(rootfs: str, root_fd: int, host_devs: frozenset[str] = frozenset()) -> int:  # pragma: no cover
@@ -354,7 +355,7 @@ def _nodev_view(rootfs: str, root_fd: int, host_devs: frozenset[str] = frozenset
     mount under it that repeats the flags it had.  A mount below the rootfs
     on one of `host_devs` (a host directory bound in) is made read-only too.
     """
-    real = os.path.realpath(rootfs)
+    real = pathnames.realpath(rootfs)
     if kernel.have_new_mount_api():
         tree = kernel.open_tree(root_fd, "", kernel.OPEN_TREE_CLONE | kernel.OPEN_TREE_CLOEXEC | kernel.AT_EMPTY_PATH
                                 | kernel.AT_RECURSIVE, what=f"{rootfs} (nodev view)")
@@ -362,7 +363,7 @@ def _nodev_view(rootfs: str, root_fd: int, host_devs: frozenset[str] = frozenset
                              what=f"{rootfs} (nodev view)")
         kernel.move_mount(tree, "", root_fd, "", kernel.MOVE_MOUNT_F_EMPTY_PATH | kernel.MOVE_MOUNT_T_EMPTY_PATH,
                           what=f"{rootfs} (nodev view)")
-        os.close(root_fd)
+        posix.close(root_fd)
         if host_devs:
             for point, dev in _mounts_under(real):
                 if point != real and dev in host_devs:
@@ -371,17 +372,17 @@ def _nodev_view(rootfs: str, root_fd: int, host_devs: frozenset[str] = frozenset
         return tree
     kernel.mount(kernel.proc_fd_path(root_fd), rootfs, None, kernel.MS_BIND | kernel.MS_REC,
                  what=f"{rootfs} (nodev view)")
-    os.close(root_fd)
+    posix.close(root_fd)
     for point, dev in _mounts_under(real):
         flags = kernel.MS_REMOUNT | kernel.MS_BIND | kernel.MS_NODEV
-        have = os.statvfs(point).f_flag
+        have = posix.statvfs(point).f_flag
         for st_flag, ms_flag in _KEPT_FLAGS:
             if have & st_flag:
                 flags |= ms_flag
         if point != real and dev in host_devs:
             flags |= kernel.MS_RDONLY
         kernel.mount(None, point, None, flags, what=f"{point} (nodev view)")
-    return os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    return posix.open(rootfs, posix.O_PATH | posix.O_DIRECTORY | posix.O_CLOEXEC)
 
 
 def _mounts_under(root: str) -> list[tuple[str, str]]:  # pragma: no cover - child
@@ -410,7 +411,7 @@ def _unescape(field: bytes) -> str:
         else:
             out.append(field[i])
             i += 1
-    return os.fsdecode(bytes(out))
+    return pathnames.fsdecode(bytes(out))
 
 
 def _drop_bounding_and_ambient(keep: int) -> None:  # pragma: no cover - child
@@ -435,12 +436,12 @@ def _drop_bounding_and_ambient(keep: int) -> None:  # pragma: no cover - child
 
 def _exec_ldconfig(root_fd, exe_fd, argv, owner) -> None:  # pragma: no cover - child
     """pid 1 of the new PID namespace: chroot, hide live procfs/sysfs, limit, drop, exec."""
-    os.fchdir(root_fd)
-    os.chroot(".")
-    os.chdir("/")
+    posix.fchdir(root_fd)
+    posix.chroot(".")
+    posix.chdir("/")
     for d in ("/proc", "/sys"):
         try:
-            st = os.lstat(d)
+            st = posix.lstat(d)
         except OSError:
             continue
         if stat.S_ISDIR(st.st_mode):
@@ -453,19 +454,19 @@ def _exec_ldconfig(root_fd, exe_fd, argv, owner) -> None:  # pragma: no cover - 
         resource.setrlimit(res, (lim, lim))
     _drop_bounding_and_ambient(KEEP_CAPS)
     if owner and owner != (0, 0):
-        os.setgroups([])
-        os.setgid(owner[1])
-        os.setuid(owner[0])  # clears the permitted and effective sets (no SECBIT_KEEP_CAPS)
+        posix.setgroups([])
+        posix.setgid(owner[1])
+        posix.setuid(owner[0])  # clears the permitted and effective sets (no SECBIT_KEEP_CAPS)
     # what is left of the kept set (none once no longer root); inheritable empty: after exec as
     # root the permitted set is inheritable | bounding, so nothing outside KEEP_CAPS comes back
-    keep = KEEP_CAPS & kernel.capget()[1] if os.getuid() == 0 else 0
+    keep = KEEP_CAPS & kernel.capget()[1] if posix.getuid() == 0 else 0
     kernel.capset(keep, keep, 0)
     kernel.prctl(kernel.PR_SET_PDEATHSIG, SIGKILL)
     kernel.no_new_privs()
-    os.closerange(3, exe_fd)
-    os.closerange(exe_fd + 1, 65536)
+    posix.closerange(3, exe_fd)
+    posix.closerange(exe_fd + 1, 65536)
     try:
-        os.execve(exe_fd, argv, {})
+        posix.execve(exe_fd, argv, {})
     except OSError as e:
         if e.errno == errno.ENOENT:
             raise ApplyError("exec of the sealed ldconfig copy failed: ENOENT") from None

@@ -12,8 +12,9 @@ the runtime's eBPF program, which a hook cannot change.
 
 from __future__ import annotations
 
-import os
+import posix
 
+from pyxis_hook import pathnames
 from pyxis_hook.errors import ApplyError
 from pyxis_hook.plan.build import Plan
 
@@ -40,7 +41,7 @@ def open_allow(plan: Plan, pid, proc: str, fds: list[int], messages: list[str]) 
         return None
     if plan.cgroup_mode != "auto":
         raise ApplyError(f"device cgroup: unknown cgroup_mode {plan.cgroup_mode!r} in plan")
-    if not os.path.exists(f"{proc}/{pid}/cgroup"):
+    if not pathnames.exists(f"{proc}/{pid}/cgroup"):
         raise ApplyError(f"{proc}/{pid}/cgroup: no such process")
     slurm = cgroup.read_slurm_cgroup(proc, pid)
     if slurm is not None:
@@ -59,7 +60,7 @@ def open_allow(plan: Plan, pid, proc: str, fds: list[int], messages: list[str]) 
         raise ApplyError(f"device cgroup {dev.path}: no cgroup v1 devices mount in {proc}/self/mountinfo")
     allow = f"{dev.fs_path}/devices.allow"
     try:
-        fd = os.open(allow, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = posix.open(allow, posix.O_WRONLY | posix.O_NOFOLLOW | posix.O_CLOEXEC)
     except OSError as e:
         raise ApplyError(f"{allow}: cannot allow {rules}: {e.strerror}") from None
     fds.append(fd)
@@ -71,7 +72,7 @@ def write_rules(plan: Plan, fd: int, allow: str) -> str:
     for r in plan.cgroup_rules:
         rule = f"{r.type} {r.major}:{r.minor} {r.access}"
         try:
-            os.write(fd, rule.encode())
+            posix.write(fd, rule.encode())
         except OSError as e:
             raise ApplyError(f"{allow}: cannot allow {rule}: {e.strerror}") from None
-    return f"device cgroup v1 {os.path.dirname(allow)}: allowed {rules_text(plan)}"
+    return f"device cgroup v1 {pathnames.dirname(allow)}: allowed {rules_text(plan)}"

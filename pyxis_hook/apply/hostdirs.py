@@ -33,8 +33,9 @@ when it is the very directory the child writes in (`rootfs_point`).
 
 from __future__ import annotations
 
-import os
+import posix
 
+from pyxis_hook import pathnames
 from pyxis_hook.apply import kernel
 
 #: what mountinfo escapes in a mount point (fs/proc_namespace.c: seq_path_root(..., " \t\n\\"))
@@ -75,7 +76,7 @@ def mount_devices(mountinfo: str) -> dict[int, str]:
     return out
 
 
-def rootfs_point(rootfs: str, want: os.stat_result) -> str | None:
+def rootfs_point(rootfs: str, want: posix.stat_result) -> str | None:
     """The rootfs's mount point as the hook's namespace names it (escaped), or None when unsure.
 
     `want` is the directory the child writes in (the pinned rootfs, or
@@ -83,8 +84,8 @@ def rootfs_point(rootfs: str, want: os.stat_result) -> str | None:
     a name swapped meanwhile never makes a host filesystem look private.
     """
     try:
-        real = os.path.realpath(rootfs)
-        st = os.stat(real)
+        real = pathnames.realpath(rootfs)
+        st = posix.stat(real)
     except OSError:
         return None
     if (st.st_dev, st.st_ino) != (want.st_dev, want.st_ino):
@@ -94,9 +95,9 @@ def rootfs_point(rootfs: str, want: os.stat_result) -> str | None:
 
 def _read_all(fd: int) -> str:
     chunks = []
-    os.lseek(fd, 0, os.SEEK_SET)
+    posix.lseek(fd, 0, 0)  # SEEK_SET
     while True:
-        chunk = os.read(fd, 1 << 16)
+        chunk = posix.read(fd, 1 << 16)
         if not chunk:
             break
         chunks.append(chunk)
@@ -113,7 +114,7 @@ class HostDirs:
     def __init__(self, point: str | None):
         self._point = point
         # opened here, in the hook's own namespace: reading it later still lists that namespace's mounts
-        self._ours = os.open("/proc/self/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
+        self._ours = posix.open("/proc/self/mountinfo", posix.O_RDONLY | posix.O_CLOEXEC)
         self._host: dict[str, str] | None = None
         self._theirs: dict[int, str] | None = None
         self._root_mount: int | None = None
@@ -122,7 +123,7 @@ class HostDirs:
 
     def close(self) -> None:
         if self._ours >= 0:
-            os.close(self._ours)
+            posix.close(self._ours)
             self._ours = -1
 
     def _host_map(self) -> dict[str, str]:
@@ -141,7 +142,7 @@ class HostDirs:
         container's mount table does not list (it went away meanwhile) is
         not judged the container's.
         """
-        st = os.fstat(dir_fd)
+        st = posix.fstat(dir_fd)
         here = (st.st_dev, st.st_ino)  # the same directory again (/dev for every GPU): no fdinfo read
         if here in self._dirs:
             return self._dirs[here]

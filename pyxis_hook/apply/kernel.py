@@ -14,8 +14,9 @@ errno (ENOSYS -> fallback, ENOENT -> create) and show the message as is
 from __future__ import annotations
 
 import errno as _errno
-import os
+import posix
 
+from pyxis_hook import pathnames
 from pyxis_hook.apply import cabi
 from pyxis_hook.errors import ApplyError, InternalSignal
 
@@ -46,7 +47,7 @@ AT_EMPTY_PATH = 0x1000
 AT_RECURSIVE = 0x8000  # open_tree/mount_setattr: the whole subtree of mounts
 
 OPEN_TREE_CLONE = 1
-OPEN_TREE_CLOEXEC = os.O_CLOEXEC
+OPEN_TREE_CLOEXEC = posix.O_CLOEXEC
 
 MOVE_MOUNT_F_EMPTY_PATH = 0x4
 MOVE_MOUNT_T_EMPTY_PATH = 0x40
@@ -116,20 +117,20 @@ _syscall = cabi.libc_function("syscall", cabi.c_long)
 def _nr(name: str) -> int:
     if name in _GENERIC_NR:
         return _GENERIC_NR[name]
-    table = _ARCH_NR.get(os.uname().machine)  # not `platform`: 1+ ms of imports on the hook path
+    table = _ARCH_NR.get(posix.uname().machine)  # not `platform`: 1+ ms of imports on the hook path
     if table is None:
-        raise ApplyError(f"{name}: unsupported architecture {os.uname().machine}")
+        raise ApplyError(f"{name}: unsupported architecture {posix.uname().machine}")
     return table[name]
 
 
 def _fail(what: str, path: str | None = None) -> SyscallError:
     err = cabi.get_errno()
     where = f" {path}" if path else ""
-    return SyscallError(f"{what}{where}: {os.strerror(err)}", err)
+    return SyscallError(f"{what}{where}: {posix.strerror(err)}", err)
 
 
 def _path(p: str | None) -> bytes | None:
-    return None if p is None else os.fsencode(p)
+    return None if p is None else pathnames.fsencode(p)
 
 
 def _call(name: str, *args) -> int:
@@ -206,7 +207,7 @@ OPENAT2_TRIES = 64
 
 def openat2(dirfd: int, path: str, flags: int, mode: int = 0, resolve: int = 0) -> int:
     """openat2(2), retried on EAGAIN (`OPENAT2_TRIES`); raises SyscallError (ENOSYS on kernels < 5.6)."""
-    how = _OpenHow(flags | os.O_CLOEXEC, mode, resolve)
+    how = _OpenHow(flags | posix.O_CLOEXEC, mode, resolve)
     arg_path = cabi.c_char_p(_path(path))
     for _ in range(OPENAT2_TRIES):
         r = _call("openat2", cabi.c_int(dirfd), arg_path, cabi.byref(how), cabi.c_size_t(cabi.sizeof(how)))
@@ -360,13 +361,13 @@ def enter_mount_ns(ns_fd: int, what: str = "container mount namespace") -> None:
     (setns resets the cwd to the namespace's root; fchdir takes it back).
     """
     global _PROC_ANCHORED, _ENTERED
-    proc = os.open("/proc", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    proc = posix.open("/proc", posix.O_PATH | posix.O_DIRECTORY | posix.O_CLOEXEC)
     try:
         setns(ns_fd, CLONE_NEWNS, what)
         _ENTERED = True
-        os.fchdir(proc)
+        posix.fchdir(proc)
     finally:
-        os.close(proc)
+        posix.close(proc)
     _PROC_ANCHORED = True
 
 
@@ -393,11 +394,11 @@ def owned_by_own_userns(ns_fd: int) -> bool:
     if owner < 0:
         return False
     try:
-        a, b = os.fstat(owner), os.stat("/proc/self/ns/user")
+        a, b = posix.fstat(owner), posix.stat("/proc/self/ns/user")
     except OSError:
         return False
     finally:
-        os.close(owner)
+        posix.close(owner)
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
@@ -414,11 +415,11 @@ def leave_mount_ns(home_ns: int, root_fd: int, cwd_fd: int) -> None:
         return
     setns(home_ns, CLONE_NEWNS, "the hook's own mount namespace")
     _ENTERED = _PROC_ANCHORED = False
-    here, want = os.stat("/"), os.fstat(root_fd)
+    here, want = posix.stat("/"), posix.fstat(root_fd)
     if (here.st_dev, here.st_ino) != (want.st_dev, want.st_ino):
-        os.fchdir(root_fd)
-        os.chroot(".")
-    os.fchdir(cwd_fd)
+        posix.fchdir(root_fd)
+        posix.chroot(".")
+    posix.fchdir(cwd_fd)
 
 
 def proc_self_path(name: str) -> str:
@@ -448,7 +449,7 @@ def proc_fd_path(fd: int) -> str:
 
 def reopen(fd: int, flags: int) -> int:
     """Open the inode an (O_PATH) fd holds again, with `flags` (O_CLOEXEC added), through its magic link."""
-    return os.open(proc_fd_path(fd), flags | os.O_CLOEXEC)
+    return posix.open(proc_fd_path(fd), flags | posix.O_CLOEXEC)
 
 
 def have_openat2() -> bool:
@@ -456,7 +457,7 @@ def have_openat2() -> bool:
     global HAVE_OPENAT2
     if HAVE_OPENAT2 is None:
         try:
-            os.close(openat2(AT_FDCWD, "/", os.O_PATH, 0, 0))
+            posix.close(openat2(AT_FDCWD, "/", posix.O_PATH, 0, 0))
             HAVE_OPENAT2 = True
         except SyscallError as e:
             HAVE_OPENAT2 = e.errno not in (_errno.ENOSYS, _errno.EPERM)

@@ -16,10 +16,10 @@ the start can take all of them back, newest first.
 
 from __future__ import annotations
 
-import os
+import posix
 import stat
 
-from pyxis_hook import log
+from pyxis_hook import log, pathnames
 from pyxis_hook.apply import kernel
 from pyxis_hook.errors import ApplyError, PyxisHookError
 from pyxis_hook.plan.build import DEV_OPTIONS, MountEdit, Plan
@@ -64,16 +64,16 @@ def open_sources(plan: Plan, fds: list[int]) -> list[Bind]:
     binds = []
     for d in plan.devices:
         fd = open_host(d.host_path, fds)
-        st = os.fstat(fd)
-        if not stat.S_ISCHR(st.st_mode) or st.st_rdev != os.makedev(d.major, d.minor):
-            got = f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}" if stat.S_ISCHR(st.st_mode) else "not a char device"
+        st = posix.fstat(fd)
+        if not stat.S_ISCHR(st.st_mode) or st.st_rdev != posix.makedev(d.major, d.minor):
+            got = f"{posix.major(st.st_rdev)}:{posix.minor(st.st_rdev)}" if stat.S_ISCHR(st.st_mode) else "not a char device"
             raise ApplyError(f"invalid device node {d.host_path}: expected c {d.major}:{d.minor}, found {got}")
         binds.append(Bind(d.path, fd, "file", DEV_OPTIONS, d.host_path, required=True))
     for m in plan.mounts:
         if m.in_rootfs:
             continue  # opened in the container's mount namespace, by the child (`open_in_rootfs`)
         fd = open_host(m.host_path, fds)
-        st = os.fstat(fd)
+        st = posix.fstat(fd)
         want = {"file": stat.S_ISREG, "dir": stat.S_ISDIR, "socket": stat.S_ISSOCK}.get(m.kind)
         if want is None:
             raise ApplyError(f"mount of {m.host_path}: unknown kind {m.kind!r}")
@@ -96,16 +96,16 @@ def open_in_rootfs(m: MountEdit, rfs: RootFS, fds: list[int]) -> Bind:
     error line, not a bind of the image's file over another.
     """
     where = f"{m.host_path} (in the container)"
-    fd = rfs.open(m.host_path, os.O_PATH | os.O_NOFOLLOW)
+    fd = rfs.open(m.host_path, posix.O_PATH | posix.O_NOFOLLOW)
     fds.append(fd)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    if not stat.S_ISREG(posix.fstat(fd).st_mode):
         raise ApplyError(f"{where}: not a regular file: not the runtime's mount of the host's library "
                          f"that would cover {m.container_path}")
-    parent = rfs.open(os.path.dirname(m.host_path), os.O_PATH | os.O_DIRECTORY)
+    parent = rfs.open(pathnames.dirname(m.host_path), posix.O_PATH | posix.O_DIRECTORY)
     try:
         own_mount = kernel.mount_id(fd) != kernel.mount_id(parent)
     finally:
-        os.close(parent)
+        posix.close(parent)
     if not own_mount:
         raise ApplyError(f"{where}: a file of the image, not the runtime's mount of the host's library "
                          f"(the CDI spec's mount of it did not happen): {m.container_path} not covered")
@@ -129,7 +129,7 @@ def clone(b: Bind, fds: list[int]) -> Bind:
 def open_host(path: str, fds: list[int]) -> int:
     """O_PATH fd of a host source; host paths are trusted, symlinks among them (driver-root) are followed."""
     try:
-        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        fd = posix.open(path, posix.O_PATH | posix.O_CLOEXEC)
     except OSError as e:
         raise ApplyError(f"{path}: {e.strerror}") from None
     fds.append(fd)
@@ -154,26 +154,26 @@ class Undo:
             except (ApplyError, kernel.SyscallError) as e:
                 problems.append(str(e))
             finally:
-                os.close(fd)
+                posix.close(fd)
         return problems
 
 
 
 def same_file(a: int, b: int) -> bool:
     """Whether two fds are the same inode (a second hook run finds its own mount there)."""
-    sa, sb = os.fstat(a), os.fstat(b)
+    sa, sb = posix.fstat(a), posix.fstat(b)
     return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
 
 
 def bind(b: Bind, entry: Entry, undo: Undo) -> int:
     """Put source `b` onto the target entry with its flags; return the new mount's fd (for undo)."""
     if b.tree >= 0:
-        tree = os.dup(b.tree)
+        tree = posix.dup(b.tree)
         try:
             kernel.move_mount(tree, "", entry.fd, "", kernel.MOVE_MOUNT_F_EMPTY_PATH | kernel.MOVE_MOUNT_T_EMPTY_PATH,
                               what=entry.path)
         except BaseException:
-            os.close(tree)
+            posix.close(tree)
             raise
         undo.add(tree, entry.path)
         return tree
@@ -182,13 +182,13 @@ def bind(b: Bind, entry: Entry, undo: Undo) -> int:
     # pivot_root) and insist it is the very inode checked on the host.  A local source is a mount
     # of this namespace already: bound through its own fd.
     try:
-        src = os.dup(b.fd) if b.local else os.open(b.host_path, os.O_PATH | os.O_CLOEXEC)
+        src = posix.dup(b.fd) if b.local else posix.open(b.host_path, posix.O_PATH | posix.O_CLOEXEC)
     except OSError as e:
         raise ApplyError(f"{b.host_path}: not reachable in the container mount namespace ({e.strerror}): "
                          "without the new mount API (open_tree, Linux >= 5.2) a host file is bound by its name "
                          "there, which a runtime that has already run pivot_root hides") from None
     try:
-        want, got = os.fstat(b.fd), os.fstat(src)
+        want, got = posix.fstat(b.fd), posix.fstat(src)
         if (want.st_dev, want.st_ino) != (got.st_dev, got.st_ino):
             raise ApplyError(f"{b.host_path}: is another file in the container mount namespace")
         flags = 0
@@ -196,9 +196,9 @@ def bind(b: Bind, entry: Entry, undo: Undo) -> int:
             flags |= _FLAGS.get(o, (0, 0))[1]
         kernel.mount(kernel.proc_fd_path(src), kernel.proc_fd_path(entry.fd), None, kernel.MS_BIND, what=entry.path)
     finally:
-        os.close(src)
+        posix.close(src)
     top = reopen_mounted(entry, undo)
-    got = os.fstat(top)
+    got = posix.fstat(top)
     if (want.st_dev, want.st_ino) != (got.st_dev, got.st_ino):
         raise ApplyError(f"{entry.path}: the mount point changed while mounting {b.host_path}")
     target = kernel.proc_fd_path(top)

@@ -11,7 +11,7 @@ what a container may open is decided by its device nodes and its cgroup.
 
 from __future__ import annotations
 
-import os
+import posix
 
 from pyxis_hook.apply import kernel
 from pyxis_hook.apply.mounts import Bind, Undo, bind, reopen_mounted
@@ -50,18 +50,18 @@ def open_gpu_dirs(plan: Plan, fds: list[int], messages: list[str]) -> list[Bind]
     gpus_dir = f"{view.host_dir}/gpus"
     if view.gpu_dirs:
         try:
-            fd = os.open(gpus_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            fd = posix.open(gpus_dir, posix.O_RDONLY | posix.O_DIRECTORY | posix.O_CLOEXEC)
         except OSError:
             fd = -1
         if fd >= 0:
             fds.append(fd)
-            if sorted(os.listdir(fd)) == sorted(view.gpu_dirs):
+            if sorted(posix.listdir(fd)) == sorted(view.gpu_dirs):
                 return [Bind(ALL_GPUS, fd, "dir", PROC_OPTIONS, gpus_dir)]
     out = []
     for bus in view.gpu_dirs:
         path = f"{gpus_dir}/{bus}"
         try:
-            fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            fd = posix.open(path, posix.O_PATH | posix.O_DIRECTORY | posix.O_CLOEXEC)
         except OSError as e:
             # less access, never more: the view is still made, without this GPU's entry
             messages.append(f"{path}: {e.strerror}; not bound into /proc/driver/nvidia/gpus")
@@ -83,11 +83,11 @@ def _is_our_view(rfs: WritableRoot, target: str, view) -> bool:
     if want is None:
         return False
     def dev(path: str) -> int:
-        fd = rfs.open(path, os.O_PATH)
+        fd = rfs.open(path, posix.O_PATH)
         try:
-            return os.fstat(fd).st_dev
+            return posix.fstat(fd).st_dev
         finally:
-            os.close(fd)
+            posix.close(fd)
 
     try:
         if dev(target) == dev("/proc"):
@@ -118,12 +118,12 @@ def mount_view(plan: Plan, rfs: WritableRoot, gpu_dirs, undo: Undo, new_api: boo
                 kernel.fsconfig_create(fsfd)
                 mnt = kernel.fsmount(fsfd, base)
             finally:
-                os.close(fsfd)
+                posix.close(fsfd)
             try:
                 kernel.move_mount(mnt, "", entry.fd, "", kernel.MOVE_MOUNT_F_EMPTY_PATH | kernel.MOVE_MOUNT_T_EMPTY_PATH,
                                   what=target)
             except BaseException:
-                os.close(mnt)
+                posix.close(mnt)
                 raise
             undo.add(mnt, target)
         else:
@@ -131,18 +131,18 @@ def mount_view(plan: Plan, rfs: WritableRoot, gpu_dirs, undo: Undo, new_api: boo
                          kernel.MS_NOSUID | kernel.MS_NODEV | kernel.MS_NOEXEC, "mode=0555,size=1m", what=target)
             mnt = reopen_mounted(entry, undo)
         for name, content in view.files:
-            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444, dir_fd=mnt)
+            fd = posix.open(name, posix.O_WRONLY | posix.O_CREAT | posix.O_EXCL | posix.O_NOFOLLOW | posix.O_CLOEXEC, 0o444, dir_fd=mnt)
             try:
-                os.write(fd, content.encode())
+                posix.write(fd, content.encode())
             finally:
-                os.close(fd)
+                posix.close(fd)
         done = [target]
         if gpu_dirs:
-            os.mkdir("gpus", 0o555, dir_fd=mnt)
-            gfd = os.open("gpus", os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=mnt)
+            posix.mkdir("gpus", 0o555, dir_fd=mnt)
+            gfd = posix.open("gpus", posix.O_PATH | posix.O_DIRECTORY | posix.O_NOFOLLOW | posix.O_CLOEXEC, dir_fd=mnt)
             try:
                 if gpu_dirs[0].container_path == ALL_GPUS:  # every GPU: the host's gpus/ dir itself
-                    sub = Entry(os.dup(mnt), "gpus", os.dup(gfd), True, f"{target}/gpus")
+                    sub = Entry(posix.dup(mnt), "gpus", posix.dup(gfd), True, f"{target}/gpus")
                     try:
                         bind(gpu_dirs[0], sub, undo)
                     finally:
@@ -151,9 +151,9 @@ def mount_view(plan: Plan, rfs: WritableRoot, gpu_dirs, undo: Undo, new_api: boo
                     gpu_dirs = ()
                 for b in gpu_dirs:
                     bus = b.container_path
-                    os.mkdir(bus, 0o555, dir_fd=gfd)
-                    sub = Entry(os.dup(gfd), bus,
-                                os.open(bus, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=gfd),
+                    posix.mkdir(bus, 0o555, dir_fd=gfd)
+                    sub = Entry(posix.dup(gfd), bus,
+                                posix.open(bus, posix.O_PATH | posix.O_DIRECTORY | posix.O_NOFOLLOW | posix.O_CLOEXEC, dir_fd=gfd),
                                 True, f"{target}/gpus/{bus}")
                     try:
                         bind(b, sub, undo)
@@ -161,7 +161,7 @@ def mount_view(plan: Plan, rfs: WritableRoot, gpu_dirs, undo: Undo, new_api: boo
                         sub.close()
                     done.append(sub.path)
             finally:
-                os.close(gfd)
+                posix.close(gfd)
         # populated: now make the tmpfs itself read-only
         if new_api:
             kernel.mount_setattr(mnt, "", kernel.AT_EMPTY_PATH, kernel.MOUNT_ATTR_RDONLY, 0, 0, what=target)

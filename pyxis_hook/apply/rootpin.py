@@ -36,8 +36,9 @@ nothing is touched.
 
 from __future__ import annotations
 
-import os
+import posix
 
+from pyxis_hook import pathnames
 from pyxis_hook.errors import OciError
 from pyxis_hook.record import record
 
@@ -62,7 +63,7 @@ class PinnedRoot:
         return f"/proc/self/fd/{self.fd}"
 
     def close(self) -> None:
-        os.close(self.fd)
+        posix.close(self.fd)
 
 
 def pin_rootfs(rootfs: str, pid: int, *, proc: str = "/proc", ref: int | str = "self") -> PinnedRoot:
@@ -76,18 +77,18 @@ def pin_rootfs(rootfs: str, pid: int, *, proc: str = "/proc", ref: int | str = "
     """
     where = f"{proc}/{pid}"
     try:
-        root_fd = os.open(f"{where}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        pivoted = not _same_file(os.fstat(root_fd), os.stat("/"))
+        root_fd = posix.open(f"{where}/root", posix.O_PATH | posix.O_DIRECTORY | posix.O_CLOEXEC)
+        pivoted = not _same_file(posix.fstat(root_fd), posix.stat("/"))
     except OSError as e:
         raise RootfsError(f"container process {pid}: cannot open its root directory: {e.strerror}") from None
     try:
         if pivoted:
             _check_pivoted(rootfs, pid, root_fd)
-            return PinnedRoot(fd=os.dup(root_fd), ns_path="/", pivoted=True)
+            return PinnedRoot(fd=posix.dup(root_fd), ns_path="/", pivoted=True)
         fd, mount_point = _runtime_mount(rootfs, pid, root_fd, where, proc, ref)
         return PinnedRoot(fd=fd, ns_path=mount_point, pivoted=False)
     finally:
-        os.close(root_fd)
+        posix.close(root_fd)
 
 
 def pin_bundle(bundle, pid: int, writable_bundle: str, label: str, *, ref: int | str = "self") -> PinnedRoot:
@@ -120,12 +121,12 @@ def hook_processes(state_pid: int, *, proc: str = "/proc") -> tuple[int, int | s
     namespace on the host, with the container's host pid) is used as
     prestart uses it, with this process as the reference.
     """
-    if state_pid not in (0, os.getppid()):
+    if state_pid not in (0, posix.getppid()):
         return state_pid, "self"
     try:
         init = _ppid("self", proc)
-        ns = os.stat(f"{proc}/{init}/ns/mnt").st_ino
-        if ns != os.stat(f"{proc}/self/ns/mnt").st_ino:
+        ns = posix.stat(f"{proc}/{init}/ns/mnt").st_ino
+        if ns != posix.stat(f"{proc}/self/ns/mnt").st_ino:
             raise RootfsError(f"the hook's parent, process {init}, is not in the hook's mount namespace: "
                               f"state pid {state_pid} does not name the container process")
         ref = init
@@ -133,7 +134,7 @@ def hook_processes(state_pid: int, *, proc: str = "/proc") -> tuple[int, int | s
             ref = _ppid(ref, proc)
             if ref <= 0:
                 break
-            if os.stat(f"{proc}/{ref}/ns/mnt").st_ino != ns:
+            if posix.stat(f"{proc}/{ref}/ns/mnt").st_ino != ns:
                 return init, ref
     except OSError as e:
         raise RootfsError(f"cannot find the container process of this hook: {e.strerror}") from None
@@ -142,7 +143,7 @@ def hook_processes(state_pid: int, *, proc: str = "/proc") -> tuple[int, int | s
 
 
 def _ppid(pid: int | str, proc: str) -> int:
-    """The parent of `pid` as `proc` numbers it (os.getppid() answers in this PID namespace)."""
+    """The parent of `pid` as `proc` numbers it (posix.getppid() answers in this PID namespace)."""
     with open(f"{proc}/{pid}/status", "rb") as f:
         for line in f.read(8192).splitlines():
             if line.startswith(b"PPid:"):
@@ -150,17 +151,17 @@ def _ppid(pid: int | str, proc: str) -> int:
     raise OSError(0, f"no PPid in {proc}/{pid}/status")
 
 
-def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
+def _same_file(a: posix.stat_result, b: posix.stat_result) -> bool:
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 def _check_pivoted(rootfs: str, pid: int, root_fd: int) -> None:
     """After pivot_root: `rootfs`, resolved on the host as the runtime did, must be the process's root."""
     try:
-        st = os.stat(rootfs)
+        st = posix.stat(rootfs)
     except OSError as e:
         raise RootfsError(f"root.path {rootfs}: {e.strerror}") from None
-    if not _same_file(st, os.fstat(root_fd)):
+    if not _same_file(st, posix.fstat(root_fd)):
         raise RootfsError(f"root.path {rootfs} is not the root directory of container process {pid} "
                           "(it has pivoted into another): not the rootfs the runtime set up")
 
@@ -173,27 +174,27 @@ def _runtime_mount(rootfs: str, pid: int, root_fd: int, where: str, proc: str,
 
     with RootFS(f"{where}/root", fd=root_fd) as theirs_root:  # the container's mounts, chroot semantics
         try:
-            fd = theirs_root.open(rootfs, os.O_PATH | os.O_DIRECTORY)
+            fd = theirs_root.open(rootfs, posix.O_PATH | posix.O_DIRECTORY)
         except PathError as e:
             err = getattr(e, "errno", 0)  # a RootPathError keeps it
-            why = os.strerror(err) if err else str(e)
+            why = posix.strerror(err) if err else str(e)
             raise RootfsError(f"root.path {rootfs}: not a directory in the mount namespace of container "
                               f"process {pid}: {why}") from None
     try:
         point, problem = _judge(fd, pid, where, proc, ref)
         if problem:
             try:
-                problem = f"it leads to {os.readlink(f'{proc}/self/fd/{fd}')}: {problem}"
+                problem = f"it leads to {posix.readlink(f'{proc}/self/fd/{fd}')}: {problem}"
             except OSError:
                 pass
             raise RootfsError(f"root.path {rootfs} is not the rootfs the runtime set up for container "
                               f"process {pid}: {problem}")
         return fd, point
     except OSError as e:
-        os.close(fd)
+        posix.close(fd)
         raise RootfsError(f"root.path {rootfs}: cannot inspect it in container process {pid}: {e.strerror}") from None
     except BaseException:
-        os.close(fd)
+        posix.close(fd)
         raise
 
 
@@ -203,11 +204,11 @@ def _judge(fd: int, pid: int, where: str, proc: str, ref: int | str) -> tuple[st
     from pyxis_hook.host.cgroup import parse_mountinfo, read_text
 
     mount_id = kernel.mount_id(fd, f"{proc}/self")
-    up = os.open("..", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+    up = posix.open("..", posix.O_PATH | posix.O_DIRECTORY | posix.O_CLOEXEC, dir_fd=fd)
     try:
         is_mount_root = kernel.mount_id(up, f"{proc}/self") != mount_id  # '..' of a mount's root is on the mount below
     finally:
-        os.close(up)
+        posix.close(up)
     theirs = _mounts(read_text(f"{where}/mountinfo") or "")
     ours = _mounts(read_text(f"{proc}/{ref}/mountinfo") or "")
     if not ours:  # never judge against an empty table: every mount would look like the runtime's
@@ -234,7 +235,7 @@ def runtime_mount_problem(point: str, is_mount_root: bool, theirs: list[str], ou
         return f"the mount it is on, at {point}, is also in the hook's own mount namespace: not one the runtime made"
     above = point
     while above != "/":
-        above = os.path.dirname(above)
+        above = pathnames.dirname(above)
         if theirs.count(above) > ours.count(above):
             return f"the mount it is on, at {point}, lies below {above}, a mount the runtime made"
     if not is_mount_root:

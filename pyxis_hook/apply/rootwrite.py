@@ -9,7 +9,7 @@ what it created so `rollback` removes exactly that.  Only apply's child writes i
 from __future__ import annotations
 
 import errno
-import os
+import posix
 import stat
 
 from pyxis_hook.apply.hostdirs import HostDirs
@@ -25,7 +25,7 @@ class _Created:
 
     __slots__ = ("parent_fd", "name", "kind", "dev", "ino", "old_target")
 
-    def __init__(self, parent_fd: int, name: str, kind: str, st: os.stat_result, old_target: str | None = None):
+    def __init__(self, parent_fd: int, name: str, kind: str, st: posix.stat_result, old_target: str | None = None):
         self.parent_fd = parent_fd
         self.name = name
         self.kind = kind  # dir | file | symlink
@@ -48,12 +48,12 @@ class Entry:
 
     def reopen(self) -> int:
         """A fresh O_PATH fd of the name: after a mount it refers to the mount on top."""
-        return os.open(self.name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.parent_fd)
+        return posix.open(self.name, posix.O_PATH | posix.O_NOFOLLOW | posix.O_CLOEXEC, dir_fd=self.parent_fd)
 
     def close(self) -> None:
         for fd in (self.fd, self.parent_fd):
             try:
-                os.close(fd)
+                posix.close(fd)
             except OSError:
                 pass
 
@@ -61,13 +61,13 @@ class Entry:
 def _temp_symlink(parent: int, name: str, target: str) -> str:
     """Create a symlink to `target` under a fresh hidden name next to `name`; return that name."""
     for _ in range(16):
-        tmp = f".{name[:200]}.pyxis-{os.getpid()}-{os.urandom(4).hex()}"
+        tmp = f".{name[:200]}.pyxis-{posix.getpid()}-{posix.urandom(4).hex()}"
         try:
-            os.symlink(target, tmp, dir_fd=parent)
+            posix.symlink(target, tmp, dir_fd=parent)
             return tmp
         except FileExistsError:
             continue
-    raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), name)
+    raise FileExistsError(errno.EEXIST, posix.strerror(errno.EEXIST), name)
 
 
 class WritableRoot(RootFS):
@@ -100,7 +100,7 @@ class WritableRoot(RootFS):
     def close(self) -> None:
         for c in self.created:
             try:
-                os.close(c.parent_fd)
+                posix.close(c.parent_fd)
             except OSError:
                 pass
         self.created = []
@@ -113,7 +113,7 @@ class WritableRoot(RootFS):
         """mkdirat relative to a verified fd; False when someone else made it first."""
         self.check_dir(parent, path)
         try:
-            os.mkdir(name, mode, dir_fd=parent)
+            posix.mkdir(name, mode, dir_fd=parent)
         except FileExistsError:
             return False
         except OSError as e:
@@ -130,10 +130,10 @@ class WritableRoot(RootFS):
         """
         at = at or name
         try:
-            st = os.stat(at, dir_fd=parent, follow_symlinks=False)
-            self.created.append(_Created(os.dup(parent), name, kind, st, old_target))
+            st = posix.stat(at, dir_fd=parent, follow_symlinks=False)
+            self.created.append(_Created(posix.dup(parent), name, kind, st, old_target))
             if self.owner and (st.st_uid, st.st_gid) != self.owner:
-                os.chown(at, self.owner[0], self.owner[1], dir_fd=parent, follow_symlinks=False)
+                posix.chown(at, self.owner[0], self.owner[1], dir_fd=parent, follow_symlinks=False)
         except OSError as e:
             raise path_error(path, self.path, e, "cannot record or chown created ") from None
     def _parent(self, path: str, create_mode: int | None) -> tuple[int, str | None]:
@@ -141,7 +141,7 @@ class WritableRoot(RootFS):
         parts = [c for c in path.split("/") if c not in ("", ".")]
         if self.use_openat2 and parts and parts[-1] != "..":
             try:
-                return self.open("/".join(parts[:-1]) or "/", os.O_PATH | os.O_DIRECTORY), parts[-1]
+                return self.open("/".join(parts[:-1]) or "/", posix.O_PATH | posix.O_DIRECTORY), parts[-1]
             except RootPathError as e:
                 if e.errno not in (errno.ENOENT,):
                     raise path_error(path, self.path, e.errno) from None  # name the whole path
@@ -160,52 +160,52 @@ class WritableRoot(RootFS):
             if name is None:
                 if kind != "dir":
                     raise RootPathError(f"{path} (in {self.path}): is a directory", errno.EISDIR)
-                return Entry(parent, ".", os.open(".", os.O_PATH | os.O_CLOEXEC, dir_fd=parent), False, path)
+                return Entry(parent, ".", posix.open(".", posix.O_PATH | posix.O_CLOEXEC, dir_fd=parent), False, path)
             for _ in range(RACE_RETRIES):
                 created = False
                 try:
-                    st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+                    st = posix.stat(name, dir_fd=parent, follow_symlinks=False)
                 except FileNotFoundError:
                     created = self._create(parent, name, kind, mode, path)
                     if not created:
                         continue
-                    st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+                    st = posix.stat(name, dir_fd=parent, follow_symlinks=False)
                 except OSError as e:
                     raise path_error(path, self.path, e) from None
                 self._check_type(st, kind, path)
                 try:
-                    fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+                    fd = posix.open(name, posix.O_PATH | posix.O_NOFOLLOW | posix.O_CLOEXEC, dir_fd=parent)
                 except FileNotFoundError:
                     continue  # removed between stat and open: look again
                 except OSError as e:
                     raise path_error(path, self.path, e) from None
-                fst = os.fstat(fd)
+                fst = posix.fstat(fd)
                 if (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino):
-                    os.close(fd)  # replaced between stat and open: look again
+                    posix.close(fd)  # replaced between stat and open: look again
                     continue
                 return Entry(parent, name, fd, created, path)
             raise path_error(path, self.path, errno.ELOOP, "changed while resolving: ")
         except BaseException:
-            os.close(parent)
+            posix.close(parent)
             raise
     def ensure_file(self, path: str, mode: int = 0o644) -> int:
         """An O_PATH fd of a file mount point at `path`, created (empty) if missing."""
         e = self.ensure_entry(path, "file", mode)
-        os.close(e.parent_fd)
+        posix.close(e.parent_fd)
         return e.fd
     def ensure_dir(self, path: str, mode: int = 0o755) -> int:
         """An O_PATH fd of a directory at `path`, created (with missing parents) if missing."""
         e = self.ensure_entry(path, "dir", mode)
-        os.close(e.parent_fd)
+        posix.close(e.parent_fd)
         return e.fd
     def _create(self, parent: int, name: str, kind: str, mode: int, path: str) -> bool:
         self.check_dir(parent, path)
         fd = None
         try:
             if kind == "dir":
-                os.mkdir(name, mode, dir_fd=parent)
+                posix.mkdir(name, mode, dir_fd=parent)
             else:
-                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
+                fd = posix.open(name, posix.O_WRONLY | posix.O_CREAT | posix.O_EXCL | posix.O_NOFOLLOW | posix.O_CLOEXEC, mode,
                              dir_fd=parent)
         except FileExistsError:
             return False
@@ -216,11 +216,11 @@ class WritableRoot(RootFS):
         finally:
             if fd is not None:
                 try:
-                    os.close(fd)
+                    posix.close(fd)
                 except OSError as e:
                     raise path_error(path, self.path, e, "cannot create mount point ") from None
         return True
-    def _check_type(self, st: os.stat_result, kind: str, path: str) -> None:
+    def _check_type(self, st: posix.stat_result, kind: str, path: str) -> None:
         if stat.S_ISLNK(st.st_mode):
             raise RootPathError(f"{path} (in {self.path}): is a symlink in the image; refusing to mount over it",
                                 errno.ELOOP)
@@ -241,7 +241,7 @@ class WritableRoot(RootFS):
                 raise RootPathError(f"{path} (in {self.path}): is a directory", errno.EISDIR)
             old = None
             try:
-                old = os.readlink(name, dir_fd=parent)
+                old = posix.readlink(name, dir_fd=parent)
             except FileNotFoundError:
                 pass
             except OSError as e:
@@ -253,7 +253,7 @@ class WritableRoot(RootFS):
             self.check_dir(parent, path)  # a new link, or the image's replaced: both write the directory
             if old is None:
                 try:
-                    os.symlink(target, name, dir_fd=parent)
+                    posix.symlink(target, name, dir_fd=parent)
                 except OSError as e:
                     raise path_error(path, self.path, e, "cannot create symlink ") from None
                 self._record(parent, name, "symlink", path)
@@ -266,20 +266,20 @@ class WritableRoot(RootFS):
             recorded = len(self.created)
             try:
                 self._record(parent, name, "symlink", path, old, at=tmp)
-                os.replace(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
+                posix.replace(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
             except BaseException as e:
                 try:
-                    os.unlink(tmp, dir_fd=parent)
+                    posix.unlink(tmp, dir_fd=parent)
                 except OSError:
                     pass
                 while len(self.created) > recorded:  # nothing of ours is at `name`: forget it
-                    os.close(self.created.pop().parent_fd)
+                    posix.close(self.created.pop().parent_fd)
                 if isinstance(e, OSError):
                     raise path_error(path, self.path, e, "cannot replace symlink ") from None
                 raise
             return True
         finally:
-            os.close(parent)
+            posix.close(parent)
     def rollback(self) -> list[str]:
         """Remove what this RootFS created, newest first; return one line per thing it could not undo.
 
@@ -290,21 +290,21 @@ class WritableRoot(RootFS):
         while self.created:
             c = self.created.pop()
             try:
-                st = os.stat(c.name, dir_fd=c.parent_fd, follow_symlinks=False)
+                st = posix.stat(c.name, dir_fd=c.parent_fd, follow_symlinks=False)
                 if (st.st_dev, st.st_ino) == (c.dev, c.ino):
                     if c.kind == "dir":
-                        os.rmdir(c.name, dir_fd=c.parent_fd)
+                        posix.rmdir(c.name, dir_fd=c.parent_fd)
                     elif c.old_target is not None:  # put the image's link back in one rename
                         tmp = _temp_symlink(c.parent_fd, c.name, c.old_target)
                         try:
-                            os.replace(tmp, c.name, src_dir_fd=c.parent_fd, dst_dir_fd=c.parent_fd)
+                            posix.replace(tmp, c.name, src_dir_fd=c.parent_fd, dst_dir_fd=c.parent_fd)
                         except OSError:
-                            os.unlink(tmp, dir_fd=c.parent_fd)
+                            posix.unlink(tmp, dir_fd=c.parent_fd)
                             raise
                     else:
-                        os.unlink(c.name, dir_fd=c.parent_fd)
+                        posix.unlink(c.name, dir_fd=c.parent_fd)
             except OSError as e:
                 problems.append(f"cannot remove {c.name} created in {self.path}: {e.strerror}")
             finally:
-                os.close(c.parent_fd)
+                posix.close(c.parent_fd)
         return problems

@@ -15,8 +15,7 @@ under a given proc-root.  Nothing here writes; writing rules is apply/devcgroup.
 
 from __future__ import annotations
 
-import os
-
+from pyxis_hook import pathnames
 from pyxis_hook.record import record
 
 
@@ -156,7 +155,7 @@ def _fs_path(mount: MountInfo, path: str) -> str | None:
         if path != root and not path.startswith(root.rstrip("/") + "/"):
             return None
         path = path[len(root):] or "/"
-    return os.path.join(mount.mount_point, path.lstrip("/")).rstrip("/") or "/"
+    return pathnames.join(mount.mount_point, path.lstrip("/")).rstrip("/") or "/"
 
 
 def devices_cgroup(cgroup_text: str, mountinfo_text: str) -> DeviceCgroup | None:
@@ -263,32 +262,32 @@ def read_text(path: str) -> str | None:
 
 def read_devices_cgroup(proc_root: str, pid: int | str, mountinfo_pid: int | str = "self") -> DeviceCgroup | None:
     """`devices_cgroup` of `<proc-root>/<pid>/cgroup`, with mounts as `mountinfo_pid` (the hook) sees them."""
-    cg = read_text(os.path.join(proc_root, str(pid), "cgroup"))
+    cg = read_text(pathnames.join(proc_root, str(pid), "cgroup"))
     if cg is None:
         return None
-    mi = read_text(os.path.join(proc_root, str(mountinfo_pid), "mountinfo")) or ""
+    mi = read_text(pathnames.join(proc_root, str(mountinfo_pid), "mountinfo")) or ""
     return devices_cgroup(cg, mi)
 
 
 def read_slurm_cgroup(proc_root: str, pid: int | str) -> SlurmCgroup | None:
     """The Slurm step whose cgroup holds process `pid`, from the kernel's record (not from env)."""
-    cg = read_text(os.path.join(proc_root, str(pid), "cgroup"))
+    cg = read_text(pathnames.join(proc_root, str(pid), "cgroup"))
     return slurm_of_lines(parse_proc_cgroup(cg)) if cg is not None else None
 
 
 def _v1_devices_dir(proc_root: str, pid: int | str, mountinfo_pid: int | str) -> DeviceCgroup | None:
     """The v1 devices cgroup of `pid` with a host directory; None on v2, without cgroups or mount."""
-    cg = read_text(os.path.join(proc_root, str(pid), "cgroup"))
+    cg = read_text(pathnames.join(proc_root, str(pid), "cgroup"))
     if cg is None or "devices" not in cg:  # no v1 devices controller: skip reading all of mountinfo
         return None
-    dc = devices_cgroup(cg, read_text(os.path.join(proc_root, str(mountinfo_pid), "mountinfo")) or "")
+    dc = devices_cgroup(cg, read_text(pathnames.join(proc_root, str(mountinfo_pid), "mountinfo")) or "")
     if dc is None or dc.controller != "v1" or dc.fs_path is None:
         return None
     return dc
 
 
 def _minors_of(directory: str, candidates, major: int) -> frozenset[int] | None:
-    text = read_text(os.path.join(directory, "devices.list"))
+    text = read_text(pathnames.join(directory, "devices.list"))
     return None if text is None else allowed_minors(parse_devices_list(text), major, candidates)
 
 

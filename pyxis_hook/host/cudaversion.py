@@ -14,8 +14,9 @@ requirement checks report it.
 
 from __future__ import annotations
 
-import os
 import sys
+
+from pyxis_hook import pathnames
 
 TIMEOUT_S = 10
 
@@ -34,7 +35,7 @@ _CHILD = (
 def probe_cuda_driver_version(libcuda_host_path: str, timeout: float = TIMEOUT_S) -> tuple[int | None, str | None]:
     """(version, None) on success, else (None, reason naming the library)."""
     path = libcuda_host_path
-    if not os.path.isfile(path):
+    if not pathnames.isfile(path):
         return None, f"{path}: no such file"
     import subprocess  # only when probing (discovery), not on the hook path
 

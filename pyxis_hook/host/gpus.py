@@ -23,9 +23,10 @@ NVML does not enumerate them either.
 
 from __future__ import annotations
 
-import os
+import posix
 import stat
 
+from pyxis_hook import pathnames
 from pyxis_hook.record import record
 
 #: The NVIDIA control/GPU major is fixed by the driver; uvm, caps, imex are dynamic.
@@ -379,7 +380,7 @@ class _Reader:
         64-GPU node must cost at most 1.3x a one-GPU one).
         """
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = posix.open(path, posix.O_RDONLY | posix.O_CLOEXEC)
         except FileNotFoundError:
             if not missing_ok:
                 self.warnings.append(f"{path}: missing")
@@ -389,20 +390,20 @@ class _Reader:
             return None
         chunks = []
         try:
-            while chunk := os.read(fd, 1 << 16):
+            while chunk := posix.read(fd, 1 << 16):
                 chunks.append(chunk)
         except OSError as e:
             self.warnings.append(f"{path}: cannot read: {e.strerror or e}")
             return None
         finally:
-            os.close(fd)
+            posix.close(fd)
         text = b"".join(chunks).decode("utf-8", "replace")
         # text mode's universal newlines: \r\n and \r read as \n
         return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
 
     def listdir(self, path: str) -> list[str]:
         try:
-            return sorted(os.listdir(path))
+            return sorted(posix.listdir(path))
         except FileNotFoundError:
             return []
         except OSError as e:
@@ -412,7 +413,7 @@ class _Reader:
 
 def _join(root: str, path: str) -> str:
     """`root` + absolute `path` (both host paths; roots come from trusted config)."""
-    return os.path.join(root, path.lstrip("/"))
+    return pathnames.join(root, path.lstrip("/"))
 
 
 def discover_gpus(proc_root: str = "/proc", dev_root: str = "/") -> HostGpus:
@@ -428,19 +429,19 @@ def discover_gpus(proc_root: str = "/proc", dev_root: str = "/") -> HostGpus:
         names = parse_proc_devices(devices_text)
     majors = majors_from_devices(names)
 
-    if not os.path.isdir(nv):
+    if not pathnames.isdir(nv):
         r.warnings.append(f"{nv}: missing: the NVIDIA kernel module is not loaded")
         return HostGpus(driver_version=None, gpus=(), majors=majors, warnings=tuple(r.warnings),
                         proc_root=proc_root, dev_root=dev_root)
 
     driver_version = None
-    vtext = r.read(os.path.join(nv, "version"))
+    vtext = r.read(pathnames.join(nv, "version"))
     if vtext is not None:
         driver_version = parse_driver_version(vtext)
         if driver_version is None:
-            r.warnings.append(f"{os.path.join(nv, 'version')}: no driver version in its first line")
+            r.warnings.append(f"{pathnames.join(nv, 'version')}: no driver version in its first line")
 
-    gpus = _read_gpus(r, os.path.join(nv, "gpus"))
+    gpus = _read_gpus(r, pathnames.join(nv, "gpus"))
     if majors.nvidia is None and (gpus or devices_text is not None):
         r.warnings.append(f"{_join(proc_root, 'devices')}: no nvidia-frontend/nvidia character major")
 
@@ -449,8 +450,8 @@ def discover_gpus(proc_root: str = "/proc", dev_root: str = "/") -> HostGpus:
     if mtext is not None:
         mig_minors = parse_mig_minors(mtext)
     mig_devices = _read_mig(r, nv, gpus)
-    mig_config = _cap_minor(r, os.path.join(nv, "capabilities/mig/config"))
-    mig_monitor = _cap_minor(r, os.path.join(nv, "capabilities/mig/monitor"))
+    mig_config = _cap_minor(r, pathnames.join(nv, "capabilities/mig/config"))
+    mig_monitor = _cap_minor(r, pathnames.join(nv, "capabilities/mig/monitor"))
     minor_map = dict(mig_minors)
     if mig_config is None:
         mig_config = minor_map.get("config")
@@ -482,7 +483,7 @@ def discover_gpus(proc_root: str = "/proc", dev_root: str = "/") -> HostGpus:
 def _read_gpus(r: _Reader, gpus_dir: str) -> tuple[Gpu, ...]:
     found = []
     for name in r.listdir(gpus_dir):
-        path = os.path.join(gpus_dir, name, "information")
+        path = pathnames.join(gpus_dir, name, "information")
         text = r.read(path)
         if text is None:
             continue
@@ -527,19 +528,19 @@ def _read_mig(r: _Reader, nv: str, gpus: tuple[Gpu, ...]) -> tuple[MigDevice, ..
     for g in gpus:
         base = f"capabilities/gpu{g.minor}/mig"
         gis = []
-        for gname in r.listdir(os.path.join(nv, base)):
+        for gname in r.listdir(pathnames.join(nv, base)):
             gi = _numbered(gname, "gi")
             if gi is not None:
                 gis.append(gi)
         devs: list[MigDevice] = []
         for gi in sorted(gis):
             gi_rel = f"{base}/gi{gi}/access"
-            gi_minor = _cap_minor(r, os.path.join(nv, gi_rel))
-            cis = sorted(ci for c in r.listdir(os.path.join(nv, base, f"gi{gi}"))
+            gi_minor = _cap_minor(r, pathnames.join(nv, gi_rel))
+            cis = sorted(ci for c in r.listdir(pathnames.join(nv, base, f"gi{gi}"))
                          if (ci := _numbered(c, "ci")) is not None)
             for ci in cis:
                 ci_rel = f"{base}/gi{gi}/ci{ci}/access"
-                ci_minor = _cap_minor(r, os.path.join(nv, ci_rel))
+                ci_minor = _cap_minor(r, pathnames.join(nv, ci_rel))
                 if gi_minor is None or ci_minor is None:
                     continue
                 devs.append(MigDevice(
@@ -564,7 +565,7 @@ def check_node(dev_root: str, path: str, major: int, minor: int) -> DeviceNode:
     """Stat `<dev-root>` + `path`; like LNC, st_rdev must equal major:minor exactly."""
     host = _join(dev_root, path)
     try:
-        st = os.stat(host)
+        st = posix.stat(host)
     except FileNotFoundError:
         return DeviceNode(path, major, minor, None, False, "missing")
     except OSError as e:
@@ -572,7 +573,7 @@ def check_node(dev_root: str, path: str, major: int, minor: int) -> DeviceNode:
     mode = stat.S_IMODE(st.st_mode)
     if not stat.S_ISCHR(st.st_mode):
         return DeviceNode(path, major, minor, mode, True, "not a character device")
-    got = (os.major(st.st_rdev), os.minor(st.st_rdev))
+    got = (posix.major(st.st_rdev), posix.minor(st.st_rdev))
     if got != (major, minor):
         return DeviceNode(path, major, minor, mode, True,
                           f"invalid device node: is {got[0]}:{got[1]}, expected {major}:{minor}")

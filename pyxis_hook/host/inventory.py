@@ -7,8 +7,9 @@ facts a snapshot load re-checks (`ipc_files`, `refresh_live`) are here.
 """
 
 from __future__ import annotations
-import os
+import posix
 import stat
+from pyxis_hook import pathnames
 from pyxis_hook.host import capabilities as caps
 from pyxis_hook import log
 from pyxis_hook.errors import PathError
@@ -201,7 +202,7 @@ class Inventory:
 def stat_signature(path: str) -> tuple[str, int, int, int, int] | None:
     """(path, st_dev, st_ino, st_size, st_mtime_ns) of a file, None when it cannot be stat'ed."""
     try:
-        st = os.stat(path)
+        st = posix.stat(path)
     except OSError:
         return None
     return (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
@@ -238,17 +239,17 @@ def ipc_files(root: str, mps_pipe_dir: str, warn=log.debug) -> list[DriverFile]:
     for cap, path in caps.IPC_SOCKETS:
         real = where(path)
         try:
-            sock = real is not None and stat.S_ISSOCK(os.stat(real).st_mode)
+            sock = real is not None and stat.S_ISSOCK(posix.stat(real).st_mode)
         except OSError:
             sock = False
         if sock:
             out.append(DriverFile(kind="ipc", capability=cap, path=to_root_relative(root, real), host_path=real,
-                                  name=os.path.basename(real), source=f"ipc:{path}"))
+                                  name=pathnames.basename(real), source=f"ipc:{path}"))
     real = where(mps_pipe_dir)
-    if real is not None and os.path.isdir(real):
+    if real is not None and pathnames.isdir(real):
         for cap in caps.MPS_CAPABILITIES:
             out.append(DriverFile(kind="ipc", capability=cap, path=to_root_relative(root, real), host_path=real,
-                                  name=os.path.basename(real), source=f"mps:{mps_pipe_dir}"))
+                                  name=pathnames.basename(real), source=f"mps:{mps_pipe_dir}"))
     return out
 
 

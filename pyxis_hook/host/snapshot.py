@@ -17,16 +17,16 @@ provably current:
 
 A snapshot that is stale, corrupt, not owned by root (or by us) or writable
 by others is rebuilt, never trusted.  Written atomically (tmp + rename),
-mode 0644 in a 0755 directory.  Loading imports only fastjson/os: never
+mode 0644 in a 0755 directory.  Loading imports only fastjson, posix and pathnames: never
 json, pyelftools or jsonschema (tests check sys.modules).
 """
 
 from __future__ import annotations
 
-import os
+import posix
 import stat
 
-from pyxis_hook import fastjson, log
+from pyxis_hook import fastjson, log, pathnames
 from pyxis_hook.errors import SnapshotError
 
 #: bumped whenever discovery records something else for the same driver files, so an upgrade
@@ -40,7 +40,7 @@ _DIGEST_PRIME = 4294967291  # 2**32 - 5
 def config_key(config) -> dict:
     """The configuration values a snapshot depends on."""
     return {
-        "driver_root": os.path.normpath(os.path.abspath(config.driver_root)),
+        "driver_root": pathnames.normpath(pathnames.abspath(config.driver_root)),
         "proc_root": config.proc_root,
         "dev_root": config.dev_root,
         "path": list(config.path),
@@ -56,14 +56,14 @@ def snapshot_path(config) -> str:
     # or hashlib (each an extension module and a shared library to map: ~0.5 ms of a start)
     raw = repr(sorted(config_key(config).items())).encode()
     digest = f"{int.from_bytes(raw, 'big') % _DIGEST_PRIME:08x}"
-    return os.path.join(config.snapshot_dir, f"inventory-{digest}.json")
+    return pathnames.join(config.snapshot_dir, f"inventory-{digest}.json")
 
 
 def _trusted_file(fd: int, path: str) -> None:
-    st = os.fstat(fd)
+    st = posix.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         raise SnapshotError(f"{path}: not a regular file")
-    if st.st_uid not in (0, os.geteuid()):
+    if st.st_uid not in (0, posix.geteuid()):
         raise SnapshotError(f"{path}: owned by uid {st.st_uid}, not root")
     if st.st_mode & 0o022:
         raise SnapshotError(f"{path}: writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})")
@@ -71,12 +71,12 @@ def _trusted_file(fd: int, path: str) -> None:
 
 def _trusted_dir(path: str) -> None:
     """The snapshot dir must be ours (root's) and closed to others, or anyone could swap the file."""
-    d = os.path.dirname(path)
+    d = pathnames.dirname(path)
     try:
-        st = os.stat(d)
+        st = posix.stat(d)
     except OSError as e:
         raise SnapshotError(f"{d}: {e.strerror}") from None
-    if st.st_uid not in (0, os.geteuid()):
+    if st.st_uid not in (0, posix.geteuid()):
         raise SnapshotError(f"{d}: owned by uid {st.st_uid}, not root")
     if st.st_mode & 0o022:
         raise SnapshotError(f"{d}: writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})")
@@ -93,15 +93,15 @@ def load(config, host=None):
     path = snapshot_path(config)
     _trusted_dir(path)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = posix.open(path, posix.O_RDONLY | posix.O_NOFOLLOW | posix.O_CLOEXEC)
     except OSError as e:
         raise SnapshotError(f"{path}: {e.strerror}") from None
     try:
         _trusted_file(fd, path)
-        with os.fdopen(fd, "rb", closefd=False) as f:
+        with open(fd, "rb", closefd=False) as f:
             raw = f.read()
     finally:
-        os.close(fd)
+        posix.close(fd)
     try:
         data = fastjson.loads(raw)
         if data.get("format") != FORMAT:
@@ -113,7 +113,7 @@ def load(config, host=None):
         raise
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise SnapshotError(f"{path}: corrupt: {type(e).__name__}: {e}") from None
-    now = os.path.realpath(config.driver_root)
+    now = pathnames.realpath(config.driver_root)
     if now != inv.driver_root:  # the inventory names one tree's files (discovery pins it)
         raise SnapshotError(f"{path}: stale: the driver root now leads to {now}")
     for sig in inv.sources:
@@ -131,11 +131,13 @@ def load(config, host=None):
 def save(config, inv) -> str:
     """Write the snapshot atomically; return its path.  Raises SnapshotError on failure."""
     path = snapshot_path(config)
-    d = os.path.dirname(path)
+    d = pathnames.dirname(path)
     try:
-        if not os.path.isdir(d):
+        if not pathnames.isdir(d):
+            import os  # only when writing (a rebuild): `os` is ~1.5 ms of a start (pathnames.py)
+
             os.makedirs(d, mode=0o755, exist_ok=True)
-            os.chmod(d, 0o755)
+            posix.chmod(d, 0o755)
         # a snapshot `load` would refuse is not worth writing: say so (once per rebuild) instead
         _trusted_dir(path)
         import json  # only when writing
@@ -146,17 +148,17 @@ def save(config, inv) -> str:
 
         fd, tmp = tempfile.mkstemp(prefix=".inventory-", suffix=".tmp", dir=d)
         try:
-            os.fchmod(fd, 0o644)
-            with os.fdopen(fd, "wb", closefd=False) as f:
+            posix.fchmod(fd, 0o644)
+            with open(fd, "wb", closefd=False) as f:
                 f.write(payload)
                 f.flush()
-                os.fsync(fd)
+                posix.fsync(fd)
         finally:
-            os.close(fd)
+            posix.close(fd)
         try:
-            os.rename(tmp, path)
+            posix.rename(tmp, path)
         except OSError:
-            os.unlink(tmp)
+            posix.unlink(tmp)
             raise
     except OSError as e:
         raise SnapshotError(f"{path}: cannot save the inventory snapshot: {e.strerror}") from None
@@ -170,8 +172,8 @@ BUILD_WAIT_S = 10.0
 
 def lock_path(config) -> str:
     """The build lock beside the snapshot (a hidden name: not a snapshot)."""
-    d, name = os.path.split(snapshot_path(config))
-    return os.path.join(d, "." + name.replace(".json", ".lock"))
+    d, name = pathnames.split(snapshot_path(config))
+    return pathnames.join(d, "." + name.replace(".json", ".lock"))
 
 
 def _build_lock(config):
@@ -186,13 +188,13 @@ def _build_lock(config):
     path = lock_path(config)
     try:
         _trusted_dir(path)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
+        fd = posix.open(path, posix.O_RDWR | posix.O_CREAT | posix.O_NOFOLLOW | posix.O_CLOEXEC | posix.O_NONBLOCK, 0o600)
     except (OSError, SnapshotError):
         return None
     try:
         _trusted_file(fd, path)
     except SnapshotError:
-        os.close(fd)
+        posix.close(fd)
         return None
     deadline = time.monotonic() + BUILD_WAIT_S
     while True:
@@ -201,7 +203,7 @@ def _build_lock(config):
             return fd
         except OSError:
             if time.monotonic() >= deadline:
-                os.close(fd)
+                posix.close(fd)
                 log.debug(f"{path}: still held after {BUILD_WAIT_S:.0f} s: building without it")
                 return None
             time.sleep(0.02)
@@ -241,4 +243,4 @@ def load_or_build(config, *, strict: bool = True):
         return inv
     finally:
         if lock is not None:
-            os.close(lock)  # releases the flock
+            posix.close(lock)  # releases the flock

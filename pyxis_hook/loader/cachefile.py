@@ -22,7 +22,7 @@ symlink or directory at the temp name is never followed or removed.
 from __future__ import annotations
 
 import errno
-import os
+import posix
 import stat
 
 from pyxis_hook.errors import LdCacheError, PathError
@@ -41,7 +41,7 @@ def write_cache(rfs, data: bytes) -> None:
     removed again before the LdCacheError, so the image keeps its old cache
     and nothing else.
     """
-    etc = rfs.open("/etc", os.O_PATH | os.O_DIRECTORY)
+    etc = rfs.open("/etc", posix.O_PATH | posix.O_DIRECTORY)
     try:
         check = getattr(rfs, "check_dir", None)  # a WritableRoot: is this /etc a host directory bound in?
         if check is not None:
@@ -51,13 +51,13 @@ def write_cache(rfs, data: bytes) -> None:
             try:
                 view = memoryview(data)
                 while view:
-                    view = view[os.write(fd, view):]
+                    view = view[posix.write(fd, view):]
                 if rfs.owner:
-                    os.fchown(fd, *rfs.owner)
-                os.fchmod(fd, 0o644)
+                    posix.fchown(fd, *rfs.owner)
+                posix.fchmod(fd, 0o644)
             finally:
-                os.close(fd)
-            os.rename(TEMP_NAME, "ld.so.cache", src_dir_fd=etc, dst_dir_fd=etc)
+                posix.close(fd)
+            posix.rename(TEMP_NAME, "ld.so.cache", src_dir_fd=etc, dst_dir_fd=etc)
         except OSError as e:
             left = _unlink_temp(etc)
             raise LdCacheError(f"{CACHE} (in {rfs.path}): cannot write: {e.strerror}"
@@ -68,24 +68,24 @@ def write_cache(rfs, data: bytes) -> None:
     except OSError as e:  # creating the temp file
         raise LdCacheError(f"{CACHE} (in {rfs.path}): cannot write: {e.strerror}") from None
     finally:
-        os.close(etc)
+        posix.close(etc)
 
 
 def _create_temp(etc: int) -> int:
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    flags = posix.O_WRONLY | posix.O_CREAT | posix.O_EXCL | posix.O_NOFOLLOW | posix.O_CLOEXEC
     try:
-        return os.open(TEMP_NAME, flags, 0o644, dir_fd=etc)
+        return posix.open(TEMP_NAME, flags, 0o644, dir_fd=etc)
     except FileExistsError:
-        os.unlink(TEMP_NAME, dir_fd=etc)  # a leftover of an interrupted run (ldconfig truncates it too)
-    return os.open(TEMP_NAME, flags, 0o644, dir_fd=etc)
+        posix.unlink(TEMP_NAME, dir_fd=etc)  # a leftover of an interrupted run (ldconfig truncates it too)
+    return posix.open(TEMP_NAME, flags, 0o644, dir_fd=etc)
 
 
 def _unlink_temp(etc: int) -> str | None:
     """Remove the temp file in `etc` if it is a regular file; a line saying why not when that fails."""
     try:
-        st = os.stat(TEMP_NAME, dir_fd=etc, follow_symlinks=False)
+        st = posix.stat(TEMP_NAME, dir_fd=etc, follow_symlinks=False)
         if stat.S_ISREG(st.st_mode):
-            os.unlink(TEMP_NAME, dir_fd=etc)
+            posix.unlink(TEMP_NAME, dir_fd=etc)
     except FileNotFoundError:
         pass
     except OSError as e:
@@ -100,7 +100,7 @@ def remove_temp(rfs) -> str | None:
     returns a line for the log when the file could not be removed.
     """
     try:
-        etc = rfs.open("/etc", os.O_PATH | os.O_DIRECTORY)
+        etc = rfs.open("/etc", posix.O_PATH | posix.O_DIRECTORY)
     except PathError as e:
         if getattr(e, "errno", 0) in (errno.ENOENT, errno.ENOTDIR):
             return None  # no /etc: no temp file either
@@ -108,4 +108,4 @@ def remove_temp(rfs) -> str | None:
     try:
         return _unlink_temp(etc)
     finally:
-        os.close(etc)
+        posix.close(etc)

@@ -2,7 +2,7 @@
 
 The per-container hook reads the driver root's cache to find the driver
 libraries and (for `ldcache = "merge"`) writes a container's cache, so this
-module is stdlib-only (`struct`, `os`) and cheap to import.  Every offset in
+module is stdlib-only (`struct`, `posix`) and cheap to import.  Every offset in
 the file is bounds-checked: a corrupt or truncated cache raises
 `LdCacheError` naming the file and what is wrong, never IndexError or
 struct.error.
@@ -27,13 +27,14 @@ actually sees (`loader_hwcap_name`).
 
 from __future__ import annotations
 
-import os
+import posix
 import struct
 
 # functools.cmp_to_key is this C function; functools itself costs ~1.5 ms per start and this also
 # runs after setns, where nothing may be imported (apply._NoImports)
 from _functools import cmp_to_key
 
+from pyxis_hook import pathnames
 from pyxis_hook.errors import LdCacheError
 from pyxis_hook.record import record
 
@@ -100,7 +101,7 @@ def accepted_flags(elfclass: int, machine: str | None = None) -> tuple[int, ...]
     """
     from pyxis_hook.loader.machines import machine as row_of
 
-    name = machine or os.uname().machine
+    name = machine or posix.uname().machine
     row = row_of(name)
     if elfclass == 64:
         key = row.cache_loader if row is not None else name
@@ -120,7 +121,7 @@ def written_flags(elfclass: int | None, needed: Iterable[str] = (), machine: str
     from pyxis_hook.loader.machines import abi_byte
 
     if elfclass == 64:
-        return abi_byte(machine or os.uname().machine) | FLAG_ELF_LIBC6
+        return abi_byte(machine or posix.uname().machine) | FLAG_ELF_LIBC6
     needed = set(needed)
     if needed & {"libc.so.6", "libm.so.6"}:
         return FLAG_ELF_LIBC6
@@ -250,14 +251,14 @@ class _Reader:
         end = self.data.find(b"\0", start, limit)
         if end < 0:
             raise self.fail(f"{what} string at offset {offset} is not NUL-terminated")
-        return os.fsdecode(self.data[start:end])
+        return pathnames.fsdecode(self.data[start:end])
 
     def cstring_loose(self, offset: int) -> str | None:
         """A string the way glibc reads hwcaps names: from the file start, up to NUL or EOF."""
         if offset >= len(self.data):
             return None
         end = self.data.find(b"\0", offset)
-        return os.fsdecode(self.data[offset:] if end < 0 else self.data[offset:end])
+        return pathnames.fsdecode(self.data[offset:] if end < 0 else self.data[offset:end])
 
 
 def _parse_old(r: _Reader, nlibs: int) -> tuple[CacheEntry, ...]:
@@ -294,7 +295,7 @@ def _parse_extensions(r: _Reader, ext_off: int) -> tuple[str | None, tuple[int, 
     generator = None
     if EXT_TAG_GENERATOR in sections:
         off, size = sections[EXT_TAG_GENERATOR]
-        generator = os.fsdecode(r.data[off:off + size])
+        generator = pathnames.fsdecode(r.data[off:off + size])
     hwcaps = None
     if EXT_TAG_GLIBC_HWCAPS in sections:
         off, size = sections[EXT_TAG_GLIBC_HWCAPS]
@@ -471,8 +472,8 @@ def libcmp(a: str | bytes, b: str | bytes) -> int:
     details kept: `char` is signed (bytes >= 0x80 are negative) and the
     digit accumulator is a wrapping 32-bit int.
     """
-    p1 = os.fsencode(a) + b"\0"
-    p2 = os.fsencode(b) + b"\0"
+    p1 = pathnames.fsencode(a) + b"\0"
+    p2 = pathnames.fsencode(b) + b"\0"
     i = j = 0
     while p1[i] != 0:
         c1, c2 = p1[i], p2[j]
@@ -520,7 +521,7 @@ def entry_sort_key_cmp(e1: CacheEntry, e2: CacheEntry) -> int:
     if h2 and not h1:
         return 1
     if h1 and h2:
-        n1, n2 = os.fsencode(e1.hwcap_name or ""), os.fsencode(e2.hwcap_name or "")
+        n1, n2 = pathnames.fsencode(e1.hwcap_name or ""), pathnames.fsencode(e2.hwcap_name or "")
         if n1 != n2:
             return -1 if n1 < n2 else 1
         return 0
@@ -578,13 +579,13 @@ def serialize_cache(entries: Iterable[CacheEntry], generator: str | None, fmt: s
     if fmt not in FORMATS:
         raise LdCacheError(f"unknown cache format {fmt!r} (expected one of {', '.join(FORMATS)})")
     ents = sort_entries(entries)
-    used = sorted({os.fsencode(e.hwcap_name) for e in ents if e.is_hwcaps and e.hwcap_name is not None})
+    used = sorted({pathnames.fsencode(e.hwcap_name) for e in ents if e.is_hwcaps and e.hwcap_name is not None})
     for e in ents:
         if e.is_hwcaps and e.hwcap_name is None:
             raise LdCacheError(f"cache entry {e.key} => {e.value} is a glibc-hwcaps entry without a subdirectory name")
     index = {n: i for i, n in enumerate(used)}
-    strings = {os.fsencode(e.key) for e in ents} | {os.fsencode(e.value) for e in ents}
-    strings |= set(used) | {os.fsencode(n) for n in extra_hwcaps_names}
+    strings = {pathnames.fsencode(e.key) for e in ents} | {pathnames.fsencode(e.value) for e in ents}
+    strings |= set(used) | {pathnames.fsencode(n) for n in extra_hwcaps_names}
     table, offs = _finalize_strings(strings)
 
     n = len(ents)
@@ -596,7 +597,7 @@ def serialize_cache(entries: Iterable[CacheEntry], generator: str | None, fmt: s
         old = [e for e in ents if e.is_hwcaps or not e.hwcap]
         n_old = (len(old) + 1) & ~1 if fmt == "compat" else len(old)
         out += CACHEMAGIC + b"\0" + struct.pack("<I", n_old)
-        rows = [(e.flags, str_offset + offs[os.fsencode(e.key)], str_offset + offs[os.fsencode(e.value)]) for e in old]
+        rows = [(e.flags, str_offset + offs[pathnames.fsencode(e.key)], str_offset + offs[pathnames.fsencode(e.value)]) for e in old]
         if n_old > len(rows):
             rows.append(rows[-1])
         for row in rows:
@@ -611,13 +612,13 @@ def serialize_cache(entries: Iterable[CacheEntry], generator: str | None, fmt: s
         for e in ents:
             hwcap = e.hwcap
             if e.is_hwcaps:
-                hwcap = HWCAP_EXTENSION | (e.isa_level << 32) | index[os.fsencode(e.hwcap_name)]
-            out += struct.pack("<iIIIQ", e.flags, str_offset + offs[os.fsencode(e.key)],
-                               str_offset + offs[os.fsencode(e.value)], 0, hwcap)
+                hwcap = HWCAP_EXTENSION | (e.isa_level << 32) | index[pathnames.fsencode(e.hwcap_name)]
+            out += struct.pack("<iIIIQ", e.flags, str_offset + offs[pathnames.fsencode(e.key)],
+                               str_offset + offs[pathnames.fsencode(e.value)], 0, hwcap)
     out += table
     if fmt != "old":
         out += b"\0" * (ext_offset - len(out))
-        gen = os.fsencode(generator) if generator is not None else None
+        gen = pathnames.fsencode(generator) if generator is not None else None
         sections = []
         body_off = ext_offset + 8 + 16 * ((gen is not None) + bool(used))
         hw_bytes = b"".join(struct.pack("<I", str_offset + offs[nm]) for nm in used)

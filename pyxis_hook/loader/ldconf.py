@@ -42,10 +42,11 @@ ldconfig's "one directory per inode, first name wins" rule (ldmerge uses it).
 from __future__ import annotations
 
 import errno
-import os
+import posix
 import stat
 import time
 
+from pyxis_hook import pathnames
 from pyxis_hook.errors import LdCacheError, PathError
 from pyxis_hook.record import record
 from pyxis_hook.rootfs import RootFS, RootPathError, resolve_in_root
@@ -164,21 +165,21 @@ def dir_identity(where: Where, path: str) -> tuple[int, int] | None:
     """
     if isinstance(where, str):
         try:
-            st = os.stat(resolve_in_root(where, path))
+            st = posix.stat(resolve_in_root(where, path))
         except (OSError, PathError):
             return None
         return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
     try:
-        fd = where.open(path, os.O_PATH | os.O_DIRECTORY)
+        fd = where.open(path, posix.O_PATH | posix.O_DIRECTORY)
     except PathError as e:
         if getattr(e, "errno", 0) == errno.EAGAIN:
             raise  # the host kept racing the lookup (kernel.OPENAT2_TRIES): not "no such directory"
         return None
     try:
-        st = os.fstat(fd)
+        st = posix.fstat(fd)
         return st.st_dev, st.st_ino
     finally:
-        os.close(fd)
+        posix.close(fd)
 
 
 def dirs_by_inode(where: Where, dirs: Iterable[str]) -> dict[tuple[int, int], str]:
@@ -257,7 +258,7 @@ class _Tree:
             return None
         fd, _real = found
         try:
-            st = os.fstat(fd)
+            st = posix.fstat(fd)
             if stat.S_ISDIR(st.st_mode):
                 return None
             if not stat.S_ISREG(st.st_mode):
@@ -269,13 +270,13 @@ class _Tree:
                 raise _Stop(LIMIT, f"{path} (in {self.rfs.path}){via}: the configuration files are larger "
                                    f"than {CONF_LIMIT} bytes in all")
             try:
-                rfd = self.rfs.reopen(fd, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+                rfd = self.rfs.reopen(fd, posix.O_RDONLY | posix.O_NONBLOCK | posix.O_NOCTTY)
                 try:
-                    data = os.read(rfd, left + 1)
-                    while len(data) <= left and (more := os.read(rfd, left + 1 - len(data))):
+                    data = posix.read(rfd, left + 1)
+                    while len(data) <= left and (more := posix.read(rfd, left + 1 - len(data))):
                         data += more
                 finally:
-                    os.close(rfd)
+                    posix.close(rfd)
             except OSError as e:
                 raise _Stop(UNREADABLE, f"{path} (in {self.rfs.path}){via}: {e.strerror}") from None
             if len(data) > left:
@@ -284,7 +285,7 @@ class _Tree:
             self.bytes += len(data)
             return (st.st_dev, st.st_ino), data
         finally:
-            os.close(fd)
+            posix.close(fd)
 
     def dir_path(self, path: str) -> str | None:
         """The resolved name of directory `path`, None when it is not one ldconfig can reach."""
@@ -293,9 +294,9 @@ class _Tree:
             return None
         fd, real = found
         try:
-            return real if stat.S_ISDIR(os.fstat(fd).st_mode) else None
+            return real if stat.S_ISDIR(posix.fstat(fd).st_mode) else None
         finally:
-            os.close(fd)
+            posix.close(fd)
 
     def lexists(self, base: str, name: str) -> bool:
         """Whether directory `base` (resolved) has an entry `name`, a dangling link too (glob's lstat)."""
@@ -306,12 +307,12 @@ class _Tree:
             return False
         fd = found[0]
         try:
-            os.stat(name, dir_fd=fd, follow_symlinks=False)
+            posix.stat(name, dir_fd=fd, follow_symlinks=False)
             return True
         except OSError:
             return False
         finally:
-            os.close(fd)
+            posix.close(fd)
 
     def matching(self, base: str, pattern: str) -> list[str]:
         """Names in directory `base` (resolved) that `pattern` matches; each entry looked at counts."""
@@ -321,13 +322,13 @@ class _Tree:
         fd = found[0]
         out = []
         try:
-            dfd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+            dfd = posix.open(".", posix.O_RDONLY | posix.O_DIRECTORY | posix.O_CLOEXEC, dir_fd=fd)
         except OSError:
             return []
         finally:
-            os.close(fd)
+            posix.close(fd)
         try:
-            with os.scandir(dfd) as entries:
+            with posix.scandir(dfd) as entries:
                 for entry in entries:
                     self.tick()
                     name = entry.name
@@ -345,7 +346,7 @@ class _Tree:
         except OSError:
             return []
         finally:
-            os.close(dfd)
+            posix.close(dfd)
         return out
 
 
@@ -394,7 +395,7 @@ class _State:
         self.active.append(ident)
         for lineno, line in enumerate(raw.split(b"\n"), 1):
             line = line.split(b"\0", 1)[0].split(b"#", 1)[0]
-            text = os.fsdecode(line).lstrip(_SPACE)
+            text = pathnames.fsdecode(line).lstrip(_SPACE)
             if not text:
                 continue
             if text.startswith("include") and len(text) > 7 and text[7] in _BLANK:
@@ -407,7 +408,7 @@ class _State:
         self.active.pop()
 
     def include(self, filename: str, lineno: int, pattern: str, depth: int) -> None:
-        full = pattern if pattern.startswith("/") else _join(os.path.dirname(filename) or "/", pattern)
+        full = pattern if pattern.startswith("/") else _join(pathnames.dirname(filename) or "/", pattern)
         matches = self.glob(full)
         if not matches:
             self.unmatched.append((filename, lineno, pattern))
@@ -445,7 +446,7 @@ class _State:
                     if real is not None:
                         nxt.append((spelled + "/" + name, real))
             found = nxt
-        found.sort(key=lambda f: os.fsencode(f[0]))
+        found.sort(key=lambda f: pathnames.fsencode(f[0]))
         return [real for _spelled, real in found]
 
 

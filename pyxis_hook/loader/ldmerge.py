@@ -48,9 +48,10 @@ than a parse and re-sort; a compat cache is parsed, merged and re-written by
 from __future__ import annotations
 
 import errno
-import os
+import posix
 import struct
 
+from pyxis_hook import pathnames
 from pyxis_hook.loader import ldcache as L
 from pyxis_hook.loader.cachefile import write_cache
 from pyxis_hook.errors import InternalSignal, LdCacheError, PathError, PyxisHookError
@@ -138,7 +139,7 @@ def _position(view: _View, new: L.CacheEntry, dir_rank: dict[str, int], rank: in
         # the same entry already listed: kept, once the run it sits in is checked to be in scan
         # order (an image that lists a first dir, e.g. compat, later in its ld.so.conf is not)
         present = present or e.value == new.value
-        r = dir_rank.get(os.path.dirname(e.value))
+        r = dir_rank.get(pathnames.dirname(e.value))
         if r is None:
             raise CannotMerge(f"{where}: {e.key} => {e.value} comes from a directory ldconfig would not scan; "
                               f"cannot tell where {new.value} goes")
@@ -324,7 +325,7 @@ def _merge_new(data: bytes, scan_dirs, libs, name: str) -> MergeResult:
         off = offsets.get(s)
         if off is None:
             off = offsets[s] = new_table_end + len(blob) + len(new_strings)
-            new_strings.extend(os.fsencode(s) + b"\0")
+            new_strings.extend(pathnames.fsencode(s) + b"\0")
         return off
 
     rows = list(struct.unpack_from(f"<{6 * n}I", data, L.NEW_HEADER_SIZE)) if n else []
@@ -421,7 +422,7 @@ def _model_image(rfs, libs: Sequence[InjectedLib], machine: str | None):
 
     if not rfs.exists("/etc/ld.so.conf"):
         raise CannotMerge("the image has no /etc/ld.so.conf (musl or distroless?)")
-    machine = machine or os.uname().machine
+    machine = machine or posix.uname().machine
     conf = require_safe(rfs)
     if conf.truncated:
         why = conf.problems[0] if conf.problems else "incomplete"
@@ -446,13 +447,13 @@ def _check_soname_link(rfs, lib: InjectedLib) -> None:
     ids = []
     for name in (lib.soname, lib.name):
         try:
-            fd = rfs.open(f"{lib.dir}/{name}", os.O_PATH)
+            fd = rfs.open(f"{lib.dir}/{name}", posix.O_PATH)
         except PathError:
             raise CannotMerge(f"{lib.dir}/{lib.soname}: no such link to {lib.name} (ldconfig would make it)") from None
         try:
-            st = os.fstat(fd)
+            st = posix.fstat(fd)
         finally:
-            os.close(fd)
+            posix.close(fd)
         ids.append((st.st_dev, st.st_ino))
     if ids[0] != ids[1]:
         raise CannotMerge(f"{lib.dir}/{lib.soname} does not lead to {lib.name} (ldconfig would re-point it)")

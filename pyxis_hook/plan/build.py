@@ -8,8 +8,7 @@ the real run can never disagree.
 
 from __future__ import annotations
 
-import os
-
+from pyxis_hook import pathnames
 from pyxis_hook.record import asdict, field, record
 
 #: typing.TYPE_CHECKING without importing typing (~3 ms on the hook's path)
@@ -180,7 +179,7 @@ def _required(path: str) -> bool:
 
 
 def _dev_host_path(dev_root: str, path: str) -> str:
-    return os.path.normpath(dev_root.rstrip("/") + path) if dev_root not in ("", "/") else path
+    return pathnames.normpath(dev_root.rstrip("/") + path) if dev_root not in ("", "/") else path
 
 
 def patch_params(text: str) -> str:
@@ -407,7 +406,7 @@ def build_plan(request: "Request", inventory: "Inventory", facts: ContainerFacts
         seen_targets.add(m.container_path)
         mounts.append(m)
         if f.kind in ("lib", "lib32"):
-            d = os.path.dirname(m.container_path)
+            d = pathnames.dirname(m.container_path)
             for link, target in f.links:
                 edit, note = link_edit(f"{d}/{link}", target, f, facts)
                 if note:
@@ -427,18 +426,18 @@ def build_plan(request: "Request", inventory: "Inventory", facts: ContainerFacts
                       for g in host.gpus if g.minor == m.gpu_minor and g not in request.gpus))
     if proc_files is not None:
         files_out = tuple((name, patch_params(text) if name == "params" else text) for name, text in proc_files)
-        proc_driver = ProcDriverView(host_dir=os.path.join(host.proc_root, "driver/nvidia"), files=files_out,
+        proc_driver = ProcDriverView(host_dir=pathnames.join(host.proc_root, "driver/nvidia"), files=files_out,
                                      gpu_dirs=gpu_dirs)
         for mig in request.mig_devices:
             for p in mig.proc_paths:
                 rel = p[len("/proc"):] if p.startswith("/proc/") else p
-                mounts.append(MountEdit(os.path.join(host.proc_root, rel.lstrip("/")), p, "file", PROC_OPTIONS,
+                mounts.append(MountEdit(pathnames.join(host.proc_root, rel.lstrip("/")), p, "file", PROC_OPTIONS,
                                         "", "mig access file"))
     else:
         notes.append("no /proc/driver/nvidia on this host (kernel module not loaded): "
                      "the container gets no /proc/driver/nvidia view")
     lib_prefixes = tuple(d + "/" for d in (facts.lib_dir, facts.lib32_dir) if d)
-    lib_dirs = tuple(dict.fromkeys(os.path.dirname(m.container_path) for m in mounts
+    lib_dirs = tuple(dict.fromkeys(pathnames.dirname(m.container_path) for m in mounts
                                    if lib_prefixes and m.container_path.startswith(lib_prefixes)))
     use_compat, compat_note = cuda_compat(config, caps, facts, inventory.driver_version)
     if not lib_dirs:

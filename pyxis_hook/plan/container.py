@@ -15,11 +15,12 @@ it) with a small ELF reader of its own: pyelftools is not on the hook's path.
 from __future__ import annotations
 
 import errno
-import os
+import posix
 import stat
 import struct
 import sys
 
+from pyxis_hook import pathnames
 from pyxis_hook.errors import ElfError, PathError
 from pyxis_hook.loader import machines
 from pyxis_hook.plan.build import COMPAT_DIR, ContainerFacts, link_paths
@@ -29,12 +30,12 @@ from pyxis_hook.rootfs import try_resolve_in_root
 
 def _exists(rootfs: str, path: str) -> bool:
     host = try_resolve_in_root(rootfs, path)  # a looping link in the image: as if absent
-    return host is not None and os.path.lexists(host)
+    return host is not None and pathnames.lexists(host)
 
 
 def _isdir(rootfs: str, path: str) -> bool:
     host = try_resolve_in_root(rootfs, path)
-    return host is not None and os.path.isdir(host)
+    return host is not None and pathnames.isdir(host)
 
 
 def container_facts(rootfs: str, *, machine: str | None = None, files=()) -> ContainerFacts:
@@ -43,7 +44,7 @@ def container_facts(rootfs: str, *, machine: str | None = None, files=()) -> Con
     `files` are the driver files the container gets (`Inventory.select`): what
     the image holds at their links' paths becomes `link_occupants`.
     """
-    machine = machine or os.uname().machine  # not `platform` (hook path imports)
+    machine = machine or posix.uname().machine  # not `platform` (hook path imports)
     triplet, triplet32 = machines.triplets(machine)
     debian_like = _exists(rootfs, "/etc/debian_version")
     if debian_like:
@@ -92,16 +93,16 @@ def link_occupants(rootfs: str, paths) -> tuple[tuple[str, str], ...]:
         with RootFS(rootfs) as rfs:
             try:
                 for path in paths:
-                    d, name = os.path.split(path)
+                    d, name = pathnames.split(path)
                     if d not in dirs:
                         try:
-                            dirs[d] = rfs.open(d, os.O_PATH | os.O_DIRECTORY)
+                            dirs[d] = rfs.open(d, posix.O_PATH | posix.O_DIRECTORY)
                         except (PathError, OSError):
                             dirs[d] = -1
                     if dirs[d] < 0:
                         continue
                     try:
-                        mode = os.stat(name, dir_fd=dirs[d], follow_symlinks=False).st_mode
+                        mode = posix.stat(name, dir_fd=dirs[d], follow_symlinks=False).st_mode
                     except OSError:
                         continue
                     if not stat.S_ISLNK(mode):
@@ -110,7 +111,7 @@ def link_occupants(rootfs: str, paths) -> tuple[tuple[str, str], ...]:
             finally:
                 for fd in dirs.values():
                     if fd >= 0:
-                        os.close(fd)
+                        posix.close(fd)
     except (PathError, OSError):
         return ()
     return tuple(out)
@@ -156,7 +157,7 @@ def compat_facts(rootfs: str, machine: str | None = None):
 
     try:
         with RootFS(rootfs) as rfs:
-            return _compat_facts(rfs, machine or os.uname().machine)
+            return _compat_facts(rfs, machine or posix.uname().machine)
     except (PathError, OSError) as e:
         return "", None, (), f"cannot be read ({getattr(e, 'strerror', None) or e})"
 
@@ -166,18 +167,18 @@ def _compat_facts(rfs, machine: str):
     from pyxis_hook.loader.ldcache import written_flags
     from pyxis_hook.loader.ldmerge import indexed_by_ldconfig
 
-    dfd = rfs.open(COMPAT_DIR, os.O_RDONLY | os.O_DIRECTORY)
+    dfd = rfs.open(COMPAT_DIR, posix.O_RDONLY | posix.O_DIRECTORY)
     try:
         names = []
-        with os.scandir(dfd) as it:  # stops at the bound: a million entries are never all read
+        with posix.scandir(dfd) as it:  # stops at the bound: a million entries are never all read
             for entry in it:
                 names.append(entry.name)
                 if len(names) > MAX_ENTRIES:
                     return "", None, (), f"more than {MAX_ENTRIES} entries"
         names.sort()
-        modes = {n: os.lstat(n, dir_fd=dfd).st_mode for n in names}
+        modes = {n: posix.lstat(n, dir_fd=dfd).st_mode for n in names}
     finally:
-        os.close(dfd)
+        posix.close(dfd)
     links = {n for n, m in modes.items() if stat.S_ISLNK(m)}
     subdirs = [n for n, m in modes.items() if stat.S_ISDIR(m)]
     # NVIDIA's hook globs libcuda.so.*.* and keeps regular files only (a link is neither counted nor used)
@@ -198,14 +199,14 @@ def _compat_facts(rfs, machine: str):
                 problem = problem or f"has a subdirectory {name}"
             continue  # dangling, a loop, a FIFO or a device: ldconfig skips it too
         try:
-            st = os.fstat(fd)
+            st = posix.fstat(fd)
             try:
                 cls, soname, needed, note = read_elf_facts(fd, st.st_size, machine, want_note)
             except ElfFactsError as e:
                 problem = problem or f"{name}: {e}"
                 continue
         finally:
-            os.close(fd)
+            posix.close(fd)
         if want_note and len(libcuda) == 1 and _is_versioned(name) and cls == 64:
             chosen, drivers = name, note  # the native (64-bit) library: 64-bit programs are what it serves
         if cls == 0 or not indexed_by_ldconfig(name):
@@ -251,7 +252,7 @@ def _read_elf_facts(fd: int, size: int, machine: str, want_note: bool):
     from pyxis_hook.loader import elfhead  # only for an image's own ELF files (CUDA compat): off the common path
 
     try:
-        h = elfhead.parse_header(os.pread(fd, 64, 0), "")
+        h = elfhead.parse_header(posix.pread(fd, 64, 0), "")
     except ElfError as e:  # "<path>: what is wrong"; the reader has no path, callers add the name
         raise ElfFactsError(str(e).partition(": ")[2]) from None
     if h.elfclass == 0 or h.data == "invalid":
@@ -271,7 +272,7 @@ def _read_elf_facts(fd: int, size: int, machine: str, want_note: bool):
     loads, dynamic = [], None
     if phnum > MAX_HEADERS or (phnum and phentsize != ph.size):
         raise ElfFactsError("bad program headers")
-    raw = os.pread(fd, phnum * phentsize, phoff)
+    raw = posix.pread(fd, phnum * phentsize, phoff)
     for i in range(phnum):
         if (i + 1) * phentsize > len(raw):
             raise ElfFactsError("truncated program headers")
@@ -284,7 +285,7 @@ def _read_elf_facts(fd: int, size: int, machine: str, want_note: bool):
             dynamic = (off, min(filesz, MAX_HEADERS * dyn.size))
     soname_off, needed_offs, strtab = None, [], None
     if dynamic is not None:
-        data = os.pread(fd, dynamic[1], dynamic[0])
+        data = posix.pread(fd, dynamic[1], dynamic[0])
         for i in range(len(data) // dyn.size):
             tag, val = dyn.unpack_from(data, i * dyn.size)
             if tag == 0:
@@ -299,11 +300,11 @@ def _read_elf_facts(fd: int, size: int, machine: str, want_note: bool):
         raise ElfFactsError("dynamic string table not in a loaded segment")
 
     def string(rel: int) -> str:
-        s = os.pread(fd, 4096, strtab + rel)
+        s = posix.pread(fd, 4096, strtab + rel)
         end = s.find(b"\0")
         if end < 0:
             raise ElfFactsError("unterminated dynamic string")
-        return os.fsdecode(s[:end])
+        return pathnames.fsdecode(s[:end])
 
     soname = string(soname_off) if soname_off is not None else ""
     needed = tuple(string(o) for o in needed_offs[:64])
@@ -317,20 +318,20 @@ def _note_drivers(fd, size, h) -> tuple[int, ...] | None:
     sh = struct.Struct(h.endian + ("IIQQQQIIQQ" if h.elfclass == 64 else "IIIIIIIIII"))
     if not shoff or shnum > MAX_HEADERS or shentsize != sh.size or shstrndx >= shnum:
         return None
-    raw = os.pread(fd, shnum * shentsize, shoff)
+    raw = posix.pread(fd, shnum * shentsize, shoff)
     if len(raw) < shnum * shentsize:
         return None
     secs = [sh.unpack_from(raw, i * shentsize) for i in range(shnum)]
     # (name, offset, size, alignment) in both layouts
     secs = [(s[0], s[4], s[5], s[8]) for s in secs]
     _n, str_off, str_size, _a = secs[shstrndx]
-    names = os.pread(fd, min(str_size, NOTE_LIMIT), str_off)
+    names = posix.pread(fd, min(str_size, NOTE_LIMIT), str_off)
     for name_off, off, sz, align in secs:
         if names[name_off:name_off + len(NOTE_SECTION) + 1] != NOTE_SECTION + b"\0":
             continue
         if sz > NOTE_LIMIT or off + sz > size:
             return None
-        return _parse_note(os.pread(fd, sz, off), align if align in (4, 8) else 4, h.endian)
+        return _parse_note(posix.pread(fd, sz, off), align if align in (4, 8) else 4, h.endian)
     return None
 
 

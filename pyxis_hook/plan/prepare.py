@@ -7,9 +7,9 @@ run and the real run take every decision in the same code.
 
 from __future__ import annotations
 
-import os
+import posix
 
-from pyxis_hook import log
+from pyxis_hook import log, pathnames
 from pyxis_hook.spec.config import Config
 from pyxis_hook.plan.build import Plan
 from pyxis_hook.record import record
@@ -34,18 +34,18 @@ class Prepared:
 
 def read_proc_driver_files(proc_root: str) -> tuple[tuple[str, str], ...] | None:
     """The host's /proc/driver/nvidia texts the container's view copies; None without the module."""
-    base = os.path.join(proc_root, "driver/nvidia")
-    if not os.path.isdir(base):
+    base = pathnames.join(proc_root, "driver/nvidia")
+    if not pathnames.isdir(base):
         return None
     out = []
     for name in PROC_DRIVER_FILES:
         try:
-            with open(os.path.join(base, name), "rb") as f:
+            with open(pathnames.join(base, name), "rb") as f:
                 out.append((name, f.read(PROC_FILE_LIMIT).decode("utf-8", "replace")))
         except FileNotFoundError:
             continue  # not every driver publishes every file
         except OSError as e:  # the start goes on; the container's view lacks the file, and the log says so
-            log.warning(f"{os.path.join(base, name)}: cannot read ({e.strerror}): "
+            log.warning(f"{pathnames.join(base, name)}: cannot read ({e.strerror}): "
                         "the container's /proc/driver/nvidia will not have it")
     return tuple(out)
 
@@ -81,7 +81,7 @@ def confinement(env, host, proc_root: str = "/proc", pid: int | str | None = Non
     from pyxis_hook.host import cgroup, gpus
     from pyxis_hook.plan import taskview
 
-    pid = os.getpid() if pid is None else pid
+    pid = posix.getpid() if pid is None else pid
     bound = cgroup.gpu_bound(proc_root, pid, [g.minor for g in host.gpus], host.majors.nvidia or gpus.NVIDIA_MAJOR)
     allowed = None
     if bound is not None:

@@ -17,9 +17,10 @@ when the entry below it is not root's.
 
 from __future__ import annotations
 
-import os
+import posix
 import stat
 
+from pyxis_hook import pathnames
 from pyxis_hook.errors import OciError
 
 #: the `writable-bundle` values
@@ -30,7 +31,7 @@ class WritableBundleError(OciError):
     """`writable-bundle = "refuse"` and the bundle can be changed by a user other than root."""
 
 
-def _others_can_write(path: str, st: os.stat_result, child_uid: int | None = None) -> str | None:
+def _others_can_write(path: str, st: posix.stat_result, child_uid: int | None = None) -> str | None:
     """Why users other than root can change `path` (or, for a directory on the way, its entry below)."""
     if st.st_uid != 0:
         return f"{path} is owned by uid {st.st_uid}"
@@ -45,17 +46,17 @@ def _others_can_write(path: str, st: os.stat_result, child_uid: int | None = Non
 def bundle_writers(bundle_dir: str, config_path: str) -> str | None:
     """The first place on the bundle's way a user other than root can change; None when there is none."""
     try:
-        st = os.stat(config_path, follow_symlinks=False)
+        st = posix.stat(config_path, follow_symlinks=False)
         why = _others_can_write(config_path, st)
         if why:
             return why
-        here = os.path.normpath(bundle_dir)
-        st = os.stat(here)
+        here = pathnames.normpath(bundle_dir)
+        st = posix.stat(here)
         why = _others_can_write(here, st)
         while why is None and here != "/":
             child_uid = st.st_uid
-            here = os.path.dirname(here)
-            st = os.stat(here)
+            here = pathnames.dirname(here)
+            st = posix.stat(here)
             why = _others_can_write(here, st, child_uid)
         return why
     except OSError as e:
@@ -68,7 +69,7 @@ def check_bundle(bundle_dir: str, config_path: str, policy: str, euid: int | Non
     Returns None when the hook does not run as root (it then has no more
     rights than the bundle's owner) or nobody else can write the bundle.
     """
-    if (os.geteuid() if euid is None else euid) != 0:
+    if (posix.geteuid() if euid is None else euid) != 0:
         return None
     why = bundle_writers(bundle_dir, config_path)
     if why is None:

@@ -8,9 +8,10 @@ imports jsonschema; the tests check that jsonschema itself agrees.
 
 from __future__ import annotations
 
-import os
+import posix
 import sys
 
+from pyxis_hook import pathnames
 from pyxis_hook.errors import ConfigError
 from pyxis_hook.record import field, fields, record, replace
 
@@ -61,7 +62,7 @@ class Config:
         if value.startswith("@"):
             path = value[1:]
             real = path + ".real"
-            if not path.endswith(".real") and os.path.isfile(real):
+            if not path.endswith(".real") and pathnames.isfile(real):
                 return True, real
             return True, path
         return False, value
@@ -75,19 +76,19 @@ def _schema_dir() -> str:
     found by walking up from the package rather than from sys.prefix, which
     under `-I -S` is the base interpreter's.
     """
-    pkg = os.path.realpath(__file__)
+    pkg = pathnames.realpath(__file__)
     for _ in range(__name__.count(".")):  # up to the package's own dir, wherever this module sits in it
-        pkg = os.path.dirname(pkg)
-    here = os.path.join(os.path.dirname(pkg), "schemas")
-    if os.path.isfile(os.path.join(here, "pyxis-conf.schema.json")):
+        pkg = pathnames.dirname(pkg)
+    here = pathnames.join(pathnames.dirname(pkg), "schemas")
+    if pathnames.isfile(pathnames.join(here, "pyxis-conf.schema.json")):
         return here
     up = pkg
     for _ in range(5):
-        up = os.path.dirname(up)
-        cand = os.path.join(up, "share", "pyxis-hook", "schemas")
-        if os.path.isdir(cand):
+        up = pathnames.dirname(up)
+        cand = pathnames.join(up, "share", "pyxis-hook", "schemas")
+        if pathnames.isdir(cand):
             return cand
-    return os.path.join(sys.prefix, "share", "pyxis-hook", "schemas")
+    return pathnames.join(sys.prefix, "share", "pyxis-hook", "schemas")
 
 
 def schema_dir():
@@ -100,19 +101,34 @@ def schema_dir():
 def load_schema(name: str) -> dict:
     from pyxis_hook import fastjson  # the hook validates pyxis.conf on every start: no json import
 
-    path = os.path.join(_schema_dir(), name)
+    path = pathnames.join(_schema_dir(), name)
     with open(path, "rb") as f:
         return fastjson.loads(f.read())
 
 
 def find_config_path(explicit: str | None, environ: Mapping[str, str] | None = None) -> str | None:
-    """--config, else $PYXIS_HOOK_CONFIG, else the default path if it exists, else None."""
-    environ = os.environ if environ is None else environ
+    """--config, else $PYXIS_HOOK_CONFIG, else the default path if it exists, else None.
+
+    Without `environ`, the process's own: `os.environ` once something imported
+    `os` (it is the live copy: its writes reach putenv, not `posix.environ`),
+    else `posix.environ`, the interpreter's copy at start (bytes names and
+    values, decoded as `os.environ` decodes them): a container start does not
+    import `os` (pathnames.py says why).
+    """
     if explicit:
         return explicit
-    if environ.get(ENV_CONFIG):
-        return environ[ENV_CONFIG]
-    if os.path.exists(DEFAULT_CONFIG_PATH):
+    if environ is None:
+        os_module = sys.modules.get("os")
+        if os_module is not None:
+            value = os_module.environ.get(ENV_CONFIG)
+        else:
+            raw = posix.environ.get(ENV_CONFIG.encode())
+            value = pathnames.fsdecode(raw) if raw is not None else None
+    else:
+        value = environ.get(ENV_CONFIG)
+    if value:
+        return value
+    if pathnames.exists(DEFAULT_CONFIG_PATH):
         return DEFAULT_CONFIG_PATH
     return None
 

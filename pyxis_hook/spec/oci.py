@@ -8,7 +8,7 @@ bad one is reported as one `OciError` line naming the field, instead of a
 KeyError deep inside planning.  Unknown fields are ignored, as the schema
 allows.
 
-Only the standard library (os, stat; JSON through fastjson) is imported, and only the fields
+Only the standard library (posix, stat; paths through pathnames, JSON through fastjson) is imported, and only the fields
 something downstream reads are parsed into records: this module is on the
 per-container hot path, where every class built at import and every
 field parsed per start counts.  What is read: `root.path`, `process.env`,
@@ -21,10 +21,10 @@ the runtime's business and not looked at.
 from __future__ import annotations
 
 import errno
-import os
+import posix
 import stat
 
-from pyxis_hook import fastjson
+from pyxis_hook import fastjson, pathnames
 from pyxis_hook.errors import OciError
 from pyxis_hook.record import record
 
@@ -132,7 +132,7 @@ def parse_state(data: bytes, *, require_pid: bool = True, allow_zero_pid: bool =
         id=text("id"),
         status=text("status"),
         pid=pid,
-        bundle=os.path.normpath(bundle),
+        bundle=pathnames.normpath(bundle),
         annotations=_string_map(doc.get("annotations"), f"{what}: field 'annotations'", StateError),
     )
 
@@ -211,15 +211,15 @@ def read_config_bytes(config_path: str) -> bytes:
     A bundle directory is owned by whoever created the container; a symlink
     named config.json could point the hook (running as root) at any file.
     """
-    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0)
+    flags = posix.O_RDONLY | posix.O_CLOEXEC | posix.O_NOFOLLOW | getattr(posix, "O_NONBLOCK", 0)
     try:
-        fd = os.open(config_path, flags)
+        fd = posix.open(config_path, flags)
     except OSError as e:
         if e.errno == errno.ELOOP:  # the last component is a symlink
             raise OciError(f"{config_path}: is a symbolic link; refusing to follow it") from None
         raise OciError(f"{config_path}: cannot open: {e.strerror}") from None
     try:
-        st = os.fstat(fd)
+        st = posix.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise OciError(f"{config_path}: not a regular file")
         if st.st_size > MAX_CONFIG_BYTES:
@@ -227,7 +227,7 @@ def read_config_bytes(config_path: str) -> bytes:
         chunks = []
         total = 0
         while True:
-            chunk = os.read(fd, 1 << 16)
+            chunk = posix.read(fd, 1 << 16)
             if not chunk:
                 break
             total += len(chunk)
@@ -238,7 +238,7 @@ def read_config_bytes(config_path: str) -> bytes:
     except OSError as e:
         raise OciError(f"{config_path}: cannot read: {e.strerror}") from None
     finally:
-        os.close(fd)
+        posix.close(fd)
 
 
 class _Fields:
@@ -305,8 +305,8 @@ def parse_config(data: bytes, bundle_dir: str, config_path: str | None = None) -
 
     Like NCT, a spec without `ociVersion`, `process` or `root` is refused.
     """
-    bundle_dir = os.path.normpath(os.path.abspath(bundle_dir))
-    config_path = config_path or os.path.join(bundle_dir, "config.json")
+    bundle_dir = pathnames.normpath(pathnames.abspath(bundle_dir))
+    config_path = config_path or pathnames.join(bundle_dir, "config.json")
     doc = _Fields(_load_json(data, config_path, OciError), "", config_path)
     doc.string("ociVersion")
     root = doc.obj("root", required=True)
@@ -318,7 +318,7 @@ def parse_config(data: bytes, bundle_dir: str, config_path: str | None = None) -
         raise OciError(f"{config_path}: 'root.path' is empty")
     if "\0" in root_path:
         raise OciError(f"{config_path}: 'root.path' contains a NUL byte")
-    rootfs = os.path.normpath(os.path.join(bundle_dir, root_path))
+    rootfs = pathnames.normpath(pathnames.join(bundle_dir, root_path))
 
     env_entries = process.strings("env")
     env = tuple(split_env_entry(e, f"{config_path}: process.env[{i}]") for i, e in enumerate(env_entries))
@@ -347,8 +347,8 @@ def parse_config(data: bytes, bundle_dir: str, config_path: str | None = None) -
 
 def load_bundle(bundle_dir: str) -> Bundle:
     """Open `<bundle_dir>/config.json` safely and parse it (see `parse_config`)."""
-    bundle_dir = os.path.normpath(os.path.abspath(bundle_dir))
-    config_path = os.path.join(bundle_dir, "config.json")
+    bundle_dir = pathnames.normpath(pathnames.abspath(bundle_dir))
+    config_path = pathnames.join(bundle_dir, "config.json")
     return parse_config(read_config_bytes(config_path), bundle_dir, config_path)
 
 

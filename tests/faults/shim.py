@@ -4,18 +4,18 @@ Nothing of this is in the product: `hook.py` (this directory) imports this
 module, arms the fault named by `PYXIS_FAULT` (set in the hook's `env` in
 config.json, which only a test writes) and then runs pyxis_hook/__main__.py
 as the runtime would.  The patches are module attributes (`kernel.mount`,
-`os.symlink`, ...) set before the hook starts, so apply's forked child and the
+`posix.symlink`, ...) set before the hook starts, so apply's forked child and the
 confined ldconfig's runner inherit them.  Everything a patch calls is
 imported here, on the host: the child refuses imports after setns.
 
 PYXIS_FAULT = "STEP[=ARG]:N:ACTION"
 
 STEP: mount (kernel.move_mount/mount: each bind, the /proc view), link
-(os.symlink: a SONAME or dev link, made under a temp name), cgroup (the
+(posix.symlink: a SONAME or dev link, made under a temp name), cgroup (the
 write of a rule to devices.allow), cache (the rename that puts the new
 ld.so.cache in place), ldconfig (the confined run of the host ldconfig:
 its exec fails; `kill` kills the hook once its runner is forked),
-read=SUBSTR (builtins.open/os.open of a path containing SUBSTR, for reading).
+read=SUBSTR (builtins.open/posix.open of a path containing SUBSTR, for reading).
 
 ACTION: fail (the call raises EIO, or EACCES for `read`), kill (SIGKILL to
 the hook's own process and the caller: what a kill -9 or the OOM killer
@@ -28,6 +28,7 @@ from __future__ import annotations
 import builtins
 import errno
 import os
+import posix  # what the hook's modules call (they do not import os): the patches go here
 import signal
 import time
 
@@ -92,25 +93,25 @@ def arm(spec: str) -> None:
 
             setattr(kernel, name, call)
     elif fault.step == "link":
-        real_symlink = os.symlink
+        real_symlink = posix.symlink
 
         def symlink(*args, **kwargs):
             if fault.hit():
                 fault.act()
             return real_symlink(*args, **kwargs)
 
-        os.symlink = symlink
+        posix.symlink = symlink
     elif fault.step == "cgroup":
         _arm_cgroup(fault)
     elif fault.step == "cache":
-        real_rename = os.rename
+        real_rename = posix.rename
 
         def rename(src, dst, *args, **kwargs):
             if dst == "ld.so.cache" and fault.hit():
                 fault.act()
             return real_rename(src, dst, *args, **kwargs)
 
-        os.rename = rename
+        posix.rename = rename
     elif fault.step == "ldconfig":
         _arm_ldconfig(fault)
     elif fault.step == "read":
@@ -120,7 +121,7 @@ def arm(spec: str) -> None:
 
 
 def _arm_cgroup(fault: Fault) -> None:
-    real_open, real_write, allow_fds = os.open, os.write, set()
+    real_open, real_write, allow_fds = posix.open, posix.write, set()
 
     def open_(path, flags, *args, **kwargs):
         fd = real_open(path, flags, *args, **kwargs)
@@ -133,12 +134,12 @@ def _arm_cgroup(fault: Fault) -> None:
             fault.act()
         return real_write(fd, data)
 
-    os.open, os.write = open_, write
+    posix.open, posix.write = open_, write
 
 
 def _arm_ldconfig(fault: Fault) -> None:
     """The runner's exec of the sealed host ldconfig fails, or the hook is killed once the runner is forked."""
-    real_run, real_fork, real_execve = confined.run_ldconfig, os.fork, os.execve
+    real_run, real_fork, real_execve = confined.run_ldconfig, posix.fork, posix.execve
     inside = []
 
     def run_ldconfig(*args, **kwargs):
@@ -159,12 +160,12 @@ def _arm_ldconfig(fault: Fault) -> None:
             fault.act(errno.ENOEXEC)
         return real_execve(*args, **kwargs)
 
-    confined.run_ldconfig, os.fork, os.execve = run_ldconfig, fork, execve
+    confined.run_ldconfig, posix.fork, posix.execve = run_ldconfig, fork, execve
 
 
 def _arm_read(fault: Fault) -> None:
     """Opening a path that contains ARG for reading fails with EACCES (an unreadable file)."""
-    real_open, real_os_open = builtins.open, os.open
+    real_open, real_os_open = builtins.open, posix.open
 
     def matches(path, flags_or_mode) -> bool:
         return isinstance(path, str) and fault.arg in path and flags_or_mode and fault.hit()
@@ -179,4 +180,4 @@ def _arm_read(fault: Fault) -> None:
             fault.act(errno.EACCES)
         return real_os_open(path, flags, *args, **kwargs)
 
-    builtins.open, os.open = open_, os_open
+    builtins.open, posix.open = open_, os_open

@@ -8,6 +8,7 @@ ldconfig.
 from __future__ import annotations
 
 import os
+import posix  # what the modules under test call (they do not import os)
 import shutil
 import subprocess
 from pathlib import Path
@@ -187,7 +188,7 @@ def test_without_pidfd_the_wait_polls(rootfs, tmp_path, monkeypatch):
     def no_pidfd(_pid, *_a):
         raise OSError(errno.ENOSYS, "Function not implemented")
 
-    monkeypatch.setattr(os, "pidfd_open", no_pidfd)
+    monkeypatch.setattr(posix, "pidfd_open", no_pidfd)
     exe = confined.sealed_copy("/sbin/ldconfig")
     try:
         confined.run_ldconfig(str(rootfs), exe, ["/" + LIBDIR])

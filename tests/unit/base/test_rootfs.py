@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import posix  # what the modules under test call (they do not import os)
 import stat
 
 import pytest
@@ -235,7 +236,7 @@ def test_failed_chown_still_rolled_back(tree, use_openat2, monkeypatch):
         raise PermissionError(errno.EPERM, "Operation not permitted")
 
     with WritableRoot(str(root), owner=(4321, 4321), use_openat2=use_openat2) as r:
-        monkeypatch.setattr(os, "chown", chown)
+        monkeypatch.setattr(posix, "chown", chown)
         with pytest.raises(RootPathError) as e:
             r.ensure_file("/opt/nv/libcuda.so.1")
         monkeypatch.undo()
@@ -257,7 +258,7 @@ def test_entry_vanishing_between_stat_and_open_is_retried(tree, use_openat2, mon
         return real_open(path, flags, mode, dir_fd=dir_fd)
 
     with WritableRoot(str(root), use_openat2=use_openat2) as r:
-        monkeypatch.setattr(os, "open", racing_open)
+        monkeypatch.setattr(posix, "open", racing_open)
         entry = r.ensure_entry("/etc/target", "file")
         monkeypatch.undo()
         assert fired and entry.created
@@ -280,7 +281,7 @@ def test_a_failed_symlink_replacement_keeps_the_images_link_and_leaves_no_temp(t
         raise OSError(err, os.strerror(err))
 
     with WritableRoot(str(root), use_openat2=use_openat2) as r:
-        monkeypatch.setattr(os, fails, failing)
+        monkeypatch.setattr(posix, fails, failing)
         with pytest.raises(RootPathError, match=match):
             r.symlink("/usr/lib/libcuda.so", "libcuda.so.1")
         monkeypatch.undo()

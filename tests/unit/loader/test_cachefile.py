@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import posix  # what the modules under test call (they do not import os)
 import stat
 
 import pytest
@@ -54,8 +55,8 @@ def test_a_failed_step_leaves_the_old_cache_and_no_temp_file(image, monkeypatch,
         return fd
 
     with RootFS(str(image), owner=(os.getuid(), os.getgid())) as rfs:
-        monkeypatch.setattr(os, "open", remember)
-        monkeypatch.setattr(os, step, failing)
+        monkeypatch.setattr(posix, "open", remember)
+        monkeypatch.setattr(posix, step, failing)
         with pytest.raises(LdCacheError) as e:
             cachefile.write_cache(rfs, b"new cache")
         monkeypatch.undo()

@@ -185,7 +185,10 @@ def test_without_pidfd_the_wait_polls(rootfs, tmp_path, monkeypatch):
     """Kernels < 5.3 (ENOSYS) or a seccomp filter (EPERM): same results through waitpid(WNOHANG)."""
     import errno
 
-    def no_pidfd(_pid, *_a):
+    asked = []
+
+    def no_pidfd(pid, *_a):
+        asked.append(pid)
         raise OSError(errno.ENOSYS, "Function not implemented")
 
     monkeypatch.setattr(posix, "pidfd_open", no_pidfd)
@@ -195,6 +198,7 @@ def test_without_pidfd_the_wait_polls(rootfs, tmp_path, monkeypatch):
     finally:
         os.close(exe)
     assert "libcuda.so.1" in _listing(rootfs)
+    assert asked, "run_ldconfig never asked for a pidfd: the poll path did not run"
     fail = _static(tmp_path, "fail", '#include <stdio.h>\nint main(void){fputs("bad conf\\n", stderr);return 3;}\n')
     hang = _static(tmp_path, "hang", "#include <unistd.h>\nint main(void){for(;;) pause();}\n")
     for prog, match, timeout in ((fail, "exit code 3: bad conf", 30), (hang, "no result after 1 s", 1)):

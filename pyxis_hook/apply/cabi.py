@@ -29,6 +29,7 @@ def _simple(name: str, code: str) -> type:
     return type(name, (_SimpleCData,), {"_type_": code})
 
 
+c_short = _simple("c_short", "h")
 c_int = _simple("c_int", "i")
 c_uint = _simple("c_uint", "I")
 c_long = _simple("c_long", "l")

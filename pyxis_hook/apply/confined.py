@@ -48,15 +48,12 @@ its command line plus its trusted dirs, and creates the SONAME links there.
 from __future__ import annotations
 
 import errno
-import fcntl
 import posix
-import resource
-import select
 import stat
 from _signal import SIGKILL  # the C module: signal.py's enums cost the hook ~4 ms a start
 
 from pyxis_hook import pathnames
-from pyxis_hook.apply import kernel
+from pyxis_hook.apply import kernel, runnercalls
 from pyxis_hook.errors import ApplyError
 
 #: The capabilities ldconfig keeps (a bit mask).  It writes /etc/ld.so.cache~, chmods it 0644,
@@ -73,18 +70,18 @@ KEEP_CAPS = 1 << kernel.CAP_DAC_OVERRIDE | 1 << kernel.CAP_FOWNER
 
 #: (resource, limit) applied to ldconfig; FSIZE leaves room for large images' caches
 RLIMITS = (
-    (resource.RLIMIT_CPU, 10),
-    (resource.RLIMIT_AS, 2 << 30),
-    (resource.RLIMIT_NOFILE, 64),
-    (resource.RLIMIT_FSIZE, 64 << 20),
-    (resource.RLIMIT_CORE, 0),
+    (runnercalls.RLIMIT_CPU, 10),
+    (runnercalls.RLIMIT_AS, 2 << 30),
+    (runnercalls.RLIMIT_NOFILE, 64),
+    (runnercalls.RLIMIT_FSIZE, 64 << 20),
+    (runnercalls.RLIMIT_CORE, 0),
 )
 
 DEFAULT_TIMEOUT = 30.0
 STDERR_LIMIT = 16384
 
 #: memfd seals: no writes, no resizing, no removing the seals
-_SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+_SEALS = runnercalls.F_SEAL_SEAL | runnercalls.F_SEAL_SHRINK | runnercalls.F_SEAL_GROW | runnercalls.F_SEAL_WRITE
 
 
 def sealed_copy(host_path: str) -> int:
@@ -120,7 +117,7 @@ def sealed_copy_from_fd(src: int, what: str) -> int:
                     break
                 offset += n
             posix.fchmod(mfd, 0o555)
-            fcntl.fcntl(mfd, fcntl.F_ADD_SEALS, _SEALS)
+            runnercalls.add_seals(mfd, _SEALS)
         except BaseException:
             posix.close(mfd)
             raise
@@ -234,10 +231,7 @@ def _wait(pid: int, errr: int, timeout: float) -> tuple[int | None, bytes]:
         pidfd: int | None = posix.pidfd_open(pid)
     except (OSError, AttributeError):
         pidfd = None
-    poller = select.poll()
-    poller.register(errr, select.POLLIN)
-    if pidfd is not None:
-        poller.register(pidfd, select.POLLIN)
+    watched = [errr] if pidfd is None else [errr, pidfd]
     buf = b""
     deadline = time.monotonic() + timeout
     exited = timed_out = False
@@ -256,21 +250,19 @@ def _wait(pid: int, errr: int, timeout: float) -> tuple[int | None, bytes]:
                 timed_out = True
                 break
             slice_s = left if pidfd is not None else min(left, _POLL_INTERVAL)
-            for fd, _ev in poller.poll(int(slice_s * 1000) + 1):
+            for fd, _ev in runnercalls.poll(watched, int(slice_s * 1000) + 1):
                 if fd == pidfd:
                     exited = True
                 elif pipe_open:
                     chunk = posix.read(errr, 4096)
                     if not chunk:
-                        poller.unregister(errr)
+                        watched.remove(errr)
                         pipe_open = False
                     buf = (buf + chunk)[-STDERR_LIMIT:]
         # drain what is left; bounded, in case a killed grandchild lingers a moment
-        if pidfd is not None:
-            poller.unregister(pidfd)
         drain_deadline = time.monotonic() + 2.0
         while pipe_open and time.monotonic() < drain_deadline:
-            if not poller.poll(200):
+            if not runnercalls.poll([errr], 200):
                 continue
             chunk = posix.read(errr, 4096)
             if not chunk:
@@ -449,9 +441,9 @@ def _exec_ldconfig(root_fd, exe_fd, argv, owner) -> None:  # pragma: no cover - 
                          kernel.MS_RDONLY | kernel.MS_NOSUID | kernel.MS_NODEV | kernel.MS_NOEXEC, "size=4k",
                          what=f"{d} (mask)")
     for res, value in RLIMITS:
-        soft, hard = resource.getrlimit(res)
-        lim = value if hard == resource.RLIM_INFINITY else min(value, hard)
-        resource.setrlimit(res, (lim, lim))
+        soft, hard = runnercalls.getrlimit(res)
+        lim = value if hard == runnercalls.RLIM_INFINITY else min(value, hard)
+        runnercalls.setrlimit(res, lim, lim)
     _drop_bounding_and_ambient(KEEP_CAPS)
     if owner and owner != (0, 0):
         posix.setgroups([])

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import stat
 from pyxis_hook.host import capabilities as caps
-from pyxis_hook import log
+from pyxis_hook import log, pathnames
 from pyxis_hook.errors import DriverError, ElfError, LdCacheError, PathError
 from pyxis_hook.host.gpus import HostGpus, discover_gpus
 from pyxis_hook.record import field, record, replace
@@ -90,8 +90,9 @@ def discover(config, *, strict: bool = True, host: HostGpus | None = None) -> In
         host = discover_gpus(config.proc_root, config.dev_root)
     # the tree the driver root names now, pinned: when the root is a link flipped to another
     # driver (an upgrade by a link swap) every path below is still this one tree's, never the
-    # old driver's names resolved in the new one's files
-    root = os.path.realpath(config.driver_root)
+    # old driver's names resolved in the new one's files.  pathnames.realpath, as the start that
+    # compares it (host/snapshot.load) computes it: one answer on every Python version
+    root = pathnames.realpath(config.driver_root)
     # procfs files are not stat-signed: their inode times change when the kernel
     # re-instantiates them; the snapshot compares the version text instead
     st = _State(root=root)

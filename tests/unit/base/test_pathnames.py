@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from pyxis_hook import pathnames
@@ -110,7 +110,14 @@ def test_the_file_system_functions_equal_os_path_on_a_tree_of_links(tree, monkey
                                  "back", "toabs", "loopdir", "viafile", "dotdot", "..", ".", "", "missing"]),
                 max_size=6))
 def test_realpath_equals_os_path_on_generated_walks_through_the_tree(tree, parts):
+    """Python 3.11's answer on every version.  CPython 3.13 rewrote non-strict realpath: past a
+    symlink loop it now resolves what follows (`loop/../rel` gives rel's target), where 3.11 leaves
+    the rest as written and normalizes it.  Both answers name no real file; pathnames keeps 3.11's,
+    and discovery and the start both use pathnames, so the snapshot's driver root always compares
+    equal.  On a newer Python only walks through no loop are compared."""
     p = str(tree) + "/" + "/".join(parts)
+    if sys.version_info[:2] != (3, 11):
+        assume(not {"loop1", "self", "loopdir"} & set(parts))  # the tree's symlink loops
     assert pathnames.realpath(p) == os.path.realpath(p)
     assert pathnames.lexists(p) == os.path.lexists(p) and pathnames.exists(p) == os.path.exists(p)
 

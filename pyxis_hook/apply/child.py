@@ -360,7 +360,8 @@ def _child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner, root, allow, 
                     skipped.add(b.container_path)
                     continue
                 try:
-                    if mounts.same_file(b.fd, entry.fd):
+                    # (a mount point this run just made, O_EXCL, holds nothing yet: no fstat pair to ask)
+                    if not entry.created and mounts.same_file(b.fd, entry.fd):
                         # a second hook run (createRuntime and prestart both registered, a hooks.d
                         # hook plus a bundle hook): the file is already there, do not stack a mount
                         messages.append(f"{b.container_path}: already {b.host_path}, not mounted again")

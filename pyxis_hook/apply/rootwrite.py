@@ -121,12 +121,13 @@ class WritableRoot(RootFS):
         self._record(parent, name, "dir", path)
         return True
     def _record(self, parent: int, name: str, kind: str, path: str, old_target: str | None = None,
-                at: str | None = None) -> None:
+                at: str | None = None) -> posix.stat_result:
         """Remember what was just created at `at` (default `name`), then give it to the rootfs owner.
 
         Recorded *before* the chown, so a chown that fails still leaves the
         entry for rollback to remove.  `at` is a temporary name that the
-        caller is about to rename to `name`.
+        caller is about to rename to `name`.  Returns its stat (before the chown: the
+        inode, type and device, which a chown does not change).
         """
         at = at or name
         try:
@@ -136,6 +137,7 @@ class WritableRoot(RootFS):
                 posix.chown(at, self.owner[0], self.owner[1], dir_fd=parent, follow_symlinks=False)
         except OSError as e:
             raise path_error(path, self.path, e, "cannot record or chown created ") from None
+        return st
     def _parent(self, path: str, create_mode: int | None) -> tuple[int, str | None]:
         """Parent fd + last name: openat2 for an existing parent, else the creating walk."""
         parts = [c for c in path.split("/") if c not in ("", ".")]
@@ -166,10 +168,10 @@ class WritableRoot(RootFS):
                 try:
                     st = posix.stat(name, dir_fd=parent, follow_symlinks=False)
                 except FileNotFoundError:
-                    created = self._create(parent, name, kind, mode, path)
-                    if not created:
+                    made = self._create(parent, name, kind, mode, path)
+                    if made is None:
                         continue
-                    st = posix.stat(name, dir_fd=parent, follow_symlinks=False)
+                    st, created = made, True  # what the open below must find: the inode just made
                 except OSError as e:
                     raise path_error(path, self.path, e) from None
                 self._check_type(st, kind, path)
@@ -198,7 +200,8 @@ class WritableRoot(RootFS):
         e = self.ensure_entry(path, "dir", mode)
         posix.close(e.parent_fd)
         return e.fd
-    def _create(self, parent: int, name: str, kind: str, mode: int, path: str) -> bool:
+    def _create(self, parent: int, name: str, kind: str, mode: int, path: str) -> posix.stat_result | None:
+        """Make the mount point; its stat, or None when someone else made one there first."""
         self.check_dir(parent, path)
         fd = None
         try:
@@ -208,18 +211,18 @@ class WritableRoot(RootFS):
                 fd = posix.open(name, posix.O_WRONLY | posix.O_CREAT | posix.O_EXCL | posix.O_NOFOLLOW | posix.O_CLOEXEC, mode,
                              dir_fd=parent)
         except FileExistsError:
-            return False
+            return None
         except OSError as e:
             raise path_error(path, self.path, e, "cannot create mount point ") from None
         try:
-            self._record(parent, name, kind, path)  # first: whatever fails next, rollback removes it
+            st = self._record(parent, name, kind, path)  # first: whatever fails next, rollback removes it
         finally:
             if fd is not None:
                 try:
                     posix.close(fd)
                 except OSError as e:
                     raise path_error(path, self.path, e, "cannot create mount point ") from None
-        return True
+        return st
     def _check_type(self, st: posix.stat_result, kind: str, path: str) -> None:
         if stat.S_ISLNK(st.st_mode):
             raise RootPathError(f"{path} (in {self.path}): is a symlink in the image; refusing to mount over it",

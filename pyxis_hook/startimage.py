@@ -54,9 +54,18 @@ _REBUILD_MARKER = "elftools"
 
 
 def image_path() -> str:
-    """Where this interpreter's image lives: the package's `__pycache__`, named by the cache tag."""
+    """Where this interpreter's image lives: the package's `__pycache__`, named by the interpreter.
+
+    The cache tag keeps the bytecode apart; the digest of the version string
+    and the installation's prefixes keeps apart two builds of one Python
+    version that share the package (a distribution's python3.11 and a
+    pyenv one): the image names their standard library's files and loads
+    their extension modules by path, which must be the running one's.
+    """
     package_dir = __file__.rpartition("/")[0]
-    return f"{package_dir}/__pycache__/start-image.{sys.implementation.cache_tag}.bin"
+    who = repr((sys.version, sys.base_prefix, sys.base_exec_prefix)).encode()
+    digest = int.from_bytes(who, "big") % 4294967291  # 2**32 - 5: stable across runs, no hashlib
+    return f"{package_dir}/__pycache__/start-image.{sys.implementation.cache_tag}-{digest:08x}.bin"
 
 
 def _header() -> bytes:

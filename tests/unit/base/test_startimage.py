@@ -219,9 +219,17 @@ def test_a_start_that_rebuilt_the_snapshot_writes_nothing(pkg):
     assert "rebuilt the host snapshot" in r["saved"] and not image.exists()
 
 
-def test_the_package_image_lives_beside_its_bytecode():
+def test_the_package_image_lives_beside_its_bytecode(monkeypatch):
+    """One per interpreter: its cache tag, and its build and installation (whose stdlib files it names)."""
     from pyxis_hook import startimage
 
     path = startimage.image_path()
     assert path.startswith(str(REPO / "pyxis_hook" / "__pycache__") + "/")
     assert sys.implementation.cache_tag in path
+    assert startimage.image_path() == path  # stable
+    r = subprocess.run([sys.executable, "-I", "-S", "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
+                        "from pyxis_hook import startimage; print(startimage.image_path())", str(REPO)],
+                       capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == path  # the hook's own process, another hash seed: the same file
+    monkeypatch.setattr(sys, "base_prefix", "/opt/other-python")
+    assert startimage.image_path() != path

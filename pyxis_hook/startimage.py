@@ -130,9 +130,20 @@ def state(path: str = "") -> tuple[int, str]:
 
 
 def writable(path: str = "") -> bool:
-    """Whether a start could write the image (`save`'s own test: Python's -B, the directory's access)."""
+    """Whether a start would write the image (`save`'s own test).
+
+    Not where Python writes no bytecode (-B), the directory refuses us, or a
+    start could not use what it wrote: a directory another user owns or
+    others may write (a root hook run from a user's editable install) would
+    otherwise be written on every start and read on none.
+    """
     directory = (path or image_path()).rpartition("/")[0]
-    return not sys.dont_write_bytecode and posix.access(directory, posix.W_OK)
+    if sys.dont_write_bytecode or not posix.access(directory, posix.W_OK):
+        return False
+    try:
+        return not _untrusted(posix.stat(directory))
+    except OSError:
+        return False
 
 
 def held(path: str = "") -> tuple[str, ...]:
@@ -259,7 +270,7 @@ def save(loaded: Loaded) -> str:
         return ""
     path = loaded.path
     if not writable(path):
-        return f"start image {path}: not written: {path.rpartition('/')[0]} is not writable"
+        return f"start image {path}: not written: {path.rpartition('/')[0]} is not writable, or not trusted"
     entries = []
     for name, module in picked:
         spec = module.__spec__

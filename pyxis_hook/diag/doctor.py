@@ -363,11 +363,13 @@ def check_start_image(path: str = "") -> list[Finding]:
                         "a GPU start imports its modules one by one until the image is (re)written",
                         "nothing to do: the next GPU start that needs no snapshot rebuild writes it")]
     return [Finding("warning" if os.geteuid() == 0 else "info", "start-image-unwritable",
-                    f"start image {path}: not used ({why}) and cannot be written: the directory is not "
-                    "writable by this user (or Python runs with -B)",
+                    f"start image {path}: not used ({why}) and not written: its directory is not writable "
+                    "by this user, or is another user's or writable by others (no start would trust what was "
+                    "written there), or Python runs with -B",
                     "every GPU start then imports its ~50 modules through the import system, ~14% of a start",
                     "run one GPU container start as root after installing or upgrading (the image is written "
-                    "beside the package's bytecode), or install the package where root may write")]
+                    "beside the package's bytecode), or install the package in a directory root owns and "
+                    "only root may write")]
 
 
 def check_slurm(host, config, env: DoctorEnv) -> list[Finding]:

@@ -209,6 +209,21 @@ def test_nothing_is_written_where_python_writes_no_bytecode(pkg):
         assert "not writable" in r["saved"] and not image.exists()
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
+@pytest.mark.parametrize("how", ["owner", "mode"])
+def test_nothing_is_written_where_no_start_could_use_it(pkg, how):
+    """A root hook run from a user's package: writing an image no start trusts would repeat every start."""
+    src, image, start = pkg
+    if how == "owner":
+        os.chown(image.parent, 12345, 12345)
+    else:
+        os.chmod(image.parent, 0o777)
+    for _ in range(2):
+        r = start("pkgx.b")
+        assert "not used" in r["status"] and "not written" in r["saved"], r
+    assert not image.exists()
+
+
 def test_a_start_that_rebuilt_the_snapshot_writes_nothing(pkg):
     """pyxelftools imported means discovery ran: the image would otherwise run it on every start."""
     src, image, start = pkg

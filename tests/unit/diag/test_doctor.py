@@ -447,5 +447,8 @@ def test_start_image_findings(tmp_path, monkeypatch):
     (unwritable,) = check_start_image(str(tmp_path / "missing-dir" / "start-image.bin"))
     assert unwritable.code == "start-image-unwritable"
     assert unwritable.severity == ("warning" if os.geteuid() == 0 else "info")
+    os.chmod(tmp_path / "cache", 0o777)  # writable by others: nothing written there would be trusted
+    assert check_start_image(str(tmp_path / "cache" / "other.bin"))[0].code == "start-image-unwritable"
+    os.chmod(tmp_path / "cache", 0o755)
     monkeypatch.setattr(sys, "dont_write_bytecode", True)  # python -B: no bytecode, no image either
     assert check_start_image(str(tmp_path / "cache" / "other.bin"))[0].code == "start-image-unwritable"

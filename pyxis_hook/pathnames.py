@@ -84,34 +84,12 @@ def dirname(p: StrPath) -> str:
     return split(p)[0]
 
 
-def _normpath(path: str) -> str:
-    """posixpath's Python normpath, for an interpreter whose posix lacks `_path_normpath`."""
-    if not path:
-        return "."
-    initial = 1 if path.startswith("/") else 0
-    # POSIX allows one or two initial slashes, but treats three or more as one
-    if initial and path.startswith("//") and not path.startswith("///"):
-        initial = 2
-    comps: list[str] = []
-    for comp in path.split("/"):
-        if comp in ("", "."):
-            continue
-        if comp != ".." or (not initial and not comps) or (comps and comps[-1] == ".."):
-            comps.append(comp)
-        elif comps:
-            comps.pop()
-    return ("/" * initial + "/".join(comps)) or "."
-
-
-_path_normpath = getattr(posix, "_path_normpath", None)
-
-
 def normpath(path: StrPath) -> str:
-    """`os.path.normpath`: no '.', no 'x/..', no repeated '/' (but a leading '//' stays)."""
-    path = posix.fspath(path)
-    if _path_normpath is not None:
-        return _path_normpath(path) or "."
-    return _normpath(path)
+    """`os.path.normpath`: no '.', no 'x/..', no repeated '/' (but a leading '//' stays).
+
+    posixpath's own implementation on CPython >= 3.11: the C `posix._path_normpath`.
+    """
+    return posix._path_normpath(posix.fspath(path)) or "."  # type: ignore[attr-defined]  # not in typeshed
 
 
 def abspath(path: StrPath) -> str:
@@ -168,10 +146,13 @@ def _joinrealpath(path: str, rest: str, seen: dict[str, str | None]) -> tuple[st
     return path, True
 
 
-def _mode(path: StrPath) -> int:
-    """The file type bits of what the path leads to, 0 when it cannot be stat'ed (as genericpath: OSError, ValueError)."""
+def _mode(path: StrPath, follow: bool = True) -> int:
+    """The file type bits of what the path names (0 when it cannot be stat'ed: OSError, or a NUL's ValueError).
+
+    Never 0 for something that exists, so it answers every question below.
+    """
     try:
-        st = posix.stat(path)
+        st = posix.stat(path, follow_symlinks=follow)
     except (OSError, ValueError):
         return 0
     return st.st_mode & _S_IFMT
@@ -179,20 +160,12 @@ def _mode(path: StrPath) -> int:
 
 def exists(path: StrPath) -> bool:
     """`os.path.exists`: stat succeeds (False for a dangling symlink)."""
-    try:
-        posix.stat(path)
-    except (OSError, ValueError):
-        return False
-    return True
+    return _mode(path) != 0
 
 
 def lexists(path: StrPath) -> bool:
     """`os.path.lexists`: lstat succeeds (True for a dangling symlink)."""
-    try:
-        posix.lstat(path)
-    except (OSError, ValueError):
-        return False
-    return True
+    return _mode(path, follow=False) != 0
 
 
 def isdir(path: StrPath) -> bool:

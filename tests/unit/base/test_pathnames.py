@@ -45,7 +45,6 @@ def test_the_edge_cases_by_name():
 def test_the_string_functions_equal_posixpath(p):
     for name in PURE:
         assert getattr(pathnames, name)(p) == getattr(posixpath, name)(p), name
-    assert pathnames._normpath(p) == posixpath.normpath(p)  # the fallback without posix._path_normpath
     assert pathnames.abspath(p) == posixpath.abspath(p)
     assert pathnames.fsencode(p) == os.fsencode(p)
     assert pathnames.fsdecode(os.fsencode(p)) == os.fsdecode(os.fsencode(p)) == p

@@ -118,15 +118,18 @@ def _read(path: str) -> tuple[list | None, str]:
     return entries, ""
 
 
-def state(path: str = "") -> tuple[int, str]:
-    """(modules held, "") when the image at `path` would be used now, else (0, why not): for `doctor`."""
-    path = path or image_path()
+def _usable(path: str) -> tuple[list, str]:
+    """The image's entries when a start would run them now, else ([], why not)."""
     entries, why = _read(path)
     if entries is not None:
         why = _current(entries)
-    if why:
-        return 0, why
-    return len(entries or ()), ""
+    return ([], why) if why else (entries or [], "")
+
+
+def state(path: str = "") -> tuple[int, str]:
+    """(modules held, "") when the image at `path` would be used now, else (0, why not): for `doctor`."""
+    entries, why = _usable(path or image_path())
+    return len(entries), why
 
 
 def writable(path: str = "") -> bool:
@@ -190,7 +193,8 @@ def load(path: str = "") -> Loaded:
 
     A module whose code raises stops the image there (it is removed again,
     as the import system would): the start's own import of it then raises
-    the same error where it belongs.
+    the same error where it belongs.  SystemExit and KeyboardInterrupt go on
+    up at once, as from an import.
     """
     before = frozenset(sys.modules)
     path = path or image_path()
@@ -202,9 +206,7 @@ def load(path: str = "") -> Loaded:
 
 def _load(path: str, before: frozenset[str]) -> Loaded:
     mods = sys.modules
-    entries, why = _read(path)
-    if entries is not None:
-        why = _current(entries)
+    entries, why = _usable(path)
     if why:
         return Loaded(path, f"start image {path}: not used: {why}", frozenset(), before)
     bootstrap = mods["_frozen_importlib"]
@@ -238,9 +240,12 @@ def _load(path: str, before: frozenset[str]) -> Loaded:
                 exec(code, module.__dict__)
             else:
                 loader.exec_module(module)
-        except BaseException:
+        except Exception:
             mods.pop(name, None)
             break
+        except BaseException:  # SystemExit, KeyboardInterrupt: not the image's to swallow (and run again)
+            mods.pop(name, None)
+            raise
         mods[name] = mods.pop(name)  # to the end, as the import system does: completion order
         if parent:
             setattr(mods[parent], leaf, module)
@@ -265,9 +270,10 @@ def save(loaded: Loaded) -> str:
     mods = sys.modules
     if _REBUILD_MARKER in mods:
         return "start image: not written: this start rebuilt the host snapshot"
-    picked = [(name, m) for name, m in list(mods.items()) if name not in loaded.before and _from_file(m)]
-    if not picked or {name for name, _ in picked} <= loaded.names:
+    # every start asks: set arithmetic in C, and only a module the image lacks is looked at
+    if not any(_from_file(mods[name]) for name in mods.keys() - loaded.before - loaded.names):
         return ""
+    picked = [(name, m) for name, m in list(mods.items()) if name not in loaded.before and _from_file(m)]
     path = loaded.path
     if not writable(path):
         return f"start image {path}: not written: {path.rpartition('/')[0]} is not writable, or not trusted"

@@ -199,6 +199,19 @@ def test_a_module_that_raises_stops_the_image_and_raises_where_it_is_imported(pk
     assert r["stderr"].count("c refuses") == 1 or "During handling" not in r["stderr"]
 
 
+def test_an_exit_from_a_module_body_ends_the_start_once(pkg):
+    """SystemExit (and KeyboardInterrupt) from a module the image runs goes up at once: not run twice."""
+    src, image, start = pkg
+    (src / "d.py").write_text("import os\nwith open(__file__ + '.runs', 'a') as f:\n    f.write('x')\n"
+                              "if os.path.exists(__file__ + '.exit'):\n    raise SystemExit(7)\n")
+    start("pkgx.b", "pkgx.d")
+    (src / "d.py.runs").unlink()
+    (src / "d.py.exit").write_text("")
+    r = start("pkgx.b", "pkgx.d", check=False)
+    assert r["rc"] == 7, r
+    assert (src / "d.py.runs").read_text() == "x"
+
+
 def test_nothing_is_written_where_python_writes_no_bytecode(pkg):
     src, image, start = pkg
     r = start("pkgx.b", flags=("-B",))

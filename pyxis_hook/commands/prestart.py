@@ -118,6 +118,24 @@ def dispatch_fast(argv: list[str]) -> int | None:
     return None
 
 
+def end_fast(rc: int):
+    """End the runtime's call now, without the interpreter's teardown.
+
+    Freeing ~80 modules' objects one by one is ~10% of a GPU start and
+    frees nothing the kernel does not free at exit.  The log file is written
+    unbuffered (log.py) and the apply child has exited, so only Python's own
+    stdout/stderr buffers hold anything: they are flushed first.
+    """
+    import posix
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed or broken pipe: nothing left to say to it
+            pass
+    posix._exit(rc & 0xFF)
+
+
 def main_fast() -> int:
     """Entry without argparse (the runtime calls `pyxis-hook prestart` with no options).
 

@@ -34,11 +34,14 @@ c_int = _simple("c_int", "i")
 c_uint = _simple("c_uint", "I")
 c_long = _simple("c_long", "l")
 c_ulong = _simple("c_ulong", "L")
-c_uint32 = _simple("c_uint32", "I")
-c_uint64 = _simple("c_uint64", "Q")
 c_char_p = _simple("c_char_p", "z")
 c_void_p = _simple("c_void_p", "P")
-c_size_t = c_ulong  # LP64: every architecture the hook supports (kernel._ARCH_NR)
+# LP64, every architecture the hook supports (kernel._ARCH_NR): the aliases ctypes itself makes
+# there (its `for kind in [c_ushort, c_uint, c_ulong, c_ulonglong]` by size), one class less each:
+# creating a ctypes type is ~150,000 instructions of a start
+c_uint32 = c_uint
+c_uint64 = c_ulong
+c_size_t = c_ulong
 
 
 class _Handle:
@@ -53,11 +56,20 @@ class _Handle:
 _LIBC = _Handle(dlopen(None, 0))
 
 
+class _LibcFunction(CFuncPtr):
+    """The one function-pointer class, as a `ctypes.CDLL` makes one `_FuncPtr` class per library.
+
+    Each function is an instance with its own `restype`, as CDLL's are: a
+    class per function would cost a ctypes type's creation (~80,000
+    instructions) each.
+    """
+
+    _flags_ = FUNCFLAG_CDECL | FUNCFLAG_USE_ERRNO
+    _restype_ = c_int
+
+
 def libc_function(name: str, restype: type):
     """A libc function returning `restype` that keeps errno for `get_errno` (ctypes' `use_errno=True`)."""
-
-    class _Fn(CFuncPtr):
-        _flags_ = FUNCFLAG_CDECL | FUNCFLAG_USE_ERRNO
-        _restype_ = restype
-
-    return _Fn((name, _LIBC))  # type: ignore[arg-type]  # CFuncPtr reads only `_handle`
+    fn = _LibcFunction((name, _LIBC))  # type: ignore[arg-type]  # CFuncPtr reads only `_handle`
+    fn.restype = restype
+    return fn

@@ -35,7 +35,10 @@ class _Created:
 
 
 class Entry:
-    """A mount target: an O_PATH fd of it plus its parent fd and name (to reopen it after mounting)."""
+    """A mount target: an fd of it plus its parent fd and name (to reopen it after mounting).
+
+    The fd is O_PATH, or for a file made here the read-only fd that made it.
+    """
 
     __slots__ = ("parent_fd", "name", "fd", "created", "path")
 
@@ -171,7 +174,10 @@ class WritableRoot(RootFS):
                     made = self._create(parent, name, kind, mode, path)
                     if made is None:
                         continue
-                    st, created = made, True  # what the open below must find: the inode just made
+                    st, made_fd = made
+                    if made_fd is not None:  # a file made here: the fd that made it is the mount point
+                        return Entry(parent, name, made_fd, True, path)
+                    created = True  # a directory: the open below must find the inode just made
                 except OSError as e:
                     raise path_error(path, self.path, e) from None
                 self._check_type(st, kind, path)
@@ -200,29 +206,33 @@ class WritableRoot(RootFS):
         e = self.ensure_entry(path, "dir", mode)
         posix.close(e.parent_fd)
         return e.fd
-    def _create(self, parent: int, name: str, kind: str, mode: int, path: str) -> posix.stat_result | None:
-        """Make the mount point; its stat, or None when someone else made one there first."""
+    def _create(self, parent: int, name: str, kind: str, mode: int,
+                path: str) -> tuple[posix.stat_result, int | None] | None:
+        """Make the mount point: its stat and, for a file, the read-only fd that created it.
+
+        None when someone else made one there first.  The file's own fd is
+        the mount target (no reopen by name: nothing can swap the inode
+        under it); a directory has none (mkdirat returns no fd).
+        """
         self.check_dir(parent, path)
         fd = None
         try:
             if kind == "dir":
                 posix.mkdir(name, mode, dir_fd=parent)
             else:
-                fd = posix.open(name, posix.O_WRONLY | posix.O_CREAT | posix.O_EXCL | posix.O_NOFOLLOW | posix.O_CLOEXEC, mode,
-                             dir_fd=parent)
+                fd = posix.open(name, posix.O_RDONLY | posix.O_CREAT | posix.O_EXCL | posix.O_NOFOLLOW | posix.O_CLOEXEC, mode,
+                                dir_fd=parent)
         except FileExistsError:
             return None
         except OSError as e:
             raise path_error(path, self.path, e, "cannot create mount point ") from None
         try:
             st = self._record(parent, name, kind, path)  # first: whatever fails next, rollback removes it
-        finally:
+        except BaseException:
             if fd is not None:
-                try:
-                    posix.close(fd)
-                except OSError as e:
-                    raise path_error(path, self.path, e, "cannot create mount point ") from None
-        return st
+                posix.close(fd)
+            raise
+        return st, fd
     def _check_type(self, st: posix.stat_result, kind: str, path: str) -> None:
         if stat.S_ISLNK(st.st_mode):
             raise RootPathError(f"{path} (in {self.path}): is a symlink in the image; refusing to mount over it",

@@ -114,8 +114,9 @@ class FailOnce:
     Set on the host before apply_plan; its forked child inherits them with
     the count at zero, so each run fails exactly one write of its own.  A
     call is in `root` when its path, or the file or directory its fd names,
-    is.  Reads (O_PATH, O_RDONLY opens) and the undo (unlink, rmdir) are not
-    counted.
+    is.  Reads (O_PATH, O_RDONLY opens without O_CREAT), the close of an fd
+    opened read-only (a mount point created O_RDONLY | O_CREAT) and the undo
+    (unlink, rmdir) are not counted.
     """
 
     NAMES = ("mkdir", "open", "symlink", "replace", "rename", "write", "fchown", "fchmod", "chown", "close")
@@ -153,8 +154,8 @@ class FailOnce:
                 if self.seen == self.n:
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
             result = real(*args, **kwargs)
-            if name == "open" and counted:
-                self.written.add(result)
+            if name == "open" and counted and args[1] & (os.O_WRONLY | os.O_RDWR):
+                self.written.add(result)  # a read-only fd (a mount point made O_CREAT) writes nothing at close
             return result
 
         return call

@@ -525,7 +525,12 @@ def _numbered(name: str, prefix: str) -> int | None:
 def _read_mig(r: _Reader, nv: str, gpus: tuple[Gpu, ...]) -> tuple[MigDevice, ...]:
     """MIG devices = existing `capabilities/gpu<m>/mig/gi<g>/ci<c>/access` files (created instances only)."""
     out = []
+    # one listing for all GPUs: a GPU without MIG support has no capabilities/gpu<m> (a 64-GPU
+    # node would otherwise pay 64 failed listings on every start)
+    capable = frozenset(r.listdir(pathnames.join(nv, "capabilities")))
     for g in gpus:
+        if f"gpu{g.minor}" not in capable:
+            continue
         base = f"capabilities/gpu{g.minor}/mig"
         gis = []
         for gname in r.listdir(pathnames.join(nv, base)):

@@ -29,7 +29,31 @@ COMMANDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
 }
 
 
-def build_parser():
+def named_command(argv: list[str]) -> str | None:
+    """The command `argv` runs (a name or alias of COMMANDS), or None when it asks for help or names none.
+
+    The first word that is neither an option nor --config's value, as the
+    parser will read it; None when -h/--help precedes it (the help lists
+    every command).
+    """
+    words = iter(argv)
+    for word in words:
+        if word in ("-h", "--help"):
+            return None
+        if word == "--config":
+            next(words, None)
+        elif not word.startswith("-"):
+            known = word in COMMANDS or any(word in aliases for _m, _h, aliases in COMMANDS.values())
+            return word if known else None
+    return None
+
+
+def build_parser(only: str | None = None):
+    """The parser; with `only`, one command's subparser alone.
+
+    A command a runtime or engine runs for each container (`cdi hook ...`)
+    then imports its own module, not all twelve with their imports.
+    """
     import argparse
 
     from pyxis_hook.errors import EXIT_CODES
@@ -48,6 +72,8 @@ def build_parser():
     import importlib
 
     for name, (module, help_text, aliases) in COMMANDS.items():
+        if only is not None and only != name and only not in aliases:
+            continue
         mod = importlib.import_module(f"pyxis_hook.commands.{module}")
         p = sub.add_parser(name, help=help_text, aliases=list(aliases), description=help_text)
         mod.add_arguments(p)
@@ -64,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         return fast
     from pyxis_hook import errors, log
 
-    parser = build_parser()
+    parser = build_parser(named_command(argv))
     args = parser.parse_args(argv)
     if not getattr(args, "_module", None):
         parser.print_help(sys.stderr)

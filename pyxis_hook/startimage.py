@@ -53,8 +53,12 @@ _EXTENSION_LOADER = "ExtensionFileLoader"
 _REBUILD_MARKER = "elftools"
 
 
-def image_path() -> str:
-    """Where this interpreter's image lives: the package's `__pycache__`, named by the interpreter.
+def image_path(entry: str = "prestart") -> str:
+    """Where this interpreter's image for `entry` lives: the package's `__pycache__`, named by the interpreter.
+
+    Each entry (`prestart`, `enroot`) has its own image: a start of one kind
+    never runs the modules only another kind imports (`prestart`'s keeps
+    the name it has always had).
 
     The cache tag keeps the bytecode apart; the digest of the version string
     and the installation's prefixes keeps apart two builds of one Python
@@ -65,7 +69,8 @@ def image_path() -> str:
     package_dir = __file__.rpartition("/")[0]
     who = repr((sys.version, sys.base_prefix, sys.base_exec_prefix)).encode()
     digest = int.from_bytes(who, "big") % 4294967291  # 2**32 - 5: stable across runs, no hashlib
-    return f"{package_dir}/__pycache__/start-image.{sys.implementation.cache_tag}-{digest:08x}.bin"
+    kind = "" if entry == "prestart" else f"-{entry}"
+    return f"{package_dir}/__pycache__/start-image{kind}.{sys.implementation.cache_tag}-{digest:08x}.bin"
 
 
 def _header() -> bytes:

@@ -44,6 +44,23 @@ def run(args, config) -> int:
         dest = install_text(os.path.join(args.install, SHIM_NAME), shim_text(interpreter(), config), 0o755)
         print(f"installed {dest}")
         return 0
+    return _hook(config)
+
+
+def main_fast() -> int:
+    """`pyxis-hook enroot` as the shim runs it (no options): a container start without argparse.
+
+    `cli.main` builds the whole parser, importing every command, before it
+    runs one; the shim's call skips that, as a runtime's `prestart` does,
+    and runs from its own start image.  Warnings go to stderr, as from the
+    CLI: enroot shows the user what its hooks print.
+    """
+    from pyxis_hook.commands.prestart import run_started
+
+    return run_started("enroot", _hook, "warning")
+
+
+def _hook(config) -> int:
     from pyxis_hook.engines.enroot import run_enroot_hook
 
     run_enroot_hook(config, os.environ)

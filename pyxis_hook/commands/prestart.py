@@ -115,6 +115,10 @@ def dispatch_fast(argv: list[str]) -> int | None:
     """
     if len(argv) == 1 and argv[0] in ("prestart", "createRuntime"):
         return main_fast()
+    if argv == ["enroot"]:  # the enroot shim's call (commands/enroot.py)
+        from pyxis_hook.commands.enroot import main_fast as enroot_fast
+
+        return enroot_fast()
     return None
 
 
@@ -137,38 +141,46 @@ def end_fast(rc: int):
 
 
 def main_fast() -> int:
-    """Entry without argparse (the runtime calls `pyxis-hook prestart` with no options).
-
-    The cyclic garbage collector is off for the hook's run: a start lives
-    ~30 ms and allocates mostly acyclic data (code objects, records,
-    strings), so a collection only walks what the imports just made
-    (~5% of a GPU start's instructions).  A snapshot rebuild, which parses
-    ELF files with pyelftools for seconds, turns it back on
-    (`host.snapshot.load_or_build`).
-    """
+    """Entry without argparse (the runtime calls `pyxis-hook prestart` with no options)."""
     try:
         data = sys.stdin.buffer.read()
     except OSError:
         data = b""  # the full path reports the missing state
     if certainly_void(data):
         return 0
+    return run_started("prestart", lambda config: execute(config, data))
+
+
+def run_started(entry: str, work, stderr_level: str = "error") -> int:
+    """One container start for `entry` (`prestart`, `enroot`): its own start image, config, log, one error line.
+
+    `work(config)` does the start and returns the exit status.  Each entry
+    has its own start image (`startimage.image_path(entry)`): one holds
+    what a start of that kind runs, and no kind executes another's modules.
+
+    The cyclic garbage collector is off for the run: a start lives ~30 ms
+    and allocates mostly acyclic data (code objects, records, strings), so
+    a collection only walks what the imports just made (~5% of a GPU
+    start's instructions).  A snapshot rebuild, which parses ELF files with
+    pyelftools for seconds, turns it back on (`host.snapshot.load_or_build`).
+    """
     import gc  # built into the interpreter: no file read
 
     gc.disable()
     from pyxis_hook import startimage
 
-    image = startimage.load()
+    image = startimage.load(startimage.image_path(entry))
     from pyxis_hook import errors, log
 
     try:
         from pyxis_hook.spec.config import load_config
 
         config = load_config(None)
-        log.configure(config.log_file, config.log_level, "error")
+        log.configure(config.log_file, config.log_level, stderr_level)
         log.debug(image.status)
-        rc = execute(config, data)
+        rc = work(config)
     except Exception as e:  # noqa: BLE001 — one line for the runtime, the traceback in the log
-        return errors.report(e, "prestart")
+        return errors.report(e, entry)
     try:
         saved = startimage.save(image)
     except Exception as e:  # noqa: BLE001 — the container is set up; a faster next start is optional

@@ -11,6 +11,7 @@ import stat
 import subprocess
 import pytest
 from pyxis_hook.engines import enroot
+from e2e.conftest import fresh_rootfs
 from unit.engines.test_enroot import (  # noqa: F401 - helpers and fixtures shared with the unit tests
     PROBE,
     EnrootContainer,
@@ -147,3 +148,40 @@ def test_host_dev_bound_in_gets_no_mount_point(setup):
         assert _tree(hostdev) == before
     finally:
         r2.close()
+
+
+@pytest.mark.root
+def test_shim_start_runs_from_its_own_start_image(setup):
+    """The shim's call skips the CLI and, once warm, runs its modules from the enroot start image.
+
+    Cold (no image), then warm: each start injects the same nodes, and the
+    prestart hook's image is neither read nor written by these starts.
+    """
+    from pathlib import Path
+
+    from pyxis_hook import startimage
+
+    host, shim, c, tmp = setup
+    image, prestart_image = Path(startimage.image_path("enroot")), Path(startimage.image_path())
+    assert image != prestart_image
+    image.unlink(missing_ok=True)
+    prestart_before = prestart_image.stat().st_mtime_ns if prestart_image.exists() else None
+    env_file = _environ(tmp, ["PATH=/usr/bin", "NVIDIA_VISIBLE_DEVICES=1", "NVIDIA_DRIVER_CAPABILITIES=utility"])
+    log = host.base / "hook.log"
+    containers = [c] + [EnrootContainer(fresh_rootfs(tmp / f"rootfs{i}")) for i in (1, 2, 3)]
+    try:
+        for i, box in enumerate(containers):
+            log.write_text("")
+            r = box.hook(shim, env_file, {})
+            assert r.returncode == 0, r.stderr
+            assert sorted(box.sh("ls /dev | grep nvidia").split()) == ["nvidia1", "nvidiactl"]  # utility: no uvm
+            text = log.read_text()
+            assert f"start image {image}" in text, text  # this entry's own image, never prestart's
+            if i == 0:
+                assert "modules loaded" not in text
+        assert "modules loaded" in text  # warm: the last start ran from the image
+        assert "argparse" not in startimage.held(str(image)) and "pyxis_hook.cli" not in startimage.held(str(image))
+    finally:
+        for box in containers[1:]:
+            box.close()
+    assert (prestart_image.stat().st_mtime_ns if prestart_image.exists() else None) == prestart_before

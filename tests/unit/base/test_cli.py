@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -148,3 +149,19 @@ def test_an_error_quoting_a_control_character_is_still_one_line():
     e = errors.RequestError("NVIDIA_VISIBLE_DEVICES: '0\n0\r\x1b[2J': unknown device")
     assert str(e) == "NVIDIA_VISIBLE_DEVICES: '0\\n0\\r\\x1b[2J': unknown device"
     assert str(errors.RequestError("GPU é ok")) == "GPU é ok"
+
+
+def test_the_named_command_alone_is_imported():
+    """`pyxis-hook [options] COMMAND ...` builds that command's parser only; help and unknown words get all."""
+    assert cli.named_command(["cdi", "hook", "update-ldcache", "--lib", "x"]) == "cdi"
+    assert cli.named_command(["--config", "plan", "--debug", "info", "--json"]) == "info"  # --config's value skipped
+    assert cli.named_command(["--config=/x", "createRuntime"]) == "createRuntime"
+    assert cli.named_command(["--help", "plan"]) is None and cli.named_command(["bogus"]) is None
+    assert cli.named_command(["--debug"]) is None
+    # (importlib.import_module, which the parser uses, is invisible to -X importtime: ask sys.modules)
+    r = subprocess.run([sys.executable, "-c", "import sys; from pyxis_hook import cli\ntry:\n cli.main(['ldcache', '--help'])\n"
+                        "finally:\n print(' '.join(sys.modules), file=sys.stderr)"], capture_output=True, text=True)
+    assert "usage: pyxis-hook ldcache" in r.stdout, r.stderr
+    loaded = set(r.stderr.split())
+    assert "pyxis_hook.commands.ldcache" in loaded
+    assert not {"pyxis_hook.commands.doctor", "pyxis_hook.commands.plan", "pyxis_hook.commands.cdi"} & loaded

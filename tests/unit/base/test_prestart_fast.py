@@ -70,6 +70,19 @@ def test_void_exit_imports_almost_nothing(tmp_path):
         "pyxis_hook.asks", "pyxis_hook.fastjson"}
 
 
+def test_enroot_shim_call_skips_the_cli():
+    """`python -I -S .../__main__.py enroot`, the shim's call, runs without argparse or the other commands."""
+    main = os.path.join(os.path.dirname(pyxis_hook.__file__), "__main__.py")
+    r = subprocess.run([sys.executable, "-X", "importtime", "-I", "-S", main, "enroot"], capture_output=True,
+                       env={"PATH": os.environ["PATH"]})
+    assert r.returncode != 0
+    errors = [line for line in r.stderr.decode().splitlines() if not line.startswith("import time:")]
+    assert len(errors) == 1 and "ENROOT_PID" in errors[0], errors  # the hook's own one-line error
+    loaded = {line.split("|")[-1].strip() for line in r.stderr.decode().splitlines() if line.startswith("import time:")}
+    assert "pyxis_hook.commands.enroot" in loaded
+    assert not {"argparse", "pyxis_hook.cli", "pyxis_hook.commands.plan", "pyxis_hook.commands.doctor"} & loaded
+
+
 def test_deeply_nested_state_is_one_line_not_a_traceback():
     """The C scanner raises RecursionError on deep nesting: the early exit must not let it out."""
     r = subprocess.run([sys.executable, "-m", "pyxis_hook", "prestart"], input="[" * 200000,

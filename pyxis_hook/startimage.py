@@ -34,7 +34,9 @@ code finishes (`importlib._bootstrap._load_unlocked`), so that dict's order
 is the order imports completed: a module's top-level imports precede it.
 Executing in that order, each module's imports find their modules already
 loaded.  Should one not be (a changed import graph), it imports as usual and
-the image skips it when its turn comes.
+the image skips it when its turn comes.  A package whose `__init__` imports
+its own submodules completes after them: those wait for it (they are
+skipped, and its body imports them as usual).
 
 Loading imports nothing: `sys`, `posix` and `marshal` are built in, and the
 import system's own classes come from `sys.modules`.
@@ -56,7 +58,7 @@ _REBUILD_MARKER = "elftools"
 def image_path(entry: str = "prestart") -> str:
     """Where this interpreter's image for `entry` lives: the package's `__pycache__`, named by the interpreter.
 
-    Each entry (`prestart`, `enroot`) has its own image: a start of one kind
+    Each entry (`prestart`, `enroot`, `cdi-hook`) has its own image: a start of one kind
     never runs the modules only another kind imports (`prestart`'s keeps
     the name it has always had).
 
@@ -225,7 +227,10 @@ def _load(path: str, before: frozenset[str]) -> Loaded:
             continue
         parent, _, leaf = name.rpartition(".")
         if parent and parent not in mods:
-            break  # its package's code did not run: import the rest as usual
+            # Its package's code has not run: a package whose __init__ imports its own submodules
+            # (`json` imports `json.decoder`) completes after them.  Its turn comes later, and its
+            # own imports bring these in as usual; the rest of the image goes on.
+            continue
         loader = source_loader(name, origin) if code is not None else extension_loader(name, origin)
         spec = bootstrap.ModuleSpec(name, loader, origin=origin, is_package=is_package)
         spec.has_location = True

@@ -39,13 +39,11 @@ def add_arguments(parser) -> None:
 
 
 def run(args, config) -> int:
-    from pyxis_hook.engines import cdi, cdihook
+    if args.cdi_command == "hook":
+        return _hook(args, config)
+    from pyxis_hook.engines import cdi
     from pyxis_hook.errors import UsageError
 
-    if args.cdi_command == "hook":
-        cdihook.run_hook(args.step, sys.stdin.buffer.read(), config, links=args.link, folders=args.folder,
-                         libs=args.lib, host_driver_version=args.host_driver_version)
-        return 0
     if args.cdi_command != "generate":
         raise UsageError("cdi: expected an action: generate")
     fmt = args.format or ("yaml" if (args.output or "").endswith((".yaml", ".yml")) else "json")
@@ -57,4 +55,27 @@ def run(args, config) -> int:
         install_text(args.output, text)
     else:
         sys.stdout.write(text)
+    return 0
+
+
+def _hook(args, config) -> int:
+    """One createContainer step: a container start, so it runs from the `cdi-hook` start image.
+
+    A spec names three steps, each its own process, on every container
+    start; past the parser, what they import (the apply modules) runs from
+    the image as a `prestart` start's does (`commands.prestart.run_started`).
+    """
+    import gc
+
+    from pyxis_hook import log
+    from pyxis_hook.commands.prestart import load_image, save_image
+
+    gc.disable()  # as for prestart: a step allocates acyclic data for milliseconds
+    image = load_image("cdi-hook")
+    log.debug(image.status)
+    from pyxis_hook.engines import cdihook
+
+    cdihook.run_hook(args.step, sys.stdin.buffer.read(), config, links=args.link, folders=args.folder,
+                     libs=args.lib, host_driver_version=args.host_driver_version)
+    save_image(image)
     return 0

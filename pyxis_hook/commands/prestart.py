@@ -154,22 +154,17 @@ def main_fast() -> int:
 def run_started(entry: str, work, stderr_level: str = "error") -> int:
     """One container start for `entry` (`prestart`, `enroot`): its own start image, config, log, one error line.
 
-    `work(config)` does the start and returns the exit status.  Each entry
-    has its own start image (`startimage.image_path(entry)`): one holds
-    what a start of that kind runs, and no kind executes another's modules.
-
-    The cyclic garbage collector is off for the run: a start lives ~30 ms
-    and allocates mostly acyclic data (code objects, records, strings), so
-    a collection only walks what the imports just made (~5% of a GPU
-    start's instructions).  A snapshot rebuild, which parses ELF files with
+    `work(config)` does the start and returns the exit status.  The cyclic
+    garbage collector is off for the run: a start lives ~30 ms and
+    allocates mostly acyclic data (code objects, records, strings), so a
+    collection only walks what the imports just made (~5% of a GPU start's
+    instructions).  A snapshot rebuild, which parses ELF files with
     pyelftools for seconds, turns it back on (`host.snapshot.load_or_build`).
     """
     import gc  # built into the interpreter: no file read
 
     gc.disable()
-    from pyxis_hook import startimage
-
-    image = startimage.load(startimage.image_path(entry))
+    image = load_image(entry)
     from pyxis_hook import errors, log
 
     try:
@@ -181,10 +176,28 @@ def run_started(entry: str, work, stderr_level: str = "error") -> int:
         rc = work(config)
     except Exception as e:  # noqa: BLE001 — one line for the runtime, the traceback in the log
         return errors.report(e, entry)
+    save_image(image)
+    return rc
+
+
+def load_image(entry: str):
+    """Run `entry`'s start image (`startimage.load`): each kind of start has its own.
+
+    One image holds what a start of that kind runs (`prestart`, `enroot`,
+    `cdi-hook`), so no kind executes the modules only another imports.
+    """
+    from pyxis_hook import startimage
+
+    return startimage.load(startimage.image_path(entry))
+
+
+def save_image(image) -> None:
+    """After a successful start: write or grow its image, and say so in the debug log; never raises."""
+    from pyxis_hook import log, startimage
+
     try:
         saved = startimage.save(image)
     except Exception as e:  # noqa: BLE001 — the container is set up; a faster next start is optional
         saved = f"start image: not written: {type(e).__name__}: {e}"
     if saved:
         log.debug(saved)
-    return rc

@@ -15,9 +15,7 @@ step, on the rootfs pinned as prestart pins it).
 
 from __future__ import annotations
 
-import json
 import os
-import platform
 import re
 
 from pyxis_hook.errors import ConfigError
@@ -45,6 +43,8 @@ def cdi_facts(machine: str | None = None) -> ContainerFacts:
     passes these dirs on ldconfig's command line, so the loader finds the
     libraries in any image.
     """
+    import platform  # not at the top: each hook step of a spec imports this module for three constants
+
     from pyxis_hook.loader.machines import triplets
 
     machine = machine or platform.machine()
@@ -248,6 +248,8 @@ def generate_spec(config, *, python: str | None = None, machine: str | None = No
 
 
 def to_json(doc: dict) -> str:
+    import json  # `cdi generate` only: not for each hook step of a spec
+
     return json.dumps(doc, indent=2) + "\n"
 
 
@@ -263,6 +265,8 @@ def _scalar(v) -> str:
         return str(v)
     if v is None:
         return "null"
+    import json
+
     return json.dumps(str(v))  # a JSON string is a YAML double-quoted scalar
 
 

@@ -27,8 +27,9 @@ hook obeyed would reach the task as the image's `all`.
 
 from __future__ import annotations
 
-import os
+import posix
 
+from pyxis_hook import pathnames
 from pyxis_hook.errors import UsageError
 from pyxis_hook.record import replace
 from pyxis_hook.spec.allocation import is_job_var
@@ -54,8 +55,8 @@ def parse_environ(text: str) -> tuple[tuple[str, str], ...]:
 
 def read_environ(path: str) -> tuple[tuple[str, str], ...]:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-        with os.fdopen(fd, "rb") as f:
+        fd = posix.open(path, posix.O_RDONLY | posix.O_CLOEXEC | posix.O_NOFOLLOW)
+        with open(fd, "rb") as f:
             data = f.read(ENVIRON_LIMIT + 1)
     except OSError as e:
         raise UsageError(f"ENROOT_ENVIRON {path}: {e.strerror}") from None
@@ -103,9 +104,9 @@ def enroot_facts(environ: Mapping[str, str]) -> tuple[int, str, str]:
     if not raw.isdigit() or int(raw) <= 0:
         raise UsageError(f"ENROOT_PID={raw!r}: not a process id")
     rootfs = environ["ENROOT_ROOTFS"]
-    if not os.path.isabs(rootfs) or not os.path.isdir(rootfs):
+    if not rootfs.startswith("/") or not pathnames.isdir(rootfs):
         raise UsageError(f"ENROOT_ROOTFS={rootfs!r}: not an absolute path to a directory")
-    return int(raw), os.path.normpath(rootfs), environ["ENROOT_ENVIRON"]
+    return int(raw), pathnames.normpath(rootfs), environ["ENROOT_ENVIRON"]
 
 
 def synthetic_bundle(rootfs: str, env: Mapping[str, str]):
@@ -120,8 +121,8 @@ def append_environ(path: str, items: tuple[tuple[str, str], ...]) -> None:
     if not items:
         return
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW)
-        with os.fdopen(fd, "a") as f:
+        fd = posix.open(path, posix.O_WRONLY | posix.O_APPEND | posix.O_CLOEXEC | posix.O_NOFOLLOW)
+        with open(fd, "a") as f:
             f.write("".join(f"{k}={v}\n" for k, v in items))
     except OSError as e:
         raise UsageError(f"ENROOT_ENVIRON {path}: cannot append: {e.strerror}") from None

@@ -311,3 +311,34 @@ def test_an_images_own_file_at_a_soname_path_is_covered_by_the_hosts_library(hos
     assert len(covered) == 1, log
     assert "warning: container cdi-test: cdi hook create-symlinks: /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1: " \
            "a directory of the image is there" in log, log
+
+
+@pytest.mark.root
+def test_spec_hooks_run_from_their_own_start_image(host, tmp_path):
+    """Each createContainer step is a container start: once warm, past the parser it runs from the
+    `cdi-hook` start image (never prestart's), and does the same work cold and warm."""
+    from pyxis_hook import startimage
+
+    spec = _spec(host, tmp_path)
+    image = Path(startimage.image_path("cdi-hook"))
+    assert image != Path(startimage.image_path())
+    image.unlink(missing_ok=True)
+    log_file = host.base / "hook.log"
+    for i in range(3):
+        seen = log_file.stat().st_size if log_file.exists() else 0
+        bundle = tmp_path / f"bundle{i}"
+        rootfs = fresh_rootfs(bundle / "rootfs")
+        make_bundle(bundle, env=(), args=("/bin/true",))
+        _run_spec_hooks(spec, bundle, rootfs)
+        link = rootfs / "usr/lib/x86_64-linux-gnu/libcuda.so.1"
+        assert link.is_symlink() and os.readlink(link).startswith("libcuda.so.")
+        log = log_file.read_bytes()[seen:].decode()
+        assert f"start image {image}" in log, log
+        steps = [line for line in log.splitlines() if f"start image {image}:" in line and "written" not in line]
+        assert len(steps) == 2, log  # create-symlinks, update-ldcache
+        if i == 0:
+            assert "not used: no image" in steps[0]  # cold; the next step may find what this one wrote
+    assert all("modules loaded" in line for line in steps)  # warm: both steps ran from the image
+    held = startimage.held(str(image))
+    assert "pyxis_hook.engines.cdihook" in held and "argparse" not in held and "pyxis_hook.cli" not in held
+    assert not {"json", "platform"} & set(held)  # what `cdi generate` alone needs stays out of the steps

@@ -80,7 +80,7 @@ def test_enroot_shim_call_skips_the_cli():
     assert len(errors) == 1 and "ENROOT_PID" in errors[0], errors  # the hook's own one-line error
     loaded = {line.split("|")[-1].strip() for line in r.stderr.decode().splitlines() if line.startswith("import time:")}
     assert "pyxis_hook.commands.enroot" in loaded
-    assert not {"argparse", "pyxis_hook.cli", "pyxis_hook.commands.plan", "pyxis_hook.commands.doctor"} & loaded
+    assert not {"argparse", "os", "pyxis_hook.cli", "pyxis_hook.commands.plan", "pyxis_hook.commands.doctor"} & loaded
 
 
 def test_deeply_nested_state_is_one_line_not_a_traceback():

@@ -261,3 +261,22 @@ def test_the_package_image_lives_beside_its_bytecode(monkeypatch):
     assert r.stdout.strip() == path  # the hook's own process, another hash seed: the same file
     monkeypatch.setattr(sys, "base_prefix", "/opt/other-python")
     assert startimage.image_path() != path
+
+
+def test_a_package_importing_its_own_submodule_does_not_stop_the_image(pkg):
+    """`json`'s shape: the package completes after the submodule its __init__ imports.
+
+    That submodule waits for its package (imported as usual from the
+    package's body); every other module still runs from the image.
+    """
+    src, image, start = pkg
+    pkgy = src.parent / "pkgy"
+    pkgy.mkdir()
+    (pkgy / "__init__.py").write_text("from pkgy import sub\nY = sub.Z\n")
+    (pkgy / "sub.py").write_text("Z = 3\n")
+    first = start("pkgy", "pkgx.b")
+    assert first["saved"].endswith("written, 5 modules")
+    second = start("pkgy", "pkgx.b")
+    assert second["status"].endswith("4 modules loaded")  # all but pkgy.sub, which pkgy imported
+    assert [n for n in second["found_all"] if n.startswith(("pkgx", "pkgy"))] == ["pkgy.sub"]
+    assert second["value"] == 2 and second["saved"] == ""

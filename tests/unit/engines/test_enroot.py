@@ -169,3 +169,9 @@ def test_shim_names_the_config_absolute(tmp_path):
     assert "PYXIS_HOOK_CONFIG" not in shim_text("/usr/bin/python3", Config())
     r = run_cli("enroot", "--install", str(tmp_path / "no"))
     assert r.returncode == 2 and r.stderr.strip().endswith(f"{tmp_path}/no: not a directory")
+
+
+def test_the_hook_reads_its_environment_as_os_environ_decodes_it():
+    from pyxis_hook.commands import enroot as command
+
+    assert command._environ() == dict(os.environ)

@@ -21,6 +21,10 @@ import posix
 
 from pyxis_hook.apply import cabi
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # hints only
+    from typing import Any
+
 F_ADD_SEALS = 1024 + 9  # F_LINUX_SPECIFIC_BASE + 9
 F_SEAL_SEAL = 0x0001
 F_SEAL_SHRINK = 0x0002
@@ -56,13 +60,30 @@ def add_seals(fd: int, seals: int) -> None:
         raise _error("fcntl(F_ADD_SEALS)")
 
 
-class _Rlimit(cabi.Structure):
-    _fields_ = [("cur", cabi.c_ulong), ("max", cabi.c_ulong)]
+#: the structures, made on first use: a ctypes Structure class is ~150,000 instructions to create,
+#: and only a run of ldconfig (a merge that cannot model the image) needs them; making one imports
+#: nothing, so it may happen in the container's namespace
+_STRUCTS: dict[str, type] = {}
+
+
+def _struct(name: str, fields: list) -> Any:
+    made = _STRUCTS.get(name)
+    if made is None:
+        made = _STRUCTS[name] = type(name, (cabi.Structure,), {"_fields_": fields})
+    return made
+
+
+def _rlimit() -> Any:
+    return _struct("_Rlimit", [("cur", cabi.c_ulong), ("max", cabi.c_ulong)])
+
+
+def _pollfd() -> Any:
+    return _struct("_PollFd", [("fd", cabi.c_int), ("events", cabi.c_short), ("revents", cabi.c_short)])
 
 
 def getrlimit(resource: int) -> tuple[int, int]:
     """(soft, hard), as `resource.getrlimit` gives them (RLIM_INFINITY for no limit)."""
-    lim = _Rlimit()
+    lim = _rlimit()()
     cabi.set_errno(0)
     if _getrlimit(cabi.c_int(resource), cabi.byref(lim)) != 0:
         raise _error(f"getrlimit({resource})")
@@ -71,14 +92,10 @@ def getrlimit(resource: int) -> tuple[int, int]:
 
 def setrlimit(resource: int, soft: int, hard: int) -> None:
     """setrlimit(2) of this process, as `resource.setrlimit(resource, (soft, hard))`."""
-    lim = _Rlimit(soft, hard)
+    lim = _rlimit()(soft, hard)
     cabi.set_errno(0)
     if _setrlimit(cabi.c_int(resource), cabi.byref(lim)) != 0:
         raise _error(f"setrlimit({resource})")
-
-
-class _PollFd(cabi.Structure):
-    _fields_ = [("fd", cabi.c_int), ("events", cabi.c_short), ("revents", cabi.c_short)]
 
 
 def poll(fds: list[int], timeout_ms: int) -> list[tuple[int, int]]:
@@ -88,7 +105,7 @@ def poll(fds: list[int], timeout_ms: int) -> list[tuple[int, int]]:
     that a signal ends the wait early with no event (the caller's loop,
     which recomputes its deadline, then calls again; PEP 475's retry).
     """
-    array = (_PollFd * len(fds))()
+    array = (_pollfd() * len(fds))()
     for slot, fd in zip(array, fds):
         slot.fd = fd
         slot.events = POLLIN

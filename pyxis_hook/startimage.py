@@ -55,6 +55,11 @@ _EXTENSION_LOADER = "ExtensionFileLoader"
 _REBUILD_MARKER = "elftools"
 
 
+#: the kinds of container start that run from an image of their own: the runtime's hook, the
+#: enroot shim's call, a CDI spec's createContainer steps
+ENTRIES = ("prestart", "enroot", "cdi-hook")
+
+
 def image_path(entry: str = "prestart") -> str:
     """Where this interpreter's image for `entry` lives: the package's `__pycache__`, named by the interpreter.
 

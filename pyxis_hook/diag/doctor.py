@@ -350,6 +350,19 @@ def check_openat2() -> list[Finding]:
                     "use kernel 5.6 or later, or allow openat2 in the seccomp profile")]
 
 
+def check_start_images() -> list[Finding]:
+    """`check_start_image` for each kind of start's image that exists, or the runtime's when none does.
+
+    A node whose containers start only through enroot (Pyxis) or CDI has no
+    `prestart` image and never will: that is not a pending one.
+    """
+    from pyxis_hook import startimage
+
+    paths = [startimage.image_path(entry) for entry in startimage.ENTRIES]
+    present = [p for p in paths if os.path.lexists(p)]
+    return [f for p in present or paths[:1] for f in check_start_image(p)]
+
+
 def check_start_image(path: str = "") -> list[Finding]:
     """Whether GPU starts run their modules from the start image (pyxis_hook/startimage.py) or import them."""
     from pyxis_hook import startimage
@@ -426,7 +439,7 @@ def run_checks(config, env: DoctorEnv | None = None, inventory=None) -> tuple[Fi
     out += check_runtimes(config, env)
     out += check_cgroup(config, env)
     out += check_openat2()
-    out += check_start_image()
+    out += check_start_images()
     out += check_slurm(inv.host, config, env)
     from pyxis_hook.diag.schedcheck import check_scheduler
 

@@ -452,3 +452,16 @@ def test_start_image_findings(tmp_path, monkeypatch):
     os.chmod(tmp_path / "cache", 0o755)
     monkeypatch.setattr(sys, "dont_write_bytecode", True)  # python -B: no bytecode, no image either
     assert check_start_image(str(tmp_path / "cache" / "other.bin"))[0].code == "start-image-unwritable"
+
+
+def test_each_kind_of_start_image_that_exists_is_checked(tmp_path, monkeypatch):
+    """A Pyxis-only node has an enroot image and no prestart one: that is reported, not a pending prestart one."""
+    from pyxis_hook import startimage
+    from pyxis_hook.diag import doctor
+
+    monkeypatch.setattr(startimage, "image_path", lambda entry="prestart": str(tmp_path / f"{entry}.bin"))
+    monkeypatch.setattr(doctor, "check_start_image", lambda path="": [path])
+    assert doctor.check_start_images() == [str(tmp_path / "prestart.bin")]  # none yet: the runtime's
+    (tmp_path / "enroot.bin").write_bytes(b"")
+    (tmp_path / "cdi-hook.bin").write_bytes(b"")
+    assert doctor.check_start_images() == [str(tmp_path / "enroot.bin"), str(tmp_path / "cdi-hook.bin")]

@@ -181,16 +181,27 @@ class Inventory:
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Inventory":
-        """Rebuild from `to_dict()`; KeyError/TypeError/ValueError on a malformed dict."""
+    def from_dict(cls, d: dict, host: HostGpus | None = None) -> "Inventory":
+        """Rebuild from `to_dict()`; KeyError/TypeError/ValueError on a malformed dict.
+
+        With fresh GPU facts `host`, the saved ones are not rebuilt (two records
+        a GPU that a start would throw away): the result is `with_host` of the
+        saved inventory, its own warnings kept after the fresh host's.
+        """
+        warnings = tuple(d["warnings"])
+        if host is None:
+            host = HostGpus.from_dict(d["host"])
+        else:
+            saved_host_warnings = set(d["host"]["warnings"])
+            warnings = tuple(host.warnings) + tuple(w for w in warnings if w not in saved_host_warnings)
         return cls(
             driver_version=d["driver_version"],
             cuda_version=d["cuda_version"],
-            host=HostGpus.from_dict(d["host"]),
+            host=host,
             files=tuple(DriverFile.from_dict(f) for f in d["files"]),
             missing=tuple(d["missing"]),
             non_driver_deps=tuple(NonDriverDep.from_dict(x) for x in d["non_driver_deps"]),
-            warnings=tuple(d["warnings"]),
+            warnings=warnings,
             errors=tuple(d["errors"]),
             driver_root=d["driver_root"],
             version_source=d["version_source"],

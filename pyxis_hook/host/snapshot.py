@@ -102,13 +102,15 @@ def load(config, host=None):
             raw = f.read()
     finally:
         posix.close(fd)
+    if host is None:
+        host = discover_gpus(config.proc_root, config.dev_root)
     try:
         data = fastjson.loads(raw)
         if data.get("format") != FORMAT:
             raise SnapshotError(f"{path}: format {data.get('format')!r}, expected {FORMAT}")
         if data.get("key") != config_key(config):
             raise SnapshotError(f"{path}: built for another configuration")
-        inv = Inventory.from_dict(data["inventory"])
+        inv = Inventory.from_dict(data["inventory"], host)  # fresh GPU facts: the saved ones are not rebuilt
     except SnapshotError:
         raise
     except (ValueError, KeyError, TypeError, AttributeError) as e:
@@ -119,8 +121,6 @@ def load(config, host=None):
     for sig in inv.sources:
         if stat_signature(sig[0]) != sig:
             raise SnapshotError(f"{path}: stale: {sig[0]} changed")
-    if host is None:
-        host = discover_gpus(config.proc_root, config.dev_root)
     if inv.version_source == "procfs" and host.driver_version != inv.driver_version:
         raise SnapshotError(f"{path}: stale: driver version is now {host.driver_version}")
     if inv.version_source == "files" and host.driver_version and host.driver_version != inv.driver_version:

@@ -227,6 +227,23 @@ def test_to_dict_round_trip_and_schema(tmp_path):
     assert Inventory.from_dict(d) == inv
 
 
+def test_from_dict_with_fresh_gpus_is_with_host_of_the_saved_one(tmp_path):
+    """A snapshot load passes the GPU facts it just read: the saved GPUs are skipped, not merged."""
+    from pyxis_hook.host.gpus import discover_gpus
+    from pyxis_hook.host.inventory import with_host
+
+    host = hosttree.make_host_tree(tmp_path / "host", driver_version=V, make_nodes=False)
+    inv = discover(cfg(make_driver(tmp_path / "root"), host))
+    inv = replace(inv, warnings=tuple(inv.warnings) + ("driver: a warning of its own",))
+    assert inv.host.warnings  # the saved host's own warnings (no nodes): not carried over
+    fresh = discover_gpus(str(host.proc_root), "/nonexistent-dev")
+    fresh = replace(fresh, gpus=fresh.gpus[:1], warnings=("fresh: one GPU left",))
+    d = json.loads(json.dumps(inv.to_dict()))
+    got = Inventory.from_dict(d, fresh)
+    assert got == with_host(Inventory.from_dict(d), fresh)
+    assert got.host is fresh and got.warnings == ("fresh: one GPU left", "driver: a warning of its own")
+
+
 # --- snapshot -----------------------------------------------------------------------------
 
 

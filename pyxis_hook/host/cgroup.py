@@ -110,14 +110,22 @@ def _unescape(field: str) -> str:
     return re.sub(_OCTAL, lambda m: chr(int(m.group(1), 8)), field)
 
 
-def parse_mountinfo(text: str) -> tuple[MountInfo, ...]:
-    """Lines of mountinfo: `id parent maj:min root point opts [optional...] - fstype source superopts`."""
+def parse_mountinfo(text: str, fstypes: frozenset[str] | None = None) -> tuple[MountInfo, ...]:
+    """Lines of mountinfo: `id parent maj:min root point opts [optional...] - fstype source superopts`.
+
+    `fstypes`: only mounts of these types become records.  A node's mountinfo
+    can hold thousands of lines (Kubernetes, Lustre, per-job bind mounts), and
+    a start that looks for the cgroup mounts should not make a record of each.
+    """
     out = []
     for line in text.splitlines():
         left, sep, right = line.partition(" - ")
         if not sep:
             continue
-        lf, rf = left.split(), right.split()
+        rf = right.split()
+        if fstypes is not None and (not rf or rf[0] not in fstypes):
+            continue
+        lf = left.split()
         if len(lf) < 6 or len(rf) < 2 or not (lf[0].isdigit() and lf[1].isdigit()):
             continue
         out.append(MountInfo(int(lf[0]), int(lf[1]), _unescape(lf[3]), _unescape(lf[4]), rf[0],
@@ -158,13 +166,16 @@ def _fs_path(mount: MountInfo, path: str) -> str | None:
     return pathnames.join(mount.mount_point, path.lstrip("/")).rstrip("/") or "/"
 
 
+_CGROUP_FSTYPES = frozenset({"cgroup", "cgroup2"})
+
+
 def devices_cgroup(cgroup_text: str, mountinfo_text: str) -> DeviceCgroup | None:
     """The devices cgroup of a process from its cgroup file and the reader's mountinfo; None = no cgroups."""
     lines = parse_proc_cgroup(cgroup_text)
     version = cgroup_version(lines)
     if version is None:
         return None
-    mounts = parse_mountinfo(mountinfo_text)
+    mounts = parse_mountinfo(mountinfo_text, _CGROUP_FSTYPES)
     v1 = next((ln for ln in lines if "devices" in ln.controllers), None)
     if v1 is not None:
         m = next((m for m in mounts if m.fstype == "cgroup" and "devices" in m.super_options), None)

@@ -84,6 +84,15 @@ def test_parse_mountinfo_optional_fields_and_escapes():
     assert m.super_options == ("rw", "devices")
 
 
+def test_parse_mountinfo_for_some_types_is_the_full_parse_filtered():
+    """The cgroup lookup reads only the cgroup mounts: the same records, none of the rest."""
+    text = Path("/proc/self/mountinfo").read_text() + V1_MOUNTINFO + "garbage - \n"
+    want = frozenset({"cgroup", "cgroup2"})
+    full = parse_mountinfo(text)
+    assert parse_mountinfo(text, want) == tuple(m for m in full if m.fstype in want)
+    assert parse_mountinfo(text, frozenset()) == ()
+
+
 @pytest.mark.parametrize("text,version", [
     (V1_SLURM_CGROUP, "v1"), (V2_SLURM_CGROUP, "v2"), (HYBRID_CGROUP, "hybrid"), ("", None)])
 def test_version(text, version):

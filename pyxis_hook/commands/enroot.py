@@ -38,10 +38,9 @@ def add_arguments(parser) -> None:
 
 def run(args, config) -> int:
     if args.install:
+        from pyxis_hook import pathnames
         from pyxis_hook.engines.hookd import interpreter
         from pyxis_hook.engines.install import install_text
-
-        from pyxis_hook import pathnames
 
         dest = install_text(pathnames.join(args.install, SHIM_NAME), shim_text(interpreter(), config), 0o755)
         print(f"installed {dest}")

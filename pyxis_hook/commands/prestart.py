@@ -5,6 +5,11 @@ applies the plan in the container's mount namespace.  A container that
 asked for no GPU returns after reading two small JSON documents; nothing
 heavy is imported on that path.  Any failure is one line on stderr (the
 runtime shows it and container creation fails) with details in the log.
+
+It also holds the frame every per-container entry shares (`run_started`,
+`load_image`, `save_image`, `end_fast`: the enroot shim's call and a CDI
+spec's hook steps use it too): this module is what a start imports before
+its start image, so the frame costs no import of its own.
 """
 
 # no `from __future__ import annotations`: one module less on the no-GPU path (the hints here run on 3.11)

@@ -192,8 +192,7 @@ class Inventory:
         if host is None:
             host = HostGpus.from_dict(d["host"])
         else:
-            saved_host_warnings = set(d["host"]["warnings"])
-            warnings = tuple(host.warnings) + tuple(w for w in warnings if w not in saved_host_warnings)
+            warnings = _warnings_with(host, warnings, d["host"]["warnings"])
         return cls(
             driver_version=d["driver_version"],
             cuda_version=d["cuda_version"],
@@ -227,8 +226,13 @@ def driver_major(version: str | None) -> int | None:
 
 def with_host(inv: Inventory, host: HostGpus) -> Inventory:
     """The same driver files with fresh GPU facts (GPUs and MIG change without a driver change)."""
-    extra = tuple(w for w in inv.warnings if w not in inv.host.warnings)
-    return replace(inv, host=host, warnings=tuple(host.warnings) + extra)
+    return replace(inv, host=host, warnings=_warnings_with(host, inv.warnings, inv.host.warnings))
+
+
+def _warnings_with(host: HostGpus, warnings, old_host_warnings) -> tuple[str, ...]:
+    """An inventory's `warnings` with `host`'s in place of those its former GPU facts gave."""
+    old = set(old_host_warnings)
+    return tuple(host.warnings) + tuple(w for w in warnings if w not in old)
 
 
 def ipc_files(root: str, mps_pipe_dir: str, warn=log.debug) -> list[DriverFile]:
@@ -264,11 +268,12 @@ def ipc_files(root: str, mps_pipe_dir: str, warn=log.debug) -> list[DriverFile]:
     return out
 
 
-def refresh_live(inv: Inventory, config, host: HostGpus) -> Inventory:
-    """`inv` with the facts that change while the driver stays: GPUs and the IPC sockets/MPS dir.
+def refresh_live(inv: Inventory, config) -> Inventory:
+    """`inv` with the IPC sockets and MPS dir as they are now (the GPUs, the other live facts, are
+    given to `Inventory.from_dict` when the snapshot is read).
 
     Daemons (persistenced, fabricmanager, MPS) start and stop at any time, so
     a snapshot must not freeze their sockets; re-checking them is a few stats.
     """
     files = tuple(f for f in inv.files if f.kind != "ipc") + tuple(ipc_files(inv.driver_root, config.mps_pipe_dir))
-    return with_host(replace(inv, files=files), host)
+    return replace(inv, files=files)

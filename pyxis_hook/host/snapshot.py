@@ -125,7 +125,7 @@ def load(config, host=None):
         raise SnapshotError(f"{path}: stale: driver version is now {host.driver_version}")
     if inv.version_source == "files" and host.driver_version and host.driver_version != inv.driver_version:
         raise SnapshotError(f"{path}: stale: kernel module {host.driver_version} loaded since")
-    return refresh_live(inv, config, host)
+    return refresh_live(inv, config)
 
 
 def save(config, inv) -> str:

@@ -440,6 +440,21 @@ print(bad)
     assert out.strip() == "[]"
 
 
+def test_snapshot_load_takes_the_gpus_as_they_are_now(tmp_path):
+    """A GPU gone since the snapshot was built (reset, unbound) is not in the loaded inventory."""
+    import shutil
+
+    host = hosttree.make_host_tree(tmp_path / "host", driver_version=V, make_nodes=False)
+    c = cfg(make_driver(tmp_path / "root"), host)
+    built = load_or_build(c)
+    assert len(built.host.gpus) == 2
+    gpus_dir = Path(host.proc_root) / "driver/nvidia/gpus"
+    shutil.rmtree(gpus_dir / sorted(os.listdir(gpus_dir))[1])
+    loaded = snapshot.load(c)
+    assert [g.bus_id for g in loaded.host.gpus] == [built.host.gpus[0].bus_id]
+    assert loaded.files == built.files
+
+
 def test_snapshot_rechecks_ipc_sockets_on_load(tmp_path):
     """A daemon started after the snapshot was built still gets its socket injected."""
     root = make_driver(tmp_path / "r", extra=False)

@@ -33,6 +33,7 @@ No timing is asserted anywhere; the table is the result (bench/README.md).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -191,32 +192,43 @@ def case_ldconfig(w: World, image: str) -> float:
         w.drop(base)
 
 
-def case_hook(w: World, image: str, n: int, env: tuple[str, ...], peer: bool = False,
-              argv: list[str] | None = None) -> float:
+@contextlib.contextmanager
+def _stand_in(w: World, image: str):
+    """(overlay dir, rootfs, container process) over a fresh overlay of `image`; all gone after."""
     base, root = w.overlay(image)
-    bundle = base / "bundle"
-    make_bundle(bundle, root, env=env)
     proc = _container(root)
     try:
-        if peer:
-            cmd = [w.peer, f"--root={w.driver}", "configure", f"--ldconfig=@{w.ldconfig}", "--device=all",
-                   "--compute", "--utility", f"--pid={proc.pid}", str(root)]
-            t = time.perf_counter()
-            r = subprocess.run(cmd, capture_output=True)
-        else:
-            state = json.dumps({"ociVersion": "1.0.2", "id": f"bench{w.seq}", "status": "creating",
-                                "pid": proc.pid, "bundle": str(bundle)}).encode()
-            t = time.perf_counter()
-            r = subprocess.run(argv or HOOK_ARGS, input=state, capture_output=True,
-                               env=w.hook_env(n, True))
-        dt = time.perf_counter() - t
-        if r.returncode:
-            raise RuntimeError(f"{'peer' if peer else 'hook'} failed: {r.stderr.decode(errors='replace')}")
-        return dt
+        yield base, root, proc
     finally:
         proc.kill()
         proc.wait()
         w.drop(base)
+
+
+def _timed(what: str, cmd: list[str], **kw) -> float:
+    """The wall time of one run of `cmd`; RuntimeError with its stderr when it fails."""
+    t = time.perf_counter()
+    r = subprocess.run(cmd, capture_output=True, **kw)
+    dt = time.perf_counter() - t
+    if r.returncode:
+        raise RuntimeError(f"{what} failed: {r.stderr.decode(errors='replace')}")
+    return dt
+
+
+def _state(w: World, proc: subprocess.Popen, bundle: Path) -> bytes:
+    return json.dumps({"ociVersion": "1.0.2", "id": f"bench{w.seq}", "status": "creating",
+                       "pid": proc.pid, "bundle": str(bundle)}).encode()
+
+
+def case_hook(w: World, image: str, n: int, env: tuple[str, ...], peer: bool = False,
+              argv: list[str] | None = None) -> float:
+    with _stand_in(w, image) as (base, root, proc):
+        bundle = base / "bundle"
+        make_bundle(bundle, root, env=env)
+        if peer:
+            return _timed("peer", [w.peer, f"--root={w.driver}", "configure", f"--ldconfig=@{w.ldconfig}",
+                                   "--device=all", "--compute", "--utility", f"--pid={proc.pid}", str(root)])
+        return _timed("hook", argv or HOOK_ARGS, input=_state(w, proc, bundle), env=w.hook_env(n, True))
 
 
 def case_enroot(w: World, argv: list[str], n: int = 4) -> float:
@@ -225,23 +237,12 @@ def case_enroot(w: World, argv: list[str], n: int = 4) -> float:
     `nsenter` into the stand-in's namespace is part of each run (~5 ms here): enroot runs its
     hooks there, so the rows are comparable with one another, not with the `prestart` rows.
     """
-    base, root = w.overlay("small")
-    proc = _container(root)
-    environ = base / "environ"
-    environ.write_text("".join(f"{e}\n" for e in GPU_ENV) + "PATH=/usr/bin:/bin\n")
-    try:
+    with _stand_in(w, "small") as (base, root, proc):
+        environ = base / "environ"
+        environ.write_text("".join(f"{e}\n" for e in GPU_ENV) + "PATH=/usr/bin:/bin\n")
         env = dict(w.hook_env(n, True), ENROOT_PID=str(proc.pid), ENROOT_ROOTFS=str(root),
                    ENROOT_ENVIRON=str(environ))
-        t = time.perf_counter()
-        r = subprocess.run(["nsenter", "-t", str(proc.pid), "-m", "--", *argv], capture_output=True, env=env)
-        dt = time.perf_counter() - t
-        if r.returncode:
-            raise RuntimeError(f"enroot hook failed: {r.stderr.decode(errors='replace')}")
-        return dt
-    finally:
-        proc.kill()
-        proc.wait()
-        w.drop(base)
+        return _timed("enroot hook", ["nsenter", "-t", str(proc.pid), "-m", "--", *argv], env=env)
 
 
 def case_runc(w: World, image: str, n: int, with_hook: bool) -> float:
@@ -373,19 +374,11 @@ def imports(w: World) -> str:
     """`-X importtime` of the hook for a void and a GPU request: the modules it loads, by self time."""
     out = []
     for label, env in (("void", ()), ("GPU, 4 GPUs, small image", GPU_ENV)):
-        base, root = w.overlay("small")
-        bundle = base / "bundle"
-        make_bundle(bundle, root, env=env)
-        proc = _container(root)
-        try:
-            state = json.dumps({"ociVersion": "1.0.2", "id": "imp", "status": "creating", "pid": proc.pid,
-                                "bundle": str(bundle)}).encode()
-            r = subprocess.run([PY, "-X", "importtime"] + HOOK_ARGS[1:], input=state,
+        with _stand_in(w, "small") as (base, root, proc):
+            bundle = base / "bundle"
+            make_bundle(bundle, root, env=env)
+            r = subprocess.run([PY, "-X", "importtime"] + HOOK_ARGS[1:], input=_state(w, proc, bundle),
                                capture_output=True, env=w.hook_env(4, True))
-        finally:
-            proc.kill()
-            proc.wait()
-            w.drop(base)
         rows = []
         for line in r.stderr.decode().splitlines():
             if not line.startswith("import time:") or "self [us]" in line:

@@ -65,12 +65,9 @@ def _hook(args, config) -> int:
     start; past the parser, what they import (the apply modules) runs from
     the image as a `prestart` start's does (`commands.prestart.run_started`).
     """
-    import gc
-
     from pyxis_hook import log
     from pyxis_hook.commands.prestart import load_image, save_image
 
-    gc.disable()  # as for prestart: a step allocates acyclic data for milliseconds
     image = load_image("cdi-hook")
     log.debug(image.status)
     from pyxis_hook.engines import cdihook

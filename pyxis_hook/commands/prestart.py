@@ -159,16 +159,8 @@ def main_fast() -> int:
 def run_started(entry: str, work, stderr_level: str = "error") -> int:
     """One container start for `entry` (`prestart`, `enroot`): its own start image, config, log, one error line.
 
-    `work(config)` does the start and returns the exit status.  The cyclic
-    garbage collector is off for the run: a start lives ~30 ms and
-    allocates mostly acyclic data (code objects, records, strings), so a
-    collection only walks what the imports just made (~5% of a GPU start's
-    instructions).  A snapshot rebuild, which parses ELF files with
-    pyelftools for seconds, turns it back on (`host.snapshot.load_or_build`).
+    `work(config)` does the start and returns the exit status.
     """
-    import gc  # built into the interpreter: no file read
-
-    gc.disable()
     image = load_image(entry)
     from pyxis_hook import errors, log
 
@@ -186,11 +178,20 @@ def run_started(entry: str, work, stderr_level: str = "error") -> int:
 
 
 def load_image(entry: str):
-    """Run `entry`'s start image (`startimage.load`): each kind of start has its own.
+    """Begin a start: the garbage collector off, then `entry`'s start image run (`startimage.load`).
 
     One image holds what a start of that kind runs (`prestart`, `enroot`,
     `cdi-hook`), so no kind executes the modules only another imports.
+
+    The cyclic garbage collector stays off for the run: a start lives ~30 ms
+    and allocates mostly acyclic data (code objects, records, strings), so a
+    collection only walks what the imports just made (~5% of a GPU start's
+    instructions).  A snapshot rebuild, which parses ELF files with
+    pyelftools for seconds, turns it back on (`host.snapshot.load_or_build`).
     """
+    import gc  # built into the interpreter: no file read
+
+    gc.disable()
     from pyxis_hook import startimage
 
     return startimage.load(startimage.image_path(entry))

@@ -31,6 +31,15 @@ def test_a_libc_function_returns_its_value_and_keeps_errno():
     assert cabi.get_errno() == errno.EBADF
 
 
+def test_functions_share_one_class_and_keep_each_its_return_type():
+    """As ctypes.CDLL's: one function-pointer class, a `restype` per function (a long is not cut to an int)."""
+    labs = cabi.libc_function("labs", cabi.c_long)
+    iabs = cabi.libc_function("abs", cabi.c_int)
+    assert type(labs) is type(iabs)
+    assert labs(cabi.c_long(-(1 << 40))) == 1 << 40
+    assert iabs(cabi.c_int(-5)) == 5
+
+
 def test_structures_pass_by_reference():
     class Pair(cabi.Structure):
         _fields_ = [("a", cabi.c_uint64), ("b", cabi.c_uint64)]

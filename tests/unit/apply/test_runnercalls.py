@@ -7,6 +7,8 @@ import fcntl
 import os
 import resource
 import select
+import subprocess
+import sys
 import time
 
 import pytest
@@ -91,3 +93,13 @@ def test_poll_reports_readable_fds_and_times_out():
     finally:
         for fd in (r1, r2, w2):
             os.close(fd)
+
+
+def test_the_structures_are_made_when_first_used():
+    """Importing the module (every GPU start does) makes no ctypes class; the first rlimit call makes its one."""
+    code = ("from pyxis_hook.apply import runnercalls as r\n"
+            "before = sorted(r._STRUCTS)\n"
+            "r.getrlimit(r.RLIMIT_NOFILE)\n"
+            "print(before, sorted(r._STRUCTS))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[] ['_Rlimit']"

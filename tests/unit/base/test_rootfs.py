@@ -7,6 +7,7 @@ component walk used on kernels < 5.6; both must give chroot semantics.
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import posix  # what the modules under test call (they do not import os)
 import stat
@@ -142,6 +143,22 @@ def test_ensure_file_creates_parents_inside_root(tree, use_openat2):
         assert r.rollback() == []
     assert not (root / "opt").exists()
     assert _snapshot(host) == before
+
+
+def test_a_file_made_here_is_its_own_mount_target_read_only(tree, use_openat2):
+    """The fd that made a mount point file is the target (no reopen by name); an existing file is opened O_PATH."""
+    root, _ = tree
+    with WritableRoot(str(root), use_openat2=use_openat2) as r:
+        made = r.ensure_entry("/usr/lib/libnvidia-ml.so.1")
+        flags = fcntl.fcntl(made.fd, fcntl.F_GETFL)
+        assert made.created and not flags & os.O_PATH and flags & os.O_ACCMODE == os.O_RDONLY
+        assert _ident_path(root / "usr/lib/libnvidia-ml.so.1") == _ident(os.dup(made.fd))
+        found = r.ensure_entry("/etc/os-release")
+        assert not found.created and fcntl.fcntl(found.fd, fcntl.F_GETFL) & os.O_PATH
+        made.close()
+        found.close()
+        assert r.rollback() == []
+    assert not (root / "usr/lib/libnvidia-ml.so.1").exists()
 
 
 def test_ensure_reuses_existing_and_checks_type(tree, use_openat2):

@@ -11,9 +11,9 @@ directly: one file read, one `marshal.loads`, one stat per module.
 What it holds: every module a successful start imported from a file after
 the point where it knew it had GPU work, each with the stat signature (mtime
 in ns, size) of its file: the code of Python sources (the package's own and
-the standard library's), and the path of extension modules (`_ctypes`,
-`_struct`, ...: loaded from it directly, without searching `sys.path`'s
-directories for them).  The interpreter's frozen and built-in modules import
+the standard library's; without docstrings, `_code`), and the path of
+extension modules (`_ctypes`, `_struct`, ...: loaded from it directly,
+without searching `sys.path`'s directories for them).  The interpreter's frozen and built-in modules import
 as usual.  A start of another request shape that imports a module the image
 lacks imports it as usual and then rewrites the image with it (the set only
 grows, so rewrites end).  A start that rebuilt the host snapshot (pyelftools
@@ -275,6 +275,22 @@ def _from_file(module) -> bool:
     return spec is not None and type(spec.loader).__name__ in (_SOURCE_LOADER, _EXTENSION_LOADER)
 
 
+def _code(loader, name: str, origin: str):
+    """The module's code as the image holds it: without docstrings where that is all `-OO` changes.
+
+    Docstrings are a fifth of the package's bytecode and nothing on a start
+    reads `__doc__`; every string the image holds is one more object to
+    unmarshal and one more page to fault in on every start.  `optimize=2`
+    also drops `assert` statements and code under `if __debug__:`, so a
+    source naming either word anywhere (a comment too: the test is on the
+    bytes) keeps the bytecode the import system would have run.
+    """
+    source = loader.get_data(origin)
+    if b"assert" in source or b"__debug__" in source:
+        return loader.get_code(name)
+    return compile(source, origin, "exec", dont_inherit=True, optimize=2)
+
+
 def save(loaded: Loaded) -> str:
     """Write the image from this start's imports when it lacks any; a line for the debug log.
 
@@ -298,12 +314,12 @@ def save(loaded: Loaded) -> str:
         try:
             st = posix.stat(spec.origin)
             if type(spec.loader).__name__ == _SOURCE_LOADER:
-                code = spec.loader.get_code(name)  # type: ignore[attr-defined]
+                code = _code(spec.loader, name, spec.origin)
             else:
                 code = None  # an extension module: loaded by its path, as the import system would
             if posix.stat(spec.origin).st_mtime_ns != st.st_mtime_ns:
                 return f"start image {path}: not written: {spec.origin} changed meanwhile"
-        except (OSError, ImportError, SyntaxError) as e:
+        except (OSError, ImportError, SyntaxError, ValueError) as e:
             return f"start image {path}: not written: {name}: {e}"
         entries.append((name, spec.origin, spec.submodule_search_locations is not None,
                         st.st_mtime_ns, st.st_size, code))

@@ -311,7 +311,8 @@ def parse_config(data: bytes, bundle_dir: str, config_path: str | None = None) -
     doc.string("ociVersion")
     root = doc.obj("root", required=True)
     process = doc.obj("process", required=True)
-    assert root is not None and process is not None
+    if root is None or process is None:  # required=True has raised already; this narrows the types
+        raise OciError(f"{config_path}: 'root' and 'process' are required")
 
     root_path = root.string("path")
     if not root_path:

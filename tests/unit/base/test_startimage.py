@@ -45,7 +45,9 @@ print(repr(dict(status=loaded.status, saved=saved, value=pkgx.b.VALUE, order=ord
                 found=[n for n in found if n.startswith("pkgx")], found_all=found,
                 ext_file=getattr(ext, "__file__", None), ext_works=ext is not None and {ext_check},
                 b_file=pkgx.b.__file__, b_package=pkgx.b.__package__, b_spec=pkgx.b.__spec__.origin,
-                pkg_path=pkgx.__path__, pkg_package=pkgx.__package__, parent_has_b=pkgx.b is pkgx.__dict__.get("b"))))
+                pkg_path=pkgx.__path__, pkg_package=pkgx.__package__, parent_has_b=pkgx.b is pkgx.__dict__.get("b"),
+                upper={{n: {{k: v for k, v in vars(sys.modules[n]).items() if k.isupper() and k != "VALUE" and not isinstance(v, type)}}
+                        for n in sys.argv[1:] if n.startswith("pkgx")}})))
 """
 
 
@@ -280,3 +282,28 @@ def test_a_package_importing_its_own_submodule_does_not_stop_the_image(pkg):
     assert second["status"].endswith("4 modules loaded")  # all but pkgy.sub, which pkgy imported
     assert [n for n in second["found_all"] if n.startswith(("pkgx", "pkgy"))] == ["pkgy.sub"]
     assert second["value"] == 2 and second["saved"] == ""
+
+
+def test_the_image_holds_no_docstrings_and_keeps_every_assert(pkg):
+    """Docstrings are dropped (`-OO`'s only change for a module naming neither `assert` nor `__debug__`)."""
+    src, image, start = pkg
+    (src / "d.py").write_text('"""Module d."""\n\nDOC = __doc__\n\n\ndef f():\n    """Function f."""\n    return "kept"\n\n\n'
+                              'class K:\n    """Class K."""\n\n\nFDOC, FVAL, KDOC = f.__doc__, f(), K.__doc__\n')
+    (src / "e.py").write_text('"""Module e."""\n\nDOC = __doc__\ntry:\n    assert False, "on"\n    ASSERTS = False\n'
+                              'except AssertionError:\n    ASSERTS = True\nDEBUG = __debug__\n')
+    first = start("pkgx.d", "pkgx.e")
+    assert first["upper"]["pkgx.d"] == {"DOC": "Module d.", "FDOC": "Function f.", "FVAL": "kept", "KDOC": "Class K."}
+    second = start("pkgx.d", "pkgx.e")
+    assert second["status"].endswith("3 modules loaded")  # pkgx, d, e
+    assert second["upper"]["pkgx.d"] == {"DOC": None, "FDOC": None, "FVAL": "kept", "KDOC": None}
+    # a module with an assert runs the bytecode the import system would (its docstrings too)
+    assert second["upper"]["pkgx.e"] == {"DOC": "Module e.", "ASSERTS": True, "DEBUG": True}
+
+
+def test_the_package_itself_has_no_assert_statement():
+    """An `assert` in a module keeps all its docstrings in every start image; the checks raise instead."""
+    found = []
+    for path in (REPO / "pyxis_hook").rglob("*.py"):
+        tree = ast.parse(path.read_text(), str(path))
+        found += [f"{path.relative_to(REPO)}:{n.lineno}" for n in ast.walk(tree) if isinstance(n, ast.Assert)]
+    assert found == []

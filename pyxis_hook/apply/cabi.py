@@ -29,19 +29,40 @@ def _simple(name: str, code: str) -> type:
     return type(name, (_SimpleCData,), {"_type_": code})
 
 
-c_short = _simple("c_short", "h")
+# creating a ctypes type is ~150,000 instructions of a start: the types every GPU start passes are
+# made here, the few only a rare path needs by `made` (the ldconfig runner's poll, capget/capset)
 c_int = _simple("c_int", "i")
 c_uint = _simple("c_uint", "I")
 c_long = _simple("c_long", "l")
 c_ulong = _simple("c_ulong", "L")
-c_char_p = _simple("c_char_p", "z")
-c_void_p = _simple("c_void_p", "P")
+c_char_p = _simple("c_char_p", "z")  # also the NULL of any pointer argument: c_char_p(None)
 # LP64, every architecture the hook supports (kernel._ARCH_NR): the aliases ctypes itself makes
-# there (its `for kind in [c_ushort, c_uint, c_ulong, c_ulonglong]` by size), one class less each:
-# creating a ctypes type is ~150,000 instructions of a start
+# there (its `for kind in [c_ushort, c_uint, c_ulong, c_ulonglong]` by size), one class less each
 c_uint32 = c_uint
 c_uint64 = c_ulong
 c_size_t = c_ulong
+
+#: the types `made` has made, by name: each once per process
+_MADE: dict[str, type] = {}
+
+#: what `made` knows how to make: a simple type's struct code
+_SIMPLE_CODES = {"c_short": "h", "c_void_p": "P"}
+
+
+def made(name: str, fields: list | None = None) -> type:
+    """The C type `name`, made on first use: a simple type (`c_short`, `c_void_p`) or a Structure of `fields`.
+
+    Making one imports nothing, so a path that runs in the container's
+    namespace (the ldconfig runner, the confined child) may ask for it there.
+    """
+    kind = _MADE.get(name)
+    if kind is None:
+        if fields is None:
+            kind = _simple(name, _SIMPLE_CODES[name])
+        else:
+            kind = type(name, (Structure,), {"_fields_": fields})
+        _MADE[name] = kind
+    return kind
 
 
 class _Handle:

@@ -265,13 +265,11 @@ def no_new_privs() -> None:
     prctl(PR_SET_NO_NEW_PRIVS, 1)
 
 
-class _CapHeader(cabi.Structure):
-    _fields_ = [("version", cabi.c_uint32), ("pid", cabi.c_int)]
-
-
-class _CapData(cabi.Structure):
-    _fields_ = [("effective", cabi.c_uint32), ("permitted", cabi.c_uint32),
-                ("inheritable", cabi.c_uint32)]
+def _cap_structs() -> tuple:
+    """capget/capset's header and data structures, made on first use (`cabi.made`): only the confined ldconfig run needs them."""
+    return (cabi.made("_CapHeader", [("version", cabi.c_uint32), ("pid", cabi.c_int)]),
+            cabi.made("_CapData", [("effective", cabi.c_uint32), ("permitted", cabi.c_uint32),
+                                   ("inheritable", cabi.c_uint32)]))
 
 
 #: glibc's wrappers (same on every architecture), looked up now: the child that calls them may
@@ -283,8 +281,9 @@ _prctl = cabi.libc_function("prctl", cabi.c_int)
 
 def capget(pid: int = 0) -> tuple[int, int, int]:
     """(effective, permitted, inheritable) of `pid` (0: this thread) as 64-bit masks (v3 header)."""
-    head = _CapHeader(_LINUX_CAPABILITY_VERSION_3, pid)
-    data = (_CapData * 2)()
+    header, cap_data = _cap_structs()
+    head = header(_LINUX_CAPABILITY_VERSION_3, pid)
+    data = (cap_data * 2)()
     cabi.set_errno(0)
     if _capget(cabi.byref(head), data) != 0:
         raise _fail("capget", str(pid))
@@ -295,8 +294,9 @@ def capget(pid: int = 0) -> tuple[int, int, int]:
 
 def capset(effective: int, permitted: int, inheritable: int) -> None:
     """Set this thread's capability sets (64-bit masks, v3 header); raising any is EPERM."""
-    head = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
-    data = (_CapData * 2)()
+    header, cap_data = _cap_structs()
+    head = header(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (cap_data * 2)()
     for i in (0, 1):
         shift = 32 * i
         data[i].effective = (effective >> shift) & 0xFFFFFFFF
@@ -476,7 +476,7 @@ def have_new_mount_api() -> bool:
         ok = True
         for name, args in (("open_tree", (cabi.c_int(-1), cabi.c_char_p(b""), cabi.c_uint(0))),
                            ("mount_setattr", (cabi.c_int(-1), cabi.c_char_p(b""), cabi.c_uint(0),
-                                              cabi.c_void_p(None), cabi.c_size_t(0)))):
+                                              cabi.c_char_p(None), cabi.c_size_t(0)))):
             if _call(name, *args) < 0 and cabi.get_errno() in (_errno.ENOSYS, _errno.EPERM):
                 ok = False
         HAVE_NEW_MOUNT_API = ok

@@ -60,25 +60,17 @@ def add_seals(fd: int, seals: int) -> None:
         raise _error("fcntl(F_ADD_SEALS)")
 
 
-#: the structures, made on first use: a ctypes Structure class is ~150,000 instructions to create,
-#: and only a run of ldconfig (a merge that cannot model the image) needs them; making one imports
-#: nothing, so it may happen in the container's namespace
-_STRUCTS: dict[str, type] = {}
-
-
-def _struct(name: str, fields: list) -> Any:
-    made = _STRUCTS.get(name)
-    if made is None:
-        made = _STRUCTS[name] = type(name, (cabi.Structure,), {"_fields_": fields})
-    return made
+# the structures are made on first use (`cabi.made`): only a run of ldconfig (a merge that cannot
+# model the image) needs them
 
 
 def _rlimit() -> Any:
-    return _struct("_Rlimit", [("cur", cabi.c_ulong), ("max", cabi.c_ulong)])
+    return cabi.made("_Rlimit", [("cur", cabi.c_ulong), ("max", cabi.c_ulong)])
 
 
 def _pollfd() -> Any:
-    return _struct("_PollFd", [("fd", cabi.c_int), ("events", cabi.c_short), ("revents", cabi.c_short)])
+    short = cabi.made("c_short")
+    return cabi.made("_PollFd", [("fd", cabi.c_int), ("events", short), ("revents", short)])
 
 
 def getrlimit(resource: int) -> tuple[int, int]:

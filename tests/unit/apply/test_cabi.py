@@ -14,9 +14,10 @@ from pyxis_hook.apply import cabi
 
 
 @pytest.mark.parametrize("name", ["c_int", "c_uint", "c_long", "c_ulong", "c_uint32", "c_uint64", "c_char_p",
-                                  "c_void_p", "c_size_t"])
+                                  "c_void_p", "c_size_t", "c_short"])
 def test_each_type_has_ctypes_size_and_value(name):
-    ours, theirs = getattr(cabi, name), getattr(ctypes, name)
+    ours = getattr(cabi, name) if hasattr(cabi, name) else cabi.made(name)
+    theirs = getattr(ctypes, name)
     assert cabi.sizeof(ours) == ctypes.sizeof(theirs)
     sample = b"x" if name == "c_char_p" else 7
     assert ours(sample).value == theirs(sample).value
@@ -45,7 +46,7 @@ def test_structures_pass_by_reference():
         _fields_ = [("a", cabi.c_uint64), ("b", cabi.c_uint64)]
 
     p = Pair(1, 2)
-    memcpy = cabi.libc_function("memcpy", cabi.c_void_p)
+    memcpy = cabi.libc_function("memcpy", cabi.made("c_void_p"))
     q = Pair(0, 0)
     memcpy(cabi.byref(q), cabi.byref(p), cabi.c_size_t(cabi.sizeof(p)))
     assert (q.a, q.b) == (1, 2)
@@ -55,3 +56,15 @@ def test_kernel_does_not_import_ctypes():
     code = "import sys, pyxis_hook.apply.kernel; print('ctypes' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.strip() == "False"
+
+
+def test_the_rare_types_are_made_once_when_first_asked_for():
+    """Importing the syscall modules (every GPU start does) makes none; each is made once, then the same class."""
+    code = ("from pyxis_hook.apply import cabi, kernel, runnercalls\n"
+            "before = sorted(cabi._MADE)\n"
+            "caps = kernel.capget()\n"
+            "again = kernel.capget()\n"
+            "short = cabi.made('c_short')\n"
+            "print(before, sorted(cabi._MADE), caps == again, short is cabi.made('c_short'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[] ['_CapData', '_CapHeader', 'c_short'] True True"

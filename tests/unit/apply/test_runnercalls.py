@@ -97,9 +97,9 @@ def test_poll_reports_readable_fds_and_times_out():
 
 def test_the_structures_are_made_when_first_used():
     """Importing the module (every GPU start does) makes no ctypes class; the first rlimit call makes its one."""
-    code = ("from pyxis_hook.apply import runnercalls as r\n"
-            "before = sorted(r._STRUCTS)\n"
+    code = ("from pyxis_hook.apply import cabi, runnercalls as r\n"
+            "before = sorted(cabi._MADE)\n"
             "r.getrlimit(r.RLIMIT_NOFILE)\n"
-            "print(before, sorted(r._STRUCTS))")
+            "print(before, sorted(cabi._MADE))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[] ['_Rlimit']"

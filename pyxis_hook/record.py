@@ -5,8 +5,9 @@ start-up is most of its time.
 Importing `dataclasses` pulls in `inspect` (with `ast`, `dis`, `tokenize`),
 about 12 ms, and each frozen dataclass then compiles six generated methods
 with `exec`, about 0.3 ms a class; with the ~40 records on the hook's path
-that was 25 of its 70 ms.  A record builds the same methods from closures:
-no source text, no compile, a few microseconds a class.
+that was 25 of its 70 ms.  Every record shares the same five methods, which
+read the class's fields from one attribute (`__record_shape__`): no source
+text, no compile, nothing made per class but that tuple.
 
 What a record is, exactly as `@dataclass(frozen=True)` would make it
 (tests/unit/base/test_record.py checks each point against `dataclasses` itself):
@@ -116,21 +117,24 @@ def _build(cls: type, frozen: bool) -> type:
             compared.append(f.name)
 
     cls.__record_fields__ = all_fields
+    post_init = getattr(cls, "__post_init__", None) if subclass else own.get("__post_init__")
+    spec = tuple([(f.name, f.default, f.default_factory) for f in all_fields])
+    # one attribute for the shared methods below: each assignment to a class is a type change
+    cls.__record_shape__ = (cls, all_fields, len(all_fields), tuple(names), spec, post_init, tuple(compared))
     # as dataclasses: a method the class body defines itself is kept
     if "__init__" not in own:
-        post_init = getattr(cls, "__post_init__", None) if subclass else own.get("__post_init__")
-        cls.__init__ = _make_init(cls, all_fields, tuple(names), post_init)
+        cls.__init__ = _init
     if "__repr__" not in own:
-        cls.__repr__ = _make_repr(tuple(names))
+        cls.__repr__ = _repr
     if "__eq__" not in own:
-        cls.__eq__ = _make_eq(tuple(compared))
+        cls.__eq__ = _eq
     explicit_hash = own.get("__hash__") is not None
     if frozen:
         if "__setattr__" in own or "__delattr__" in own:
             name = "__setattr__" if "__setattr__" in own else "__delattr__"
             raise TypeError(f"Cannot overwrite attribute {name} in class {cls.__name__}")
         if not explicit_hash:
-            cls.__hash__ = _make_hash(tuple(compared))
+            cls.__hash__ = _hash
         cls.__setattr__ = _frozen_setattr
         cls.__delattr__ = _frozen_delattr
     elif not explicit_hash:
@@ -171,38 +175,37 @@ def _annotation_names(cls: type) -> tuple[str, ...]:
         return tuple(annotationlib.get_annotations(cls, format=annotationlib.Format.FORWARDREF))
 
 
-def _make_init(cls: type, all_fields: tuple[Field, ...], names: tuple[str, ...], post_init):
-    count = len(all_fields)
-    spec = tuple([(f.name, f.default, f.default_factory) for f in all_fields])
+def _init(self, *args, **kwargs) -> None:
+    """Every record's `__init__`: the fields of the record class its class is or extends (`__record_shape__`).
 
-    def __init__(self, *args, **kwargs) -> None:
-        # values go straight into the instance dict: what object.__setattr__ would do for a
-        # frozen class, at a third of the cost (the hook builds several hundred records a start)
-        given = len(args)
-        if given > count:
+    One function for all records, not one made per class: a record class
+    costs its creation only (~40 are made on every GPU start).  Values go
+    straight into the instance dict: what object.__setattr__ would do for a
+    frozen class, at a third of the cost (a start builds several hundred).
+    """
+    cls, all_fields, count, names, spec, post_init, _ = type(self).__record_shape__
+    given = len(args)
+    if given > count:
+        raise TypeError(_call_error(cls, all_fields, args, kwargs))
+    d = self.__dict__
+    if given:
+        d.update(zip(names, args))
+    used = 0
+    for name, default, factory in spec[given:]:
+        value = kwargs.get(name, _MISSING) if kwargs else _MISSING
+        if value is not _MISSING:
+            used += 1
+        elif default is not _MISSING:
+            value = default
+        elif factory is not _MISSING:
+            value = factory()
+        else:
             raise TypeError(_call_error(cls, all_fields, args, kwargs))
-        d = self.__dict__
-        if given:
-            d.update(zip(names, args))
-        used = 0
-        for name, default, factory in spec[given:]:
-            value = kwargs.get(name, _MISSING) if kwargs else _MISSING
-            if value is not _MISSING:
-                used += 1
-            elif default is not _MISSING:
-                value = default
-            elif factory is not _MISSING:
-                value = factory()
-            else:
-                raise TypeError(_call_error(cls, all_fields, args, kwargs))
-            d[name] = value
-        if used != len(kwargs):  # an unknown name, or a field given twice
-            raise TypeError(_call_error(cls, all_fields, args, kwargs))
-        if post_init is not None:
-            post_init(self)
-
-    __init__.__qualname__ = f"{cls.__qualname__}.__init__"
-    return __init__
+        d[name] = value
+    if used != len(kwargs):  # an unknown name, or a field given twice
+        raise TypeError(_call_error(cls, all_fields, args, kwargs))
+    if post_init is not None:
+        post_init(self)
 
 
 def _call_error(cls: type, all_fields: tuple[Field, ...], args: tuple, kwargs: dict) -> str:
@@ -230,28 +233,20 @@ def _call_error(cls: type, all_fields: tuple[Field, ...], args: tuple, kwargs: d
     return f"{where} missing {len(missing)} required positional argument{'s' if len(missing) > 1 else ''}: {listed}"
 
 
-def _make_repr(names: tuple[str, ...]):
-    def __repr__(self) -> str:
-        inner = ", ".join(f"{n}={getattr(self, n)!r}" for n in names)
-        return f"{type(self).__qualname__}({inner})"
-
-    return __repr__
+def _repr(self) -> str:
+    inner = ", ".join(f"{n}={getattr(self, n)!r}" for n in type(self).__record_shape__[3])
+    return f"{type(self).__qualname__}({inner})"
 
 
-def _make_eq(compared: tuple[str, ...]):
-    def __eq__(self, other):
-        if other.__class__ is not self.__class__:
-            return NotImplemented
-        return tuple(getattr(self, n) for n in compared) == tuple(getattr(other, n) for n in compared)
-
-    return __eq__
+def _eq(self, other):
+    if other.__class__ is not self.__class__:
+        return NotImplemented
+    compared = type(self).__record_shape__[6]
+    return tuple(getattr(self, n) for n in compared) == tuple(getattr(other, n) for n in compared)
 
 
-def _make_hash(compared: tuple[str, ...]):
-    def __hash__(self) -> int:
-        return hash(tuple(getattr(self, n) for n in compared))
-
-    return __hash__
+def _hash(self) -> int:
+    return hash(tuple(getattr(self, n) for n in type(self).__record_shape__[6]))
 
 
 def _frozen_setattr(self, name: str, value) -> None:

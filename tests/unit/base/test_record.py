@@ -243,3 +243,33 @@ def test_a_class_compiled_without_the_future_import_on_python_314():
     exec(compile("class Late:\n    a: int\n    b: 'Later' = 2\n", "<late>", "exec", dont_inherit=True), ns)
     Late = rec.record(ns["Late"])
     assert [f.name for f in rec.fields(Late)] == ["a", "b"] and Late(1).b == 2
+
+
+def test_records_share_their_methods_and_each_class_keeps_its_fields():
+    """One `__init__`/`__repr__`/`__eq__`/`__hash__` for every record: nothing is made per class but its shape."""
+
+    @rec.record
+    class P:
+        a: int
+        b: str = "x"
+
+    @rec.record
+    class Q:
+        c: tuple = ()
+
+    class Plain(P):  # not a record itself: P's fields, as a dataclass subclass without the decorator
+        pass
+
+    @rec.record
+    class Wider(P):
+        c: int = 3
+
+    assert all(getattr(P, m) is getattr(Q, m) for m in ("__init__", "__repr__", "__eq__", "__hash__"))
+    def shown(obj) -> str:
+        return repr(obj).rpartition(".")[2]  # the class's own name: these are local classes
+
+    assert shown(P(1)) == "P(a=1, b='x')" and shown(Q()) == "Q(c=())"
+    assert shown(Plain(2, "y")) == "Plain(a=2, b='y')" and Plain(2) != P(2)
+    assert shown(Wider(1)) == "Wider(a=1, b='x', c=3)" and hash(Wider(1)) == hash((1, "x", 3))
+    with pytest.raises(TypeError, match=r"P\.__init__\(\) missing 1 required positional argument: 'a'"):
+        Plain()

@@ -60,7 +60,7 @@ _REBUILD_MARKER = "elftools"
 ENTRIES = ("prestart", "enroot", "cdi-hook")
 
 
-def image_path(entry: str = "prestart") -> str:
+def image_path(entry: str = "prestart", tier: str = "") -> str:
     """Where this interpreter's image for `entry` lives: the package's `__pycache__`, named by the interpreter.
 
     Each entry (`prestart`, `enroot`, `cdi-hook`) has its own image: a start of one kind
@@ -76,7 +76,7 @@ def image_path(entry: str = "prestart") -> str:
     package_dir = __file__.rpartition("/")[0]
     who = repr((sys.version, sys.base_prefix, sys.base_exec_prefix)).encode()
     digest = int.from_bytes(who, "big") % 4294967291  # 2**32 - 5: stable across runs, no hashlib
-    kind = "" if entry == "prestart" else f"-{entry}"
+    kind = ("" if entry == "prestart" else f"-{entry}") + (f"-{tier}" if tier else "")
     return f"{package_dir}/__pycache__/start-image{kind}.{sys.implementation.cache_tag}-{digest:08x}.bin"
 
 
@@ -185,19 +185,25 @@ def _current(entries: list) -> str:
     return ""
 
 
+#: the images this process's start loaded, in order (`load_tier` adds to it; `save_all` writes them)
+_started: list = []
+
+
 class Loaded:
     """What `load` did: the outcome line for the debug log, and what a later `save` compares against.
 
     A plain class: `record` would be one more module to import before the image is read.
     """
 
-    __slots__ = ("path", "status", "names", "before")
+    __slots__ = ("path", "status", "names", "before", "sources")
 
-    def __init__(self, path: str, status: str, names: frozenset[str], before: frozenset[str]) -> None:
+    def __init__(self, path: str, status: str, names: frozenset[str], before: frozenset[str],
+                 sources: dict | None = None) -> None:
         self.path = path
         self.status = status
         self.names = names  # the modules the image holds (empty: not used)
         self.before = before  # what was imported before: not the image's to hold
+        self.sources = sources or {}  # origin -> (mtime_ns, size), each stat'ed by this load (`source_signature`)
 
 
 def load(path: str = "") -> Loaded:
@@ -211,9 +217,40 @@ def load(path: str = "") -> Loaded:
     before = frozenset(sys.modules)
     path = path or image_path()
     try:
-        return _load(path, before)
+        loaded = _load(path, before)
     except Exception as e:  # noqa: BLE001 — a malformed entry: what ran stays, the rest imports as usual
-        return Loaded(path, f"start image {path}: not used further: {type(e).__name__}: {e}", frozenset(), before)
+        loaded = Loaded(path, f"start image {path}: not used further: {type(e).__name__}: {e}", frozenset(), before)
+    _started.append(loaded)
+    return loaded
+
+
+def load_tier(tier: str) -> Loaded | None:
+    """Load the next tier of this start's image: the modules only some starts need (None outside a start).
+
+    A start served by the decision cache (`plan.decisions`) never runs the
+    planning modules, so they are a tier of their own (`tier="plan"`),
+    loaded when a start finds it must plan: an image holding them would
+    make every start execute them.  Each tier holds what its start imported
+    after the tier was loaded (`save_all`); a module both tiers were asked
+    for runs once, from the first.
+    """
+    if not _started:
+        return None
+    directory, _, name = _started[0].path.rpartition("/")
+    kind, dot, rest = name.partition(".")  # start-image[-entry] . <cache tag>-<digest>.bin (`image_path`)
+    return load(f"{directory}/{kind}-{tier}{dot}{rest}")
+
+
+def save_all() -> list[str]:
+    """`save` each image this start loaded, each with the modules imported while it was the newest; log lines."""
+    out = []
+    for i, loaded in enumerate(_started):
+        until = _started[i + 1].before if i + 1 < len(_started) else None
+        try:
+            out.append(save(loaded, until))
+        except Exception as e:  # noqa: BLE001 — the container is set up; a faster next start is optional
+            out.append(f"start image {loaded.path}: not written: {type(e).__name__}: {e}")
+    return [line for line in out if line]
 
 
 def _load(path: str, before: frozenset[str]) -> Loaded:
@@ -266,7 +303,25 @@ def _load(path: str, before: frozenset[str]) -> Loaded:
             setattr(mods[parent], leaf, module)
         done += 1
     names = frozenset(e[0] for e in entries)
-    return Loaded(path, f"start image {path}: {done} modules loaded", names, before)
+    sources = {origin: (mtime, size) for _name, origin, _is_package, mtime, size, _code in entries}
+    return Loaded(path, f"start image {path}: {done} modules loaded", names, before, sources)
+
+
+def source_signature(origin: str) -> tuple[int, int] | None:
+    """(mtime in ns, size) of a module's file: as this start's images found it, else stat'ed now; None if gone.
+
+    For what must know that the code it ran is the code there now (the
+    decision cache) without stat'ing again what the image load just did.
+    """
+    for loaded in _started:
+        found = loaded.sources.get(origin)
+        if found is not None:
+            return found
+    try:
+        st = posix.stat(origin)
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size)
 
 
 def _from_file(module) -> bool:
@@ -291,7 +346,7 @@ def _code(loader, name: str, origin: str):
     return compile(source, origin, "exec", dont_inherit=True, optimize=2)
 
 
-def save(loaded: Loaded) -> str:
+def save(loaded: Loaded, until: frozenset[str] | None = None) -> str:
     """Write the image from this start's imports when it lacks any; a line for the debug log.
 
     Called after a successful start.  Writes nothing when the image already
@@ -302,9 +357,10 @@ def save(loaded: Loaded) -> str:
     if _REBUILD_MARKER in mods:
         return "start image: not written: this start rebuilt the host snapshot"
     # every start asks: set arithmetic in C, and only a module the image lacks is looked at
-    if not any(_from_file(mods[name]) for name in mods.keys() - loaded.before - loaded.names):
+    mine = mods.keys() - loaded.before if until is None else until - loaded.before  # `until`: the next tier's
+    if not any(_from_file(mods[name]) for name in mine - loaded.names if name in mods):
         return ""
-    picked = [(name, m) for name, m in list(mods.items()) if name not in loaded.before and _from_file(m)]
+    picked = [(name, m) for name, m in list(mods.items()) if name in mine and _from_file(m)]
     path = loaded.path
     if not writable(path):
         return f"start image {path}: not written: {path.rpartition('/')[0]} is not writable, or not trusted"

@@ -45,8 +45,8 @@ def execute(config, stdin_bytes: bytes, bundle_dir: str | None = None) -> int:
         return pinned[0].view
 
     try:
-        prepared = prepare(config, bundle, state=state, check=True, pin=pin)
-        if prepared.request.void:
+        prepared = prepare(config, bundle, state=state, check=True, pin=pin, cache=True)
+        if prepared.request is not None and prepared.request.void:
             log.debug(f"container {state.id}: {prepared.request.reasons[0]}")
             return 0
         from pyxis_hook.apply.child import apply_plan
@@ -198,12 +198,9 @@ def load_image(entry: str):
 
 
 def save_image(image) -> None:
-    """After a successful start: write or grow its image, and say so in the debug log; never raises."""
+    """After a successful start: write or grow its images (`image` and any later tier), say so in the debug log; never raises."""
     from pyxis_hook import log, startimage
 
-    try:
-        saved = startimage.save(image)
-    except Exception as e:  # noqa: BLE001 — the container is set up; a faster next start is optional
-        saved = f"start image: not written: {type(e).__name__}: {e}"
-    if saved:
-        log.debug(saved)
+    del image  # startimage knows every image this start loaded, the first one included
+    for line in startimage.save_all():
+        log.debug(line)

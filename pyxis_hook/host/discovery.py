@@ -25,7 +25,8 @@ from pyxis_hook.record import field, record, replace
 from pyxis_hook.spec.require import version_key
 from pyxis_hook.rootfs import resolve_in_root, to_root_relative
 from pyxis_hook.host.inventory import (VERSIONED_RE, _VERSION_RE, DriverFile, Inventory, NonDriverDep,
-                                       driver_major, ipc_files, stat_signature)
+                                       driver_major, ipc_files)
+from pyxis_hook.host.snapshot import stat_signature
 
 
 TYPE_CHECKING = False

@@ -7,15 +7,12 @@ facts a snapshot load re-checks (`ipc_files`, `refresh_live`) are here.
 """
 
 from __future__ import annotations
-import posix
-import stat
 from pyxis_hook import pathnames
-from pyxis_hook.host import capabilities as caps
+from pyxis_hook.host import daemons
 from pyxis_hook import log
-from pyxis_hook.errors import PathError
 from pyxis_hook.host.gpus import HostGpus
 from pyxis_hook.record import record, replace
-from pyxis_hook.rootfs import resolve_in_root, to_root_relative
+from pyxis_hook.rootfs import to_root_relative
 
 KINDS = ("lib", "lib32", "bin", "firmware", "ipc", "icd")
 
@@ -209,15 +206,6 @@ class Inventory:
         )
 
 
-def stat_signature(path: str) -> tuple[str, int, int, int, int] | None:
-    """(path, st_dev, st_ino, st_size, st_mtime_ns) of a file, None when it cannot be stat'ed."""
-    try:
-        st = posix.stat(path)
-    except OSError:
-        return None
-    return (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-
-
 def driver_major(version: str | None) -> int | None:
     """535 of "535.104.05"; None when unknown or not a dotted number."""
     head = (version or "").split(".")[0]
@@ -236,36 +224,14 @@ def _warnings_with(host: HostGpus, warnings, old_host_warnings) -> tuple[str, ..
 
 
 def ipc_files(root: str, mps_pipe_dir: str, warn=log.debug) -> list[DriverFile]:
-    """Daemon sockets and the MPS pipe dir inside `root`, where they exist; absence is normal (no daemon).
+    """Daemon sockets and the MPS pipe dir inside `root`, where they exist (`daemons.ipc_paths`), as files.
 
     Here, not in discovery: a snapshot load re-checks them every time (`refresh_live`), and the
-    per-container path must not load discovery's code for that.  `warn` hears of paths that
-    escape the root or loop.
+    per-container path must not load discovery's code for that.
     """
-    out: list[DriverFile] = []
-
-    def where(path: str) -> str | None:
-        try:
-            return resolve_in_root(root, path)
-        except PathError as e:
-            warn(str(e))
-            return None
-
-    for cap, path in caps.IPC_SOCKETS:
-        real = where(path)
-        try:
-            sock = real is not None and stat.S_ISSOCK(posix.stat(real).st_mode)
-        except OSError:
-            sock = False
-        if sock:
-            out.append(DriverFile(kind="ipc", capability=cap, path=to_root_relative(root, real), host_path=real,
-                                  name=pathnames.basename(real), source=f"ipc:{path}"))
-    real = where(mps_pipe_dir)
-    if real is not None and pathnames.isdir(real):
-        for cap in caps.MPS_CAPABILITIES:
-            out.append(DriverFile(kind="ipc", capability=cap, path=to_root_relative(root, real), host_path=real,
-                                  name=pathnames.basename(real), source=f"mps:{mps_pipe_dir}"))
-    return out
+    return [DriverFile(kind="ipc", capability=cap, path=to_root_relative(root, real), host_path=real,
+                       name=pathnames.basename(real), source=source)
+            for cap, real, source in daemons.ipc_paths(root, mps_pipe_dir, warn)]
 
 
 def refresh_live(inv: Inventory, config) -> Inventory:

@@ -82,15 +82,49 @@ def _trusted_dir(path: str) -> None:
         raise SnapshotError(f"{d}: writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})")
 
 
-def load(config, host=None):
-    """The saved Inventory if it is current for `config`, else raise SnapshotError saying why.
+def stat_signature(path: str) -> tuple[str, int, int, int, int] | None:
+    """(path, st_dev, st_ino, st_size, st_mtime_ns) of a file, None when it cannot be stat'ed."""
+    try:
+        st = posix.stat(path)
+    except OSError:
+        return None
+    return (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
-    `host` are fresh GPU facts (discovered when None); they replace the saved ones.
+
+def currency(inv) -> tuple:
+    """What decides whether an inventory is still current (`stale_reason`): plain values, marshal-able."""
+    return (inv.driver_root, inv.version_source, inv.driver_version, inv.sources)
+
+
+def stale_reason(facts: tuple, config, host, root: str = "") -> str:
+    """Why an inventory with `currency` `facts` is out of date now ("" when it is current).
+
+    The driver root must lead where it led (the inventory names one tree's
+    files), every file it came from must have its stat signature, and the
+    kernel module must report the version it was built for.  `root`: where
+    the driver root leads now, when the caller has just asked.
     """
-    from pyxis_hook.host.gpus import discover_gpus
-    from pyxis_hook.host.inventory import Inventory, refresh_live, stat_signature
+    driver_root, version_source, driver_version, sources = facts
+    now = root or pathnames.realpath(config.driver_root)
+    if now != driver_root:
+        return f"the driver root now leads to {now}"
+    for sig in sources:
+        if stat_signature(sig[0]) != tuple(sig):
+            return f"{sig[0]} changed"
+    if version_source == "procfs" and host.driver_version != driver_version:
+        return f"driver version is now {host.driver_version}"
+    if version_source == "files" and host.driver_version and host.driver_version != driver_version:
+        return f"kernel module {host.driver_version} loaded since"
+    return ""
 
-    path = snapshot_path(config)
+
+def _identity(st) -> tuple[int, int, int, int]:
+    """What tells one snapshot file from another: a rewrite is a new inode (tmp + rename), an edit a new mtime."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def open_trusted(path: str) -> int:
+    """An fd of the file at `path` when it and its dir may hold what root acts on; SnapshotError saying why not."""
     _trusted_dir(path)
     try:
         fd = posix.open(path, posix.O_RDONLY | posix.O_NOFOLLOW | posix.O_CLOEXEC)
@@ -98,6 +132,34 @@ def load(config, host=None):
         raise SnapshotError(f"{path}: {e.strerror}") from None
     try:
         _trusted_file(fd, path)
+    except BaseException:
+        posix.close(fd)
+        raise
+    return fd
+
+
+def identity(config) -> tuple[int, int, int, int]:
+    """The identity of the snapshot `load` would read now (trusted as `load` trusts it); SnapshotError if none."""
+    fd = open_trusted(snapshot_path(config))
+    try:
+        return _identity(posix.fstat(fd))
+    finally:
+        posix.close(fd)
+
+
+def load(config, host=None, seen: list | None = None):
+    """The saved Inventory if it is current for `config`, else raise SnapshotError saying why.
+
+    `host` are fresh GPU facts (discovered when None); they replace the saved ones.
+    `seen` gets the identity of the file read (`identity`), for the decision cache.
+    """
+    from pyxis_hook.host.gpus import discover_gpus
+    from pyxis_hook.host.inventory import Inventory, refresh_live
+
+    path = snapshot_path(config)
+    fd = open_trusted(path)
+    try:
+        read_from = _identity(posix.fstat(fd))
         with open(fd, "rb", closefd=False) as f:
             raw = f.read()
     finally:
@@ -115,21 +177,19 @@ def load(config, host=None):
         raise
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise SnapshotError(f"{path}: corrupt: {type(e).__name__}: {e}") from None
-    now = pathnames.realpath(config.driver_root)
-    if now != inv.driver_root:  # the inventory names one tree's files (discovery pins it)
-        raise SnapshotError(f"{path}: stale: the driver root now leads to {now}")
-    for sig in inv.sources:
-        if stat_signature(sig[0]) != sig:
-            raise SnapshotError(f"{path}: stale: {sig[0]} changed")
-    if inv.version_source == "procfs" and host.driver_version != inv.driver_version:
-        raise SnapshotError(f"{path}: stale: driver version is now {host.driver_version}")
-    if inv.version_source == "files" and host.driver_version and host.driver_version != inv.driver_version:
-        raise SnapshotError(f"{path}: stale: kernel module {host.driver_version} loaded since")
+    why = stale_reason(currency(inv), config, host)
+    if why:
+        raise SnapshotError(f"{path}: stale: {why}")
+    if seen is not None:
+        seen.append(read_from)
     return refresh_live(inv, config)
 
 
-def save(config, inv) -> str:
-    """Write the snapshot atomically; return its path.  Raises SnapshotError on failure."""
+def save(config, inv, seen: list | None = None) -> str:
+    """Write the snapshot atomically; return its path.  Raises SnapshotError on failure.
+
+    `seen` gets the identity of the file written (`identity`), once it is in place.
+    """
     path = snapshot_path(config)
     d = pathnames.dirname(path)
     try:
@@ -144,25 +204,42 @@ def save(config, inv) -> str:
 
         payload = json.dumps({"format": FORMAT, "key": config_key(config), "inventory": inv.to_dict()},
                              indent=1, sort_keys=True).encode()
-        import tempfile  # only when writing (tempfile pulls shutil, random, bz2, lzma)
-
-        fd, tmp = tempfile.mkstemp(prefix=".inventory-", suffix=".tmp", dir=d)
-        try:
-            posix.fchmod(fd, 0o644)
-            with open(fd, "wb", closefd=False) as f:
-                f.write(payload)
-                f.flush()
-                posix.fsync(fd)
-        finally:
-            posix.close(fd)
-        try:
-            posix.rename(tmp, path)
-        except OSError:
-            posix.unlink(tmp)
-            raise
+        written = write_atomically(path, payload)
+        if seen is not None:
+            seen.append(written)
     except OSError as e:
         raise SnapshotError(f"{path}: cannot save the inventory snapshot: {e.strerror}") from None
     return path
+
+
+def write_atomically(path: str, data: bytes) -> tuple[int, int, int, int]:
+    """Put `data` at `path` whole or not at all (a hidden temp file beside it, fsync'ed, renamed); its identity.
+
+    Mode 0644 whatever the umask.  The temp name is this process's own and
+    made with O_EXCL|O_NOFOLLOW: nothing another user placed is written
+    through.  Raises OSError; the temp file is gone then.
+    """
+    directory, name = pathnames.split(path)
+    tmp = pathnames.join(directory, f".{name}.{posix.getpid()}.tmp")
+    fd = posix.open(tmp, posix.O_WRONLY | posix.O_CREAT | posix.O_EXCL | posix.O_NOFOLLOW | posix.O_CLOEXEC, 0o644)
+    try:
+        try:
+            posix.fchmod(fd, 0o644)
+            view = memoryview(data)
+            while view:
+                view = view[posix.write(fd, view):]
+            posix.fsync(fd)
+            written = _identity(posix.fstat(fd))  # the rename keeps the inode, size and mtime
+        finally:
+            posix.close(fd)
+        posix.rename(tmp, path)
+    except BaseException:
+        try:
+            posix.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return written
 
 
 #: how long a start waits for another start that is building the same snapshot, before it builds
@@ -209,25 +286,28 @@ def _build_lock(config):
             time.sleep(0.02)
 
 
-def load_or_build(config, *, strict: bool = True):
+def load_or_build(config, *, strict: bool = True, host=None, seen: list | None = None):
     """The current inventory: the snapshot when valid, else a fresh discovery (saved if usable).
 
     Starts that find no valid snapshot at once take a build lock: the first builds, the others
     wait for it (at most BUILD_WAIT_S) and then load what it saved.  Failure to save is a
-    warning: the hook still works, only slower.
+    warning: the hook still works, only slower.  `host`: the GPU facts when the caller has
+    just discovered them.  `seen` gets the identity of the snapshot the inventory is
+    (nothing when it was not saved).
     """
     from pyxis_hook.host.gpus import discover_gpus
 
-    host = discover_gpus(config.proc_root, config.dev_root)
+    if host is None:
+        host = discover_gpus(config.proc_root, config.dev_root)
     try:
-        return load(config, host)
+        return load(config, host, seen)
     except SnapshotError as e:
         log.debug(f"rebuilding the inventory: {e}")
     lock = _build_lock(config)
     try:
         if lock is not None:
             try:
-                return load(config, host)  # built by the start that held the lock
+                return load(config, host, seen)  # built by the start that held the lock
             except SnapshotError:
                 pass
         from pyxis_hook.host.discovery import discover
@@ -237,7 +317,7 @@ def load_or_build(config, *, strict: bool = True):
         inv = discover(config, strict=strict, host=host)
         if inv.usable:
             try:
-                save(config, inv)
+                save(config, inv, seen)
             except SnapshotError as e:
                 log.warning(str(e))
         return inv

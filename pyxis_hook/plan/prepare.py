@@ -12,7 +12,7 @@ import posix
 from pyxis_hook import log, pathnames
 from pyxis_hook.spec.config import Config
 from pyxis_hook.plan.build import Plan
-from pyxis_hook.record import record
+from pyxis_hook.record import record, replace
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # hints only: both are loaded by prepare() anyway, after the void check
@@ -25,9 +25,12 @@ PROC_FILE_LIMIT = 1 << 20
 
 @record
 class Prepared:
-    """Everything decided for one container; `inventory` is None for a void request."""
+    """Everything decided for one container; `inventory` is None for a void request.
 
-    request: Request
+    A plan from the decision cache comes without `request` and `inventory` (None).
+    """
+
+    request: Request | None
     inventory: Inventory | None
     plan: Plan
 
@@ -102,7 +105,7 @@ def confinement(env, host, proc_root: str = "/proc", pid: int | str | None = Non
 
 
 def prepare(config: Config, bundle, *, state=None, check: bool = False, confine: bool = True,
-            pin=None) -> Prepared:
+            pin=None, cache: bool = False) -> Prepared:
     """Decide everything for `bundle` (an oci.Bundle); never touches the container.
 
     `check`: raise DriverError with the plan's first problem (what the hook
@@ -113,29 +116,55 @@ def prepare(config: Config, bundle, *, state=None, check: bool = False, confine:
     a GPU, before anything of its rootfs is read; it returns the path the
     image is read through (prestart's `rootpin.PinnedRoot.view`: the rootfs
     the runtime mounted, not whatever `bundle.rootfs` names by now).  The
-    plan still names `bundle.rootfs`.
+    plan still names `bundle.rootfs`.  `cache`: take the plan from the
+    decision cache when every input is as an earlier start found it
+    (`plan.decisions`; the result then has no request or inventory), and
+    keep this start's decision there otherwise.
     """
-    from pyxis_hook.spec import oci, request as req
+    from pyxis_hook import asks
+    from pyxis_hook.spec import oci
 
     env = bundle.env_map()
     annotations = oci.state_annotations(state, bundle) if state is not None else bundle.annotation_map()
-    void = req.void_request(env)
-    if void is not None:
+    if asks.void_reason(env) is not None:  # the rule request.void_request applies
+        from pyxis_hook.spec.request import void_request
+
+        void = void_request(env)
         return Prepared(void, None, Plan(rootfs=bundle.rootfs, notes=void.reasons))
 
     view = pin() if pin is not None else bundle.rootfs
+    from pyxis_hook.host.gpus import discover_gpus
+
+    host = discover_gpus(config.proc_root, config.dev_root)  # fresh on every start, never from the snapshot
+    allowed = None
+    if confine:
+        env, allowed = confinement(env, host)
+    proc_files = read_proc_driver_files(config.proc_root)
+    lookup = None
+    if cache and not asks.names_mig_uuid(env):  # NVML's MIG UUIDs are asked on every start
+        from pyxis_hook.plan import decisions
+
+        lookup = decisions.Lookup(config, host, env, annotations, bundle.privileged, allowed, view, proc_files)
+        cached = lookup.plan()
+        log.debug(lookup.why)
+        if cached is not None:
+            return _checked(Prepared(None, None, replace(cached, rootfs=bundle.rootfs)), check)
+        env = lookup.env  # records what the request reads of it, for the decision kept below
+        from pyxis_hook import startimage
+
+        startimage.load_tier("plan")  # the planning modules: a start served from the cache runs none
+
     from pyxis_hook.host import snapshot
     from pyxis_hook.plan.container import container_facts
     from pyxis_hook.plan.build import build_plan
+    from pyxis_hook.spec import request as req
 
-    inventory = snapshot.load_or_build(config, strict=False)  # GPU facts are read fresh, not from the snapshot
+    seen: list = []
+    inventory = snapshot.load_or_build(config, strict=False, host=host, seen=seen)
     host = inventory.host
     if req.names_mig_uuid(env) and any(m.uuid is None for m in host.mig_devices):
         inventory = with_mig_uuids(inventory)
         host = inventory.host
-    allowed = None
-    if confine:
-        env, allowed = confinement(env, host)
     cuda = None
     if inventory.cuda_version:
         from pyxis_hook.host.cudaversion import format_cuda_version
@@ -144,16 +173,22 @@ def prepare(config: Config, bundle, *, state=None, check: bool = False, confine:
     request = req.resolve_request(env, annotations, host, config, allowed, cuda_version=cuda,
                                   privileged=bundle.privileged)
     # what the image holds where the libraries' links go decides link or cover (plan.link_edit)
-    facts = container_facts(view, files=inventory.select(request.capabilities))
+    files = inventory.select(request.capabilities)
+    facts = container_facts(view, files=files)
     if view != bundle.rootfs:
-        from pyxis_hook.record import replace
-
         facts = replace(facts, rootfs=bundle.rootfs)
-    plan = build_plan(request, inventory, facts, config, proc_files=read_proc_driver_files(config.proc_root))
-    for note in plan.notes:
+    plan = build_plan(request, inventory, facts, config, proc_files=proc_files)
+    if lookup is not None:
+        log.debug(lookup.save(inventory, files, facts, plan, seen))
+    return _checked(Prepared(request, inventory, plan), check)
+
+
+def _checked(prepared: Prepared, check: bool) -> Prepared:
+    """Log the plan's notes; with `check`, raise DriverError with its first problem."""
+    for note in prepared.plan.notes:
         log.debug(note)
-    if check and plan.problems:
+    if check and prepared.plan.problems:
         from pyxis_hook.errors import DriverError
 
-        raise DriverError(plan.problems[0])
-    return Prepared(request, inventory, plan)
+        raise DriverError(prepared.plan.problems[0])
+    return prepared

@@ -16,7 +16,7 @@ is readable, and each task's own cgroup confines that task.
 from __future__ import annotations
 
 from pyxis_hook.asks import split_tokens
-from pyxis_hook.spec.allocation import GPUS_ON_NODE, SLURM_VARS
+from pyxis_hook.spec.slurmvars import GPUS_ON_NODE, SLURM_VARS
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # hints only: typing costs ~3 ms on the hook's path

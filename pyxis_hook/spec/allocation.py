@@ -30,7 +30,8 @@ Sources, first match wins:
 
 from __future__ import annotations
 
-from pyxis_hook.asks import split_tokens
+from pyxis_hook.asks import prefixed, split_tokens
+from pyxis_hook.spec.slurmvars import GPUS_ON_NODE, SLURM_VARS
 from pyxis_hook.errors import RequestError
 from pyxis_hook.host.gpus import Gpu, HostGpus
 from pyxis_hook.record import record
@@ -40,9 +41,6 @@ if TYPE_CHECKING:  # hints only: typing costs ~3 ms on the hook's path
     from typing import Callable, Mapping
 
 CVD = "CUDA_VISIBLE_DEVICES"
-SLURM_VARS = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS")
-#: the step's GPU count on this node, kept whole when a task's SLURM_*_GPUS are renumbered (plan.taskview)
-GPUS_ON_NODE = "SLURM_GPUS_ON_NODE"
 CONDOR_ASSIGNED = "_CONDOR_AssignedGPUs"
 CONDOR_VARS = (CONDOR_ASSIGNED, CVD, "GPU_DEVICE_ORDINAL")
 #: every variable a scheduler decision reads (and LSF's `CUDA_VISIBLE_DEVICES<N>`, `is_job_var`): the enroot
@@ -194,7 +192,7 @@ def lsf_task_vars(env: Mapping[str, str]) -> list[tuple[str, str]]:
     environment (open-mpi/ompi `orte/mca/schizo/ompi/schizo_ompi.c`,
     `parse_rank_specific_launcher_settings`).
     """
-    found = [(int(k[len(CVD):]), k, v) for k, v in env.items() if _is_lsf_task_var(k)]
+    found = [(int(k[len(CVD):]), k, v) for k, v in prefixed(env, CVD).items() if _is_lsf_task_var(k)]
     return [(k, v) for _, k, v in sorted(found)]
 
 

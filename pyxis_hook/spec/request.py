@@ -29,7 +29,8 @@ from __future__ import annotations
 
 from pyxis_hook.spec import require
 from pyxis_hook.spec.allocation import Allocation, job_allocation, scheduler_of
-from pyxis_hook.asks import VISIBLE, is_legacy, split_tokens, void_reason
+from pyxis_hook.asks import (  # noqa: F401 - names_mig_uuid: the request's rule, kept where it was
+    VISIBLE, is_legacy, is_mig_uuid, names_mig_uuid, split_tokens, void_reason)
 from pyxis_hook.spec.config import Config
 from pyxis_hook.errors import RequestError
 from pyxis_hook.host.gpus import Gpu, HostGpus, MigDevice, is_full_bus_id
@@ -133,15 +134,6 @@ class Request:
         }
 
 
-def _is_mig_uuid(tok: str) -> bool:
-    return tok[:4].upper() == "MIG-"
-
-
-def names_mig_uuid(env: Mapping[str, str]) -> bool:
-    """True when NVIDIA_VISIBLE_DEVICES names a MIG device by UUID (`MIG-...`): only NVML knows those."""
-    return any(_is_mig_uuid(t) for t in split_tokens(env.get(VISIBLE, "")))
-
-
 # ----------------------------------------------------------------- host listing for errors
 
 
@@ -228,7 +220,7 @@ def _resolve_token(host: HostGpus, tok: str) -> Gpu | MigDevice:
         gpu = host.gpu_by_index(int(tok))
         if gpu is None:
             raise _unknown(tok, host, "indices count GPUs in PCI bus order, not /dev/nvidiaN minors")
-    elif _is_mig_uuid(tok):
+    elif is_mig_uuid(tok):
         return _find_mig_uuid(host, tok)
     elif (pair := _gpu_mig(tok)) is not None:
         return _find_gpu_mig(host, tok, *pair)

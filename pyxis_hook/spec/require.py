@@ -15,6 +15,7 @@ with name in cuda/driver/arch/brand (any case) and op one of
 from __future__ import annotations
 
 
+from pyxis_hook.asks import prefixed
 from pyxis_hook.errors import RequirementError
 from pyxis_hook.record import record
 
@@ -170,9 +171,9 @@ def parse_requirements(env: Mapping[str, str], config_disable: bool = False) -> 
     if requirements_disabled(env, config_disable):
         return ()
     result = []
-    for name in sorted(env):
-        if name.startswith(PREFIX) and not name.startswith("NVIDIA_REQUIRE_JETPACK"):
-            req = parse_expression(env[name], name)
+    for name, value in sorted(prefixed(env, PREFIX).items()):
+        if not name.startswith("NVIDIA_REQUIRE_JETPACK"):
+            req = parse_expression(value, name)
             if req.groups:
                 result.append(req)
     legacy = legacy_cuda_version(env)

@@ -179,7 +179,7 @@ def test_damaged_snapshot_is_rebuilt(own_host, tmp_path, damage):
     assert r.rc == 0 and "cuDriverGetVersion=12020" in r.stdout, r.stderr
     assert "corrupt" in (host.base / "hook.log").read_text()
     assert len(snapshots(host.base / "snapshot")) == 1  # parses again
-    assert not list((host.base / "snapshot").glob(".inventory-*.tmp"))
+    assert not list((host.base / "snapshot").glob(".*.tmp"))
 
 
 def test_read_only_rootfs_mount_fails_with_one_line_and_leaves_nothing(rig, runc_only, tmp_path):

@@ -52,9 +52,11 @@ def gpu_start_modules(tmp_path_factory) -> list[str]:
 
     # the first start then imports every module through the import system (-X importtime lists them all)
     # whatever an earlier run left
-    Path(startimage.image_path()).unlink(missing_ok=True)
+    for tier in ("", "plan"):
+        Path(startimage.image_path(tier=tier)).unlink(missing_ok=True)
     names: list[str] = []
-    for _ in range(2):  # the first start builds the snapshot; the second is the start every other one is
+    # the first start builds the snapshot; the second plans (it finds no decision to take) and applies
+    for _ in range(2):
         proc = start_standin(f'mount --bind "{rootfs}" "{rootfs}" && '
                              f'mount -t tmpfs tmpfs "{rootfs}/dev" && exec sleep 600')
         try:
@@ -69,7 +71,7 @@ def gpu_start_modules(tmp_path_factory) -> list[str]:
                  if line.startswith("import time:") and "self [us]" not in line]
     # what ran from the start image (pyxis_hook/startimage.py) bypassed the import system: -X importtime
     # does not list it
-    return names + list(startimage.held())
+    return names + list(startimage.held()) + list(startimage.held(startimage.image_path(tier="plan")))
 
 
 def test_every_module_of_a_gpu_start_is_in_the_prestart_contract(gpu_start_modules):

@@ -1,0 +1,334 @@
+"""The decision cache: a GPU start whose inputs are all as an earlier start found them applies that start's plan.
+
+Why: the planner is pure (`spec.request`, `plan.build`), but reaching it is
+most of a start's own work: the inventory snapshot parsed into records,
+the request's and the planner's modules executed from the start image,
+the request resolved and the plan built.  A start served from here loads
+none of that code (bench/README.md has the figures).
+
+What a decision depends on, and how a start checks each input without
+the planning modules (a decision is used only when every one is equal):
+- the configuration (every key) and this package's version and code (the
+  file signature of each of its modules loaded when the decision was made:
+  an edited install keeps its version string);
+- the driver files: the identity of the snapshot file (`snapshot.identity`)
+  and the checks a snapshot load makes (`snapshot.stale_reason`: where the
+  driver root leads, each source file's stat signature, the driver version);
+- the GPUs, MIG devices and nodes (`HostGpus`, discovered on every start:
+  apply needs them anyway), the daemons' sockets (`daemons.ipc_paths`) and
+  the /proc/driver/nvidia texts the container's view copies;
+- the GPUs the hook's device cgroup allows and the env after the task view
+  (`prepare.confinement`), the annotations and the privileged flag;
+- of the container's env, what the request read (`ObservedEnv`): the value
+  or absence of each variable it looked up and each family it listed
+  (`asks.prefixed`), so a job's other variables (SLURM_JOB_ID, PATH) do not
+  make another decision;
+- the container's rootfs facts (`container_facts`) and what the image holds
+  at the driver libraries' link paths.
+
+A request naming a MIG device by UUID asks NVML on every start and is never
+cached.  `plan` always decides afresh; tests check that a decision from here
+equals a fresh one.
+
+Where: `<snapshot-dir>/decisions-<digest>.bin`, one file per value of every
+input but the env and the code, holding up to VARIANTS decisions that differ
+in what the request read of the env or in the code that made them (the
+newest first).  It is trusted as the snapshot
+is (a regular file of root's or ours, not writable by group or others, in
+such a directory) and written atomically (tmp + rename); the directory
+keeps the KEEP_FILES newest.  Anything else (missing, corrupt, written by
+another Python or version) is a miss, never an error.
+"""
+
+from __future__ import annotations
+
+import marshal
+import posix
+import sys
+
+from pyxis_hook import __version__, log, pathnames
+from pyxis_hook.errors import SnapshotError
+from pyxis_hook.plan import build
+from pyxis_hook.record import replace
+
+#: the files' own layout: bumped when an entry changes shape
+FORMAT = b"pyxis-hook decisions 2\n"
+#: decisions kept per file (per value of the inputs other than the env)
+VARIANTS = 8
+#: decision files kept in the snapshot dir (the newest)
+KEEP_FILES = 64
+#: a decision file larger than this is not read (a plan for 64 GPUs is ~60 KB)
+_READ_LIMIT = 8 << 20
+_DIGEST_PRIME = 4294967291  # 2**32 - 5: stable across runs, no hashlib
+_PREFIX = "decisions-"
+
+#: the records a plan is made of, by name: how a stored plan is rebuilt
+_PLAN_RECORDS = {c.__name__: c for c in (build.Plan, build.DeviceEdit, build.MountEdit, build.SymlinkEdit,
+                                          build.CgroupRule, build.ProcDriverView, build.LdcacheUpdate)}
+
+
+class ObservedEnv(dict):
+    """A container env that records what a decision reads of it.
+
+    Each variable looked up (`get`, `[]`, `in`): its value, or None when
+    absent; each family listed (`asks.prefixed`): its members.  Any other
+    way of reading the whole env (iterating, comparing, copying) marks it
+    `whole`: such a decision then depends on every variable.
+    """
+
+    def __init__(self, env) -> None:
+        super().__init__(env)
+        self.seen: dict[str, str | None] = {}
+        self.families: dict[str, tuple[tuple[str, str], ...]] = {}
+        self.whole = False
+
+    def get(self, name, default=None):
+        value = dict.get(self, name)
+        self.seen[name] = value
+        return default if value is None else value
+
+    def __getitem__(self, name):
+        value = dict.get(self, name)
+        self.seen[name] = value
+        if value is None:
+            raise KeyError(name)
+        return value
+
+    def __contains__(self, name) -> bool:
+        value = dict.get(self, name)
+        self.seen[name] = value
+        return value is not None
+
+    def prefixed(self, prefix: str) -> dict[str, str]:
+        found = {k: v for k, v in dict.items(self) if k.startswith(prefix)}
+        self.families[prefix] = tuple(sorted(found.items()))
+        return found
+
+    def _all(self):
+        self.whole = True
+        return self
+
+    def __iter__(self):
+        return dict.__iter__(self._all())
+
+    def __len__(self) -> int:
+        return dict.__len__(self._all())
+
+    def __eq__(self, other) -> bool:
+        return dict.__eq__(self._all(), other)
+
+    def __ne__(self, other) -> bool:
+        return dict.__ne__(self._all(), other)
+
+    __hash__ = None  # as dict's
+
+    def keys(self):
+        return dict.keys(self._all())
+
+    def items(self):
+        return dict.items(self._all())
+
+    def values(self):
+        return dict.values(self._all())
+
+    def copy(self):
+        return dict(dict.items(self._all()))
+
+    def observed(self) -> tuple:
+        """What was read, as plain values: ("whole", env) or ("read", variables, families)."""
+        if self.whole:
+            return ("whole", tuple(sorted(dict.items(self))))
+        return ("read", tuple(sorted(self.seen.items())), tuple(sorted(self.families.items())))
+
+
+def _matches(observed: tuple, env) -> bool:
+    """Whether `env` (a plain dict) reads as it did for the decision that `observed`."""
+    if observed[0] == "whole":
+        return tuple(sorted(env.items())) == observed[1]
+    _, seen, families = observed
+    for name, value in seen:
+        if env.get(name) != value:
+            return False
+    for prefix, members in families:
+        if tuple(sorted((k, v) for k, v in env.items() if k.startswith(prefix))) != members:
+            return False
+    return True
+
+
+_PLAIN = frozenset({str, int, bool, type(None)})
+
+
+def _encode(value):
+    """A record as marshal's plain values: [its class's name, *its fields], a field holding records encoded too.
+
+    Records hold no lists, so a list is always an encoded record; a tuple
+    whose first item is one holds only records (a plan's edits).
+    """
+    fields = getattr(type(value), "__record_fields__", None)
+    if fields is None:
+        if type(value) is tuple and value and getattr(type(value[0]), "__record_fields__", None) is not None:
+            return tuple([_encode(v) for v in value])
+        return value
+    values = [getattr(value, f.name) for f in fields]
+    return [type(value).__name__, *[v if type(v) in _PLAIN else _encode(v) for v in values]]
+
+
+def _decode(value):
+    """The plan `_encode` gave: only lists and tuples of lists are looked into."""
+    return _PLAN_RECORDS[value[0]](*[_decode(v) if type(v) is list else
+                                     tuple([_decode(r) for r in v]) if type(v) is tuple and v and type(v[0]) is list else v
+                                     for v in value[1:]])
+
+
+def _code() -> tuple[tuple[str, int, int], ...]:
+    """(file, mtime in ns, size) of each of this package's modules loaded now: the code a decision was made by.
+
+    The version string alone would not do: an edited or patched install
+    keeps it, and a decision must never outlive the planner that made it.
+    """
+    from pyxis_hook import startimage
+
+    out = []
+    for name, module in list(sys.modules.items()):
+        origin = getattr(module, "__file__", None) if name.startswith("pyxis_hook.") else None
+        if origin and origin.endswith(".py"):
+            sig = startimage.source_signature(origin)
+            if sig is not None:
+                out.append((origin, *sig))
+    return tuple(sorted(out))
+
+
+def _same_code(code) -> bool:
+    from pyxis_hook import startimage
+
+    return all(startimage.source_signature(origin) == (mtime, size) for origin, mtime, size in code)
+
+
+def _header() -> bytes:
+    return sys.modules["_frozen_importlib_external"].MAGIC_NUMBER + FORMAT  # marshal's format is the interpreter's
+
+
+class Lookup:
+    """One start's question to the cache: its key, the decision when there is one, and the save after a miss."""
+
+    def __init__(self, config, host, env, annotations, privileged: bool, allowed, view: str, proc_files) -> None:
+        from pyxis_hook.host import daemons, snapshot
+        from pyxis_hook.plan.container import container_facts
+
+        self.config = config
+        self.host = host
+        self.view = view
+        self.env = ObservedEnv(env)
+        self.why = ""
+        self.variants: list = []
+        self.facts = container_facts(view)  # without the driver files: the links' occupants are checked per decision
+        try:
+            snap: tuple | None = snapshot.identity(config)
+        except SnapshotError as e:
+            snap = None
+            self.why = f"no snapshot ({e})"
+        self.snap = snap
+        root = pathnames.realpath(config.driver_root)
+        ipc = daemons.ipc_paths(root, config.mps_pipe_dir, log.debug)
+        self.root = root
+        self.key = marshal.dumps((
+            __version__, _encode(config), snap, _encode(host), ipc,
+            tuple(sorted(annotations.items())), bool(privileged),
+            None if allowed is None else tuple(sorted(allowed)),
+            _encode(replace(self.facts, rootfs="")), proc_files,
+        ))
+        digest = int.from_bytes(self.key, "big") % _DIGEST_PRIME
+        self.path = pathnames.join(config.snapshot_dir, f"{_PREFIX}{digest:08x}.bin")
+        if snap is not None:
+            self.variants = self._read()
+
+    def _read(self) -> list:
+        from pyxis_hook.host import snapshot
+
+        try:
+            fd = snapshot.open_trusted(self.path)
+        except SnapshotError as e:
+            self.why = str(e)
+            return []
+        try:
+            data = posix.read(fd, _READ_LIMIT + 1)
+        except OSError as e:
+            self.why = f"{self.path}: {e.strerror}"
+            return []
+        finally:
+            posix.close(fd)
+        header = _header()
+        try:
+            if len(data) > _READ_LIMIT or not data.startswith(header):
+                raise ValueError("written by another version or Python")
+            key, variants = marshal.loads(memoryview(data)[len(header):])
+            if key != self.key:
+                raise ValueError("another start's inputs (a digest collision)")
+            if not isinstance(variants, list):
+                raise ValueError("not a list")
+        except (ValueError, EOFError, TypeError) as e:
+            self.why = f"{self.path}: not used: {e}"
+            return []
+        return variants
+
+    def plan(self):
+        """The cached plan for this start (naming the view's facts' rootfs ""), or None (`why` says why)."""
+        from pyxis_hook.host import snapshot
+        from pyxis_hook.plan.container import link_occupants
+
+        env = dict(dict.items(self.env))
+        for variant in self.variants:
+            try:
+                observed, code, currency, link_paths, occupants, plan = variant
+                if not _matches(observed, env):
+                    continue
+                if not _same_code(code):  # made by an edited install, or another install of the package
+                    self.why = f"{self.path}: made by other code than this package's"
+                    continue
+                stale = snapshot.stale_reason(currency, self.config, self.host, self.root)
+                if stale:
+                    self.why = f"{self.path}: stale: {stale}"
+                    return None
+                if link_occupants(self.view, link_paths) != occupants:
+                    continue
+                decided = _decode(plan)
+            except (ValueError, TypeError, KeyError, IndexError) as e:
+                self.why = f"{self.path}: not used: corrupt: {type(e).__name__}: {e}"
+                return None
+            self.why = f"decisions from {self.path}"
+            return decided
+        if self.variants and not self.why:
+            self.why = f"{self.path}: no decision for this env"
+        return None
+
+    def save(self, inventory, files, facts, plan, snapshot_seen: list) -> str:
+        """Keep this start's decision (after a miss); a line for the debug log, never raises."""
+        from pyxis_hook.host import snapshot
+
+        if not snapshot_seen or snapshot_seen[-1] != self.snap:
+            # built by this start, or replaced since the key was made: the next start keeps it
+            return "decisions: not kept: the inventory is not the snapshot this start's key names"
+        try:
+            variant = (self.env.observed(), _code(), snapshot.currency(inventory),
+                       build.link_paths(files, facts), facts.link_occupants, _encode(plan))
+            # the newest first; one per env reading and code (two installs sharing a snapshot dir keep theirs)
+            variants = [variant] + [v for v in self.variants if v[:2] != variant[:2]][:VARIANTS - 1]
+            data = _header() + marshal.dumps((self.key, variants))
+            snapshot.write_atomically(self.path, data)
+        except (OSError, SnapshotError, ValueError) as e:
+            return f"decisions: not kept: {getattr(e, 'strerror', None) or e}"
+        _prune(pathnames.dirname(self.path))
+        return f"decisions: kept in {self.path}"
+
+
+def _prune(directory: str) -> None:
+    """Keep the KEEP_FILES newest decision files (each start of a new shape adds one)."""
+    try:
+        names = [n for n in posix.listdir(directory) if n.startswith(_PREFIX) and n.endswith(".bin")]
+        if len(names) <= KEEP_FILES:
+            return
+        dated = sorted((posix.stat(pathnames.join(directory, n)).st_mtime_ns, n) for n in names)
+        for _, name in dated[:len(names) - KEEP_FILES]:
+            posix.unlink(pathnames.join(directory, name))
+    except OSError:
+        pass  # another start pruned first, or the dir went away: the next save tries again

@@ -38,6 +38,13 @@ the image skips it when its turn comes.  A package whose `__init__` imports
 its own submodules completes after them: those wait for it (they are
 skipped, and its body imports them as usual).
 
+Tiers: a kind of start may have modules only some of its starts run (the
+planner's, when the decision cache has no decision: `plan.decisions`).
+They are a tier of their own, `start-image-<tier>...`, which the start
+loads when it gets there (`load_tier`); `save_all` gives each image the
+modules imported while it was the newest loaded.  A start that never
+loads the tier never executes its modules.
+
 Loading imports nothing: `sys`, `posix` and `marshal` are built in, and the
 import system's own classes come from `sys.modules`.
 """

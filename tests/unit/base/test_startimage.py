@@ -307,3 +307,40 @@ def test_the_package_itself_has_no_assert_statement():
         tree = ast.parse(path.read_text(), str(path))
         found += [f"{path.relative_to(REPO)}:{n.lineno}" for n in ast.walk(tree) if isinstance(n, ast.Assert)]
     assert found == []
+
+
+TIER_RUNNER = """
+import sys
+sys.path[:0] = [{repo!r}, {lib!r}]
+from pyxis_hook import startimage
+first = startimage.load({image!r})
+import pkgx.a
+if "plan" in sys.argv:
+    startimage.load_tier("plan")
+    import pkgx.b
+saved = startimage.save_all()
+print(repr(dict(saved=saved, status=[i.status for i in startimage._started],
+                mods=sorted(n for n in sys.modules if n.startswith("pkgx")))))
+"""
+
+
+def test_a_later_tier_holds_what_was_imported_after_it_and_runs_only_when_loaded(pkg):
+    """The planning modules' tier: a start that never asks for it runs none of its modules."""
+    src, image, _start = pkg
+    script = TIER_RUNNER.format(repo=str(REPO), lib=str(src.parent), image=str(image))
+
+    def run(*args: str) -> dict:
+        r = subprocess.run([sys.executable, "-I", "-S", "-c", script, *args], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        return ast.literal_eval(r.stdout.strip().splitlines()[-1])
+
+    cold = run("plan")
+    assert cold["saved"][0].endswith("written, 2 modules") and cold["saved"][1].endswith("written, 1 modules")
+    tier = image.parent / "start-image-plan.bin"
+    assert tier.exists()
+    served = run()  # the tier is not asked for: pkgx.b never runs
+    assert served["status"][0].endswith("2 modules loaded") and len(served["status"]) == 1
+    assert served["mods"] == ["pkgx", "pkgx.a"] and served["saved"] == []
+    planned = run("plan")
+    assert planned["status"] == [f"start image {image}: 2 modules loaded", f"start image {tier}: 1 modules loaded"]
+    assert planned["mods"] == ["pkgx", "pkgx.a", "pkgx.b"] and planned["saved"] == []

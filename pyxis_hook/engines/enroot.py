@@ -139,16 +139,16 @@ def run_enroot_hook(config, environ: Mapping[str, str]):
     from pyxis_hook.plan.prepare import prepare
 
     config = replace(config, no_cgroups=True)
-    prepared = prepare(config, synthetic_bundle(rootfs, env), check=True)
-    if prepared.request.void:
+    prepared = prepare(config, synthetic_bundle(rootfs, env), check=True, cache=True)
+    if prepared.request is not None and prepared.request.void:
         log.debug(f"enroot container {pid}: {prepared.request.reasons[0]}")
         append_environ(environ_path, honoured)
         return None
     from pyxis_hook.apply.child import apply_plan
 
-    plan, request = prepared.plan, prepared.request
+    plan = prepared.plan
     log.info(f"enroot container {pid}: {len(plan.devices)} devices, {len(plan.mounts)} mounts")
     # written before the mounts: a failed write leaves nothing mounted, and a failed apply makes
     # enroot refuse the container, whose environment file is then never read
-    append_environ(environ_path, honoured + (plan.env if request.allocation is not None else ()))
+    append_environ(environ_path, honoured + (plan.env if prepared.allocated else ()))
     return apply_plan(plan, pid, config)

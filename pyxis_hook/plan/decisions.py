@@ -52,7 +52,7 @@ from pyxis_hook.plan import build
 from pyxis_hook.record import replace
 
 #: the files' own layout: bumped when an entry changes shape
-FORMAT = b"pyxis-hook decisions 2\n"
+FORMAT = b"pyxis-hook decisions 3\n"
 #: decisions kept per file (per value of the inputs other than the env)
 VARIANTS = 8
 #: decision files kept in the snapshot dir (the newest)
@@ -271,15 +271,18 @@ class Lookup:
             return []
         return variants
 
-    def plan(self):
-        """The cached plan for this start (naming the view's facts' rootfs ""), or None (`why` says why)."""
+    def plan(self) -> tuple | None:
+        """(the cached plan, whether its GPUs are the scheduler's allocation) for this start, or None (`why` says why).
+
+        The plan names the rootfs of the start that made it: the caller puts its own.
+        """
         from pyxis_hook.host import snapshot
         from pyxis_hook.plan.container import link_occupants
 
         env = dict(dict.items(self.env))
         for variant in self.variants:
             try:
-                observed, code, currency, link_paths, occupants, plan = variant
+                observed, code, currency, link_paths, occupants, plan, allocated = variant
                 if not _matches(observed, env):
                     continue
                 if not _same_code(code):  # made by an edited install, or another install of the package
@@ -291,7 +294,7 @@ class Lookup:
                     return None
                 if link_occupants(self.view, link_paths) != occupants:
                     continue
-                decided = _decode(plan)
+                decided = (_decode(plan), bool(allocated))
             except (ValueError, TypeError, KeyError, IndexError) as e:
                 self.why = f"{self.path}: not used: corrupt: {type(e).__name__}: {e}"
                 return None
@@ -301,7 +304,7 @@ class Lookup:
             self.why = f"{self.path}: no decision for this env"
         return None
 
-    def save(self, inventory, files, facts, plan, snapshot_seen: list) -> str:
+    def save(self, inventory, files, facts, plan, allocated: bool, snapshot_seen: list) -> str:
         """Keep this start's decision (after a miss); a line for the debug log, never raises."""
         from pyxis_hook.host import snapshot
 
@@ -310,7 +313,7 @@ class Lookup:
             return "decisions: not kept: the inventory is not the snapshot this start's key names"
         try:
             variant = (self.env.observed(), _code(), snapshot.currency(inventory),
-                       build.link_paths(files, facts), facts.link_occupants, _encode(plan))
+                       build.link_paths(files, facts), facts.link_occupants, _encode(plan), allocated)
             # the newest first; one per env reading and code (two installs sharing a snapshot dir keep theirs)
             variants = [variant] + [v for v in self.variants if v[:2] != variant[:2]][:VARIANTS - 1]
             data = _header() + marshal.dumps((self.key, variants))

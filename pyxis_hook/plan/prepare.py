@@ -28,11 +28,14 @@ class Prepared:
     """Everything decided for one container; `inventory` is None for a void request.
 
     A plan from the decision cache comes without `request` and `inventory` (None).
+    `allocated`: the GPUs are the batch scheduler's allocation (the enroot hook
+    then exports the plan's env to the job).
     """
 
     request: Request | None
     inventory: Inventory | None
     plan: Plan
+    allocated: bool = False
 
 
 def read_proc_driver_files(proc_root: str) -> tuple[tuple[str, str], ...] | None:
@@ -148,7 +151,8 @@ def prepare(config: Config, bundle, *, state=None, check: bool = False, confine:
         cached = lookup.plan()
         log.debug(lookup.why)
         if cached is not None:
-            return _checked(Prepared(None, None, replace(cached, rootfs=bundle.rootfs)), check)
+            plan, allocated = cached
+            return _checked(Prepared(None, None, replace(plan, rootfs=bundle.rootfs), allocated), check)
         env = lookup.env  # records what the request reads of it, for the decision kept below
         from pyxis_hook import startimage
 
@@ -178,9 +182,10 @@ def prepare(config: Config, bundle, *, state=None, check: bool = False, confine:
     if view != bundle.rootfs:
         facts = replace(facts, rootfs=bundle.rootfs)
     plan = build_plan(request, inventory, facts, config, proc_files=proc_files)
+    allocated = request.allocation is not None
     if lookup is not None:
-        log.debug(lookup.save(inventory, files, facts, plan, seen))
-    return _checked(Prepared(request, inventory, plan), check)
+        log.debug(lookup.save(inventory, files, facts, plan, allocated, seen))
+    return _checked(Prepared(request, inventory, plan, allocated), check)
 
 
 def _checked(prepared: Prepared, check: bool) -> Prepared:

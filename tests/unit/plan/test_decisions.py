@@ -85,6 +85,7 @@ def test_a_cached_plan_is_the_plan_a_fresh_start_makes(world, tmp_path, shape):
     assert fresh.request is not None and not fresh.request.void
     assert cached.plan == fresh.plan
     assert cached.plan.rootfs == bundle.rootfs
+    assert cached.allocated == fresh.allocated == (shape == "slurm-step")  # the enroot hook exports then
 
 
 def test_another_container_of_the_same_image_takes_the_decision_with_its_own_rootfs(world, tmp_path):

@@ -275,3 +275,15 @@ def test_gpu_bound_cannot_tell_on_v2(tmp_path):
 ])
 def test_step_dir(task_dir, slurm, expected):
     assert step_dir(task_dir, slurm) == expected
+
+
+def test_read_text_reads_a_procfs_file_whole_as_open_does(tmp_path):
+    """procfs hands out a page or so per read: the whole file comes back, decoded as `open().read()` would."""
+    from pyxis_hook.host.cgroup import read_text
+
+    for path in ("/proc/self/mountinfo", "/proc/self/cgroup"):
+        assert read_text(path) == Path(path).read_text(errors="replace")
+    big = tmp_path / "big"
+    big.write_bytes(b"x\xff" * 100_000)  # past one read, and not UTF-8
+    assert read_text(str(big)) == big.read_text(errors="replace")
+    assert read_text(str(tmp_path / "missing")) is None and read_text(str(tmp_path)) is None

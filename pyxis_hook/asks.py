@@ -35,26 +35,3 @@ def void_reason(env) -> str | None:
         return f"{VISIBLE}={raw}: 'void': not a GPU container, nothing is injected"
     return None
 
-
-def is_mig_uuid(token: str) -> bool:
-    """A MIG device's UUID (`MIG-...`, any case), as a token of NVIDIA_VISIBLE_DEVICES names one."""
-    return token[:4].upper() == "MIG-"
-
-
-def names_mig_uuid(env) -> bool:
-    """True when NVIDIA_VISIBLE_DEVICES names a MIG device by UUID: only NVML knows those."""
-    return any(is_mig_uuid(t) for t in split_tokens(env.get(VISIBLE, "")))
-
-
-def prefixed(env, prefix: str) -> dict[str, str]:
-    """The variables of `env` whose name starts with `prefix`.
-
-    The one way the request reads a family of variables (NVIDIA_REQUIRE_*,
-    LSF's CUDA_VISIBLE_DEVICES<N>): an env that records what a decision
-    read (`plan.decisions.ObservedEnv`) then records the family, not every
-    variable of the container.
-    """
-    own = getattr(env, "prefixed", None)
-    if own is not None:
-        return own(prefix)
-    return {k: v for k, v in env.items() if k.startswith(prefix)}

@@ -21,7 +21,7 @@ the planning modules (a decision is used only when every one is equal):
   (`prepare.confinement`), the annotations and the privileged flag;
 - of the container's env, what the request read (`ObservedEnv`): the value
   or absence of each variable it looked up and each family it listed
-  (`asks.prefixed`), so a job's other variables (SLURM_JOB_ID, PATH) do not
+  (`envreads.prefixed`), so a job's other variables (SLURM_JOB_ID, PATH) do not
   make another decision;
 - the container's rootfs facts (`container_facts`) and what the image holds
   at the driver libraries' link paths.
@@ -71,7 +71,7 @@ class ObservedEnv(dict):
     """A container env that records what a decision reads of it.
 
     Each variable looked up (`get`, `[]`, `in`): its value, or None when
-    absent; each family listed (`asks.prefixed`): its members.  Any other
+    absent; each family listed (`envreads.prefixed`): its members.  Any other
     way of reading the whole env (iterating, comparing, copying) marks it
     `whole`: such a decision then depends on every variable.
     """

@@ -144,7 +144,9 @@ def prepare(config: Config, bundle, *, state=None, check: bool = False, confine:
         env, allowed = confinement(env, host)
     proc_files = read_proc_driver_files(config.proc_root)
     lookup = None
-    if cache and not asks.names_mig_uuid(env):  # NVML's MIG UUIDs are asked on every start
+    from pyxis_hook.spec import envreads
+
+    if cache and not envreads.names_mig_uuid(env):  # NVML's MIG UUIDs are asked on every start
         from pyxis_hook.plan import decisions
 
         lookup = decisions.Lookup(config, host, env, annotations, bundle.privileged, allowed, view, proc_files)

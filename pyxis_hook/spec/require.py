@@ -15,7 +15,7 @@ with name in cuda/driver/arch/brand (any case) and op one of
 from __future__ import annotations
 
 
-from pyxis_hook.asks import prefixed
+from pyxis_hook.spec.envreads import prefixed
 from pyxis_hook.errors import RequirementError
 from pyxis_hook.record import record
 

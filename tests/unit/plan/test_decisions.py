@@ -183,7 +183,7 @@ def test_a_mig_device_named_by_uuid_is_never_taken_from_the_cache(tmp_path):
 
 def test_the_observed_env_records_what_was_read():
     env = decisions.ObservedEnv({"A": "1", "NVIDIA_REQUIRE_CUDA": "cuda>=12", "NVIDIA_REQUIRE_X": "", "B": "2"})
-    from pyxis_hook.asks import prefixed
+    from pyxis_hook.spec.envreads import prefixed
 
     assert env.get("A") == "1" and env.get("MISSING", "d") == "d" and "B" in env and env["A"] == "1"
     assert prefixed(env, "NVIDIA_REQUIRE_") == {"NVIDIA_REQUIRE_CUDA": "cuda>=12", "NVIDIA_REQUIRE_X": ""}

@@ -137,6 +137,7 @@ def prepare(config: Config, bundle, *, state=None, check: bool = False, confine:
 
     view = pin() if pin is not None else bundle.rootfs
     from pyxis_hook.host.gpus import discover_gpus
+    from pyxis_hook.spec import envreads
 
     host = discover_gpus(config.proc_root, config.dev_root)  # fresh on every start, never from the snapshot
     allowed = None
@@ -144,8 +145,6 @@ def prepare(config: Config, bundle, *, state=None, check: bool = False, confine:
         env, allowed = confinement(env, host)
     proc_files = read_proc_driver_files(config.proc_root)
     lookup = None
-    from pyxis_hook.spec import envreads
-
     if cache and not envreads.names_mig_uuid(env):  # NVML's MIG UUIDs are asked on every start
         from pyxis_hook.plan import decisions
 
@@ -168,7 +167,7 @@ def prepare(config: Config, bundle, *, state=None, check: bool = False, confine:
     seen: list = []
     inventory = snapshot.load_or_build(config, strict=False, host=host, seen=seen)
     host = inventory.host
-    if req.names_mig_uuid(env) and any(m.uuid is None for m in host.mig_devices):
+    if envreads.names_mig_uuid(env) and any(m.uuid is None for m in host.mig_devices):
         inventory = with_mig_uuids(inventory)
         host = inventory.host
     cuda = None

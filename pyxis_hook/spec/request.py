@@ -30,7 +30,7 @@ from __future__ import annotations
 from pyxis_hook.spec import require
 from pyxis_hook.spec.allocation import Allocation, job_allocation, scheduler_of
 from pyxis_hook.asks import VISIBLE, is_legacy, split_tokens, void_reason
-from pyxis_hook.spec.envreads import is_mig_uuid, names_mig_uuid  # noqa: F401 - names_mig_uuid: the request's rule, kept where it was
+from pyxis_hook.spec.envreads import is_mig_uuid
 from pyxis_hook.spec.config import Config
 from pyxis_hook.errors import RequestError
 from pyxis_hook.host.gpus import Gpu, HostGpus, MigDevice, is_full_bus_id

@@ -696,7 +696,7 @@ def test_huge_cuda_visible_devices_is_a_warning():
 
 
 def test_names_mig_uuid_reads_tokens_not_substrings():
-    from pyxis_hook.spec.request import names_mig_uuid
+    from pyxis_hook.spec.envreads import names_mig_uuid
 
     assert names_mig_uuid({"NVIDIA_VISIBLE_DEVICES": "0, mig-GPU-1/0/0"})
     assert names_mig_uuid({"NVIDIA_VISIBLE_DEVICES": "MIG-4f1b2a3c-0000-0000-0000-000000000001"})

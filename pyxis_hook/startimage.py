@@ -83,8 +83,16 @@ def image_path(entry: str = "prestart", tier: str = "") -> str:
     package_dir = __file__.rpartition("/")[0]
     who = repr((sys.version, sys.base_prefix, sys.base_exec_prefix)).encode()
     digest = int.from_bytes(who, "big") % 4294967291  # 2**32 - 5: stable across runs, no hashlib
-    kind = ("" if entry == "prestart" else f"-{entry}") + (f"-{tier}" if tier else "")
-    return f"{package_dir}/__pycache__/start-image{kind}.{sys.implementation.cache_tag}-{digest:08x}.bin"
+    kind = "" if entry == "prestart" else f"-{entry}"
+    path = f"{package_dir}/__pycache__/start-image{kind}.{sys.implementation.cache_tag}-{digest:08x}.bin"
+    return _tier_path(path, tier) if tier else path
+
+
+def _tier_path(path: str, tier: str) -> str:
+    """The image of `tier` beside the image at `path`: `-<tier>` after its kind, before the first dot."""
+    directory, _, name = path.rpartition("/")
+    kind, dot, rest = name.partition(".")
+    return f"{directory}/{kind}-{tier}{dot}{rest}"
 
 
 def _header() -> bytes:
@@ -243,9 +251,7 @@ def load_tier(tier: str) -> Loaded | None:
     """
     if not _started:
         return None
-    directory, _, name = _started[0].path.rpartition("/")
-    kind, dot, rest = name.partition(".")  # start-image[-entry] . <cache tag>-<digest>.bin (`image_path`)
-    return load(f"{directory}/{kind}-{tier}{dot}{rest}")
+    return load(_tier_path(_started[0].path, tier))
 
 
 def save_all() -> list[str]:

@@ -74,5 +74,5 @@ def _hook(args, config) -> int:
 
     cdihook.run_hook(args.step, sys.stdin.buffer.read(), config, links=args.link, folders=args.folder,
                      libs=args.lib, host_driver_version=args.host_driver_version)
-    save_image(image)
+    save_image()
     return 0

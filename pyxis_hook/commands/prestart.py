@@ -173,7 +173,7 @@ def run_started(entry: str, work, stderr_level: str = "error") -> int:
         rc = work(config)
     except Exception as e:  # noqa: BLE001 — one line for the runtime, the traceback in the log
         return errors.report(e, entry)
-    save_image(image)
+    save_image()
     return rc
 
 
@@ -197,10 +197,9 @@ def load_image(entry: str):
     return startimage.load(startimage.image_path(entry))
 
 
-def save_image(image) -> None:
-    """After a successful start: write or grow its images (`image` and any later tier), say so in the debug log; never raises."""
+def save_image() -> None:
+    """After a successful start: write or grow each image it loaded (`startimage.save_all`), say so in the debug log; never raises."""
     from pyxis_hook import log, startimage
 
-    del image  # startimage knows every image this start loaded, the first one included
     for line in startimage.save_all():
         log.debug(line)

@@ -70,8 +70,11 @@ def container_facts(rootfs: str, *, machine: str | None = None, files=()) -> Con
         compat_libs=libs,
         compat_problem=problem,
     )
-    if not files:
-        return facts
+    return with_occupants(facts, rootfs, files) if files else facts
+
+
+def with_occupants(facts: ContainerFacts, rootfs: str, files) -> ContainerFacts:
+    """`facts` with what the image at `rootfs` holds at the links' paths of the driver `files`."""
     return replace(facts, link_occupants=link_occupants(rootfs, link_paths(files, facts)))
 
 

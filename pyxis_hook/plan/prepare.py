@@ -157,10 +157,12 @@ def prepare(config: Config, bundle, *, state=None, check: bool = False, confine:
         env = lookup.env  # records what the request reads of it, for the decision kept below
         from pyxis_hook import startimage
 
-        startimage.load_tier("plan")  # the planning modules: a start served from the cache runs none
+        tier = startimage.load_tier("plan")  # the planning modules: a start served from the cache runs none
+        if tier is not None:
+            log.debug(tier.status)
 
     from pyxis_hook.host import snapshot
-    from pyxis_hook.plan.container import container_facts
+    from pyxis_hook.plan.container import container_facts, with_occupants
     from pyxis_hook.plan.build import build_plan
     from pyxis_hook.spec import request as req
 
@@ -179,7 +181,8 @@ def prepare(config: Config, bundle, *, state=None, check: bool = False, confine:
                                   privileged=bundle.privileged)
     # what the image holds where the libraries' links go decides link or cover (plan.link_edit)
     files = inventory.select(request.capabilities)
-    facts = container_facts(view, files=files)
+    # the lookup read the image's facts already: only the links' occupants depend on the request
+    facts = with_occupants(lookup.facts, view, files) if lookup is not None else container_facts(view, files=files)
     if view != bundle.rootfs:
         facts = replace(facts, rootfs=bundle.rootfs)
     plan = build_plan(request, inventory, facts, config, proc_files=proc_files)

@@ -165,6 +165,7 @@ def test_shim_start_runs_from_its_own_start_image(setup):
     image, prestart_image = Path(startimage.image_path("enroot")), Path(startimage.image_path())
     assert image != prestart_image
     image.unlink(missing_ok=True)
+    Path(startimage.image_path("enroot", tier="plan")).unlink(missing_ok=True)  # cold: neither tier
     prestart_before = prestart_image.stat().st_mtime_ns if prestart_image.exists() else None
     env_file = _environ(tmp, ["PATH=/usr/bin", "NVIDIA_VISIBLE_DEVICES=1", "NVIDIA_DRIVER_CAPABILITIES=utility"])
     log = host.base / "hook.log"
@@ -180,6 +181,7 @@ def test_shim_start_runs_from_its_own_start_image(setup):
             if i == 0:
                 assert "modules loaded" not in text
         assert "modules loaded" in text  # warm: the last start ran from the image
+        assert "decisions from " in text  # and took its plan from the decision cache
         assert "argparse" not in startimage.held(str(image)) and "pyxis_hook.cli" not in startimage.held(str(image))
     finally:
         for box in containers[1:]:

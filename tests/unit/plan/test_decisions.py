@@ -222,3 +222,33 @@ def test_a_decision_made_by_other_code_is_not_taken(tmp_path, monkeypatch):
     _touch(planner)
     again = prepare(config, bundle, check=True, cache=True, confine=False)
     assert again.request is not None and again.plan == _fresh(config, bundle).plan
+
+
+def test_two_installs_sharing_a_snapshot_dir_keep_a_decision_each(tmp_path, monkeypatch):
+    """Two installs of the package (a venv and the system's) start the same containers: neither evicts the other."""
+    config, _tree, _gpus = _world(tmp_path / "w")
+    bundle = _bundle(tmp_path / "b", ("NVIDIA_VISIBLE_DEVICES=all",))
+    installs = {"one": ((str(tmp_path / "one.py"), 1, 1),), "two": ((str(tmp_path / "two.py"), 2, 2),)}
+    current = {"install": "one"}
+    monkeypatch.setattr(decisions, "_code", lambda: installs[current["install"]])
+    monkeypatch.setattr(decisions, "_same_code", lambda code: code == installs[current["install"]])
+    _warm(config, bundle)
+    current["install"] = "two"
+    assert prepare(config, bundle, check=True, cache=True, confine=False).request is not None  # the other's
+    _warm(config, bundle)
+    current["install"] = "one"
+    assert prepare(config, bundle, check=True, cache=True, confine=False).request is None  # still there
+
+
+def test_the_snapshot_dir_keeps_the_newest_decision_files(tmp_path, monkeypatch):
+    """Each new shape adds a file; the oldest go (KEEP_FILES)."""
+    monkeypatch.setattr(decisions, "KEEP_FILES", 2)
+    config, _tree, _gpus = _world(tmp_path / "w")
+    bundle = _bundle(tmp_path / "b", ("NVIDIA_VISIBLE_DEVICES=all",))
+    for caps in (("utility",), ("compute",), ("compute", "utility"), ("graphics",)):
+        newest = replace(config, default_capabilities=caps)  # another configuration: another file
+        _warm(newest, bundle)
+    assert len(list(Path(config.snapshot_dir).glob("decisions-*.bin"))) == 2
+    assert prepare(newest, bundle, check=True, cache=True, confine=False).request is None  # the newest stays
+    first = replace(config, default_capabilities=("utility",))
+    assert prepare(first, bundle, check=True, cache=True, confine=False).request is not None  # the oldest went

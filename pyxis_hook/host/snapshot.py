@@ -96,15 +96,15 @@ def currency(inv) -> tuple:
     return (inv.driver_root, inv.version_source, inv.driver_version, inv.sources)
 
 
-def stale_reason(facts: tuple, config, host, root: str = "") -> str:
-    """Why an inventory with `currency` `facts` is out of date now ("" when it is current).
+def stale_reason(current: tuple, config, host, root: str = "") -> str:
+    """Why an inventory whose `currency` was `current` is out of date now ("" when it is still current).
 
     The driver root must lead where it led (the inventory names one tree's
     files), every file it came from must have its stat signature, and the
     kernel module must report the version it was built for.  `root`: where
     the driver root leads now, when the caller has just asked.
     """
-    driver_root, version_source, driver_version, sources = facts
+    driver_root, version_source, driver_version, sources = current
     now = root or pathnames.realpath(config.driver_root)
     if now != driver_root:
         return f"the driver root now leads to {now}"

@@ -60,7 +60,7 @@ PY = os.path.realpath(sys.executable)
 #: how the hook is run: the interpreter with -I (isolated) and -S (no site scan: .pth files, an editable
 #: install's finder), the package's __main__.py as a file (it puts its own parent on sys.path)
 HOOK_ARGS = [PY, "-I", "-S", str(REPO / "pyxis_hook" / "__main__.py"), "prestart"]
-#: the form with the site scan (`python -I -m pyxis_hook`, engines/hookd.py's default today), for comparison
+#: the form with the site scan (`python -I -m pyxis_hook`), for comparison
 HOOK_ARGS_SITE = [PY, "-I", "-m", "pyxis_hook", "prestart"]
 DRIVER_VERSION = "535.216.03"
 GPU_COUNTS = (1, 4, 8, 64)
@@ -133,9 +133,11 @@ def console_install(work: Path) -> tuple[list[str], list[str]] | None:
     """(`pyxis-hook prestart` as pip installs it, the registered form of that same install), or None.
 
     A wheel of this checkout installed by pip into a fresh venv (no .pth files but pip's own):
-    the console script is pip's, `#!<venv python>` without flags, so Python's site scan runs on
-    each start.  Dependencies are left out (`--no-deps`): a start with a valid snapshot (the
-    warm-up builds it) imports neither pyelftools nor jsonschema.
+    the console script is pip's, `#!<venv python>` without flags, so Python's site scan runs until
+    its first run (a warm-up round) rewrites it with `-IS` (pyxis_hook/engines/command.py): the
+    rows time the command as a node runs it from its second container on.  Dependencies are left
+    out (`--no-deps`): a start with a valid snapshot (the warm-up builds it) imports neither
+    pyelftools nor jsonschema.
     """
     wheel_dir, venv = work / "wheel", work / "venv"
     try:

@@ -212,19 +212,19 @@ def save(config, inv, seen: list | None = None) -> str:
     return path
 
 
-def write_atomically(path: str, data: bytes) -> tuple[int, int, int, int]:
+def write_atomically(path: str, data: bytes, mode: int = 0o644) -> tuple[int, int, int, int]:
     """Put `data` at `path` whole or not at all (a hidden temp file beside it, fsync'ed, renamed); its identity.
 
-    Mode 0644 whatever the umask.  The temp name is this process's own and
+    `mode` whatever the umask.  The temp name is this process's own and
     made with O_EXCL|O_NOFOLLOW: nothing another user placed is written
     through.  Raises OSError; the temp file is gone then.
     """
     directory, name = pathnames.split(path)
     tmp = pathnames.join(directory, f".{name}.{posix.getpid()}.tmp")
-    fd = posix.open(tmp, posix.O_WRONLY | posix.O_CREAT | posix.O_EXCL | posix.O_NOFOLLOW | posix.O_CLOEXEC, 0o644)
+    fd = posix.open(tmp, posix.O_WRONLY | posix.O_CREAT | posix.O_EXCL | posix.O_NOFOLLOW | posix.O_CLOEXEC, mode)
     try:
         try:
-            posix.fchmod(fd, 0o644)
+            posix.fchmod(fd, mode)
             view = memoryview(data)
             while view:
                 view = view[posix.write(fd, view):]

@@ -29,6 +29,7 @@ def venv(tmp_path_factory):
     r = subprocess.run([str(d / "bin/pip"), "install", "-q", "--disable-pip-version-check", str(REPO)],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
+    (d / "pip-wrote").write_bytes((d / "bin/pyxis-hook").read_bytes())  # before any run rewrites it
     return d
 
 
@@ -94,3 +95,39 @@ def test_installed_main_finds_the_venv_under_isolated_mode(venv):
     assert seen["prefix"] == seen["exec_prefix"] == str(venv)
     assert str(site) in seen["path"]
     assert seen["elftools"].startswith(str(site) + "/") and seen["pyxis_hook"].startswith(str(site) + "/")
+
+
+def test_installed_command_drops_the_site_scan_after_its_first_run(venv, tmp_path):
+    """pip writes `#!<venv python>` without flags; the first run makes it `-IS`, and every command still works."""
+    pip_wrote = (venv / "pip-wrote").read_bytes()
+    first = pip_wrote.partition(b"\n")[0].decode()
+    assert first.startswith(f"#!{venv}/bin/python") and " " not in first, first
+    script = venv / "bin/pyxis-hook"
+    script.write_bytes(pip_wrote)  # as pip left it, whatever ran before
+    script.chmod(0o755)
+    r = subprocess.run([str(script), "--version"], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.startswith("pyxis-hook "), r.stderr
+    now = script.read_text()
+    assert now.startswith(first + " -IS\n") and str(_site_packages(venv)) in now
+    # the fast command: the hooks.d document, a plan (pyelftools for the snapshot) and a void prestart
+    doc = json.loads(subprocess.run([str(script), "hookd"], capture_output=True, text=True, check=True).stdout)
+    assert doc["hook"]["args"][1:3] == ["-I", "-S"]
+    host = make_host(tmp_path)
+    env = {"PATH": "/usr/bin:/bin", "PYXIS_HOOK_CONFIG": str(host.conf)}
+    from fixtures.container import make_bundle
+
+    bundle = tmp_path / "b"
+    make_bundle(bundle, env=("NVIDIA_VISIBLE_DEVICES=0",))
+    r = subprocess.run([str(script), "plan", "--bundle", str(bundle), "--json"], capture_output=True, text=True,
+                       env=env)
+    assert r.returncode == 0, r.stderr
+    assert "/dev/nvidia0" in [d["path"] for d in json.loads(r.stdout)["plan"]["devices"]]
+    make_bundle(bundle, env=())
+    r = subprocess.run([str(script), "prestart"], input=state_json(bundle, id="y"), capture_output=True, text=True,
+                       env=env)
+    assert r.returncode == 0 and r.stderr == ""
+    # and a doctor run through it says so
+    r = subprocess.run([str(script), "doctor", "--json"], capture_output=True, text=True,
+                       env={**env, "PATH": f"{venv}/bin:/usr/bin:/bin"})
+    codes = {f["code"]: f for f in json.loads(r.stdout)["findings"]}
+    assert codes["command"]["severity"] == "ok", codes.get("command-site-scan")

@@ -212,6 +212,40 @@ def test_runtimes(tmp_path):
     assert [f.what for f in doctor.check_runtimes(Config(), env)] == [f"{fake}: crun version 9.9"]
 
 
+def test_command_form(tmp_path):
+    """The `pyxis-hook` command on the search path: pip's form until its first run, then -IS; or why not."""
+    import sys
+
+    from pyxis_hook.engines import command
+
+    env = denv(tmp_path)
+    bindir = tmp_path / "bin"
+    os.chmod(bindir, 0o755)
+    assert doctor.check_command(Config(), env) == []  # no command there: nothing to say
+    script = bindir / "pyxis-hook"
+    script.write_text(f"#!{os.path.abspath(sys.executable)}\n{command.SHIPPED_BODY}")
+    script.chmod(0o755)
+    f = only(doctor.check_command(Config(), env), "command-pending")
+    assert f.severity == "info" and f.what.startswith(str(script))
+    assert command.upgrade(str(script))
+    f = only(doctor.check_command(Config(), env), "command")
+    assert f.severity == "ok" and "-IS" in f.what
+    script.write_text(f"#!{os.path.abspath(sys.executable)}\n{command.SHIPPED_BODY}")
+    os.chmod(bindir, 0o777)  # others may write there: it stays pip's form, and doctor says why
+    f = only(doctor.check_command(Config(), env), "command-site-scan")
+    assert f"{bindir}: not the caller's or root's, or writable by group or others" in f.what
+    assert "hookd --install" in f.fix
+    os.chmod(bindir, 0o755)
+    # the command running doctor, found off the search path too, once per file
+    other = tmp_path / "venv"
+    other.mkdir(mode=0o755)
+    (other / "pyxis-hook").write_text(command.fast_text(os.path.abspath(sys.executable)))
+    both = doctor.check_command(Config(), replace(env, command=str(other / "pyxis-hook")))
+    assert [(f.code, f.what.split(":")[0]) for f in both] == [("command", str(other / "pyxis-hook")),
+                                                              ("command-pending", str(script))]
+    assert len(doctor.check_command(Config(), replace(env, command=str(script)))) == 1
+
+
 def _self_cgroup(cfg: Config, text: str, mountinfo: str = "") -> None:
     d = Path(cfg.proc_root) / "self"
     d.mkdir(exist_ok=True)

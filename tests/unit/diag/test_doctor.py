@@ -23,7 +23,7 @@ from fixtures.fakedriver import make_fake_driver
 from fixtures.hosttree import make_host_tree
 from fixtures.synth import build_exe
 from pyxis_hook import cli
-from pyxis_hook.diag import doctor
+from pyxis_hook.diag import doctor, installcheck
 from pyxis_hook.spec.config import Config, load_schema
 from pyxis_hook.diag.findings import Finding
 from pyxis_hook.engines.hookd import hook_document
@@ -185,20 +185,20 @@ def test_config_file(tmp_path):
 def test_hooks_d(tmp_path):
     env = denv(tmp_path, python="/usr/bin/python3")
     hooks = Path(env.hooks_dirs[0])
-    f = only(doctor.check_hooks_d(Config(), env), "hook-not-installed")
+    f = only(installcheck.check_hooks_d(Config(), env), "hook-not-installed")
     assert f.fix == f"pyxis-hook hookd --install {hooks}"
     (hooks / "pyxis-hook.json").write_text(json.dumps(hook_document(python="/usr/bin/python3")))
-    assert only(doctor.check_hooks_d(Config(), env), "hook-installed").severity == "ok"
+    assert only(installcheck.check_hooks_d(Config(), env), "hook-installed").severity == "ok"
     other = denv(tmp_path, python=shutil.which("python3") if os.path.realpath(shutil.which("python3")) !=
                  os.path.realpath("/usr/bin/python3") else "/bin/sh")
-    f = only(doctor.check_hooks_d(Config(), other), "hook-other-install")
+    f = only(installcheck.check_hooks_d(Config(), other), "hook-other-install")
     assert f.what.startswith(f"{hooks}/pyxis-hook.json runs /usr/bin/python3")
     conf = tmp_path / "pyxis.conf"
     conf.write_text("")
-    f = only(doctor.check_hooks_d(replace(Config(), source=str(conf)), env), "hook-other-config")
+    f = only(installcheck.check_hooks_d(replace(Config(), source=str(conf)), env), "hook-other-config")
     assert str(conf) in f.what
     (hooks / "pyxis-hook.json").write_text(json.dumps(hook_document(python=str(tmp_path / "gone/python"))))
-    f = only(doctor.check_hooks_d(Config(), env), "hook-path-missing")
+    f = only(installcheck.check_hooks_d(Config(), env), "hook-path-missing")
     assert f.severity == "error" and f"{tmp_path}/gone/python" in f.what
 
 
@@ -221,18 +221,18 @@ def test_command_form(tmp_path):
     env = denv(tmp_path)
     bindir = tmp_path / "bin"
     os.chmod(bindir, 0o755)
-    assert doctor.check_command(Config(), env) == []  # no command there: nothing to say
+    assert installcheck.check_command(Config(), env) == []  # no command there: nothing to say
     script = bindir / "pyxis-hook"
     script.write_text(f"#!{os.path.abspath(sys.executable)}\n{command.SHIPPED_BODY}")
     script.chmod(0o755)
-    f = only(doctor.check_command(Config(), env), "command-pending")
+    f = only(installcheck.check_command(Config(), env), "command-pending")
     assert f.severity == "info" and f.what.startswith(str(script))
     assert command.upgrade(str(script))
-    f = only(doctor.check_command(Config(), env), "command")
+    f = only(installcheck.check_command(Config(), env), "command")
     assert f.severity == "ok" and "-IS" in f.what
     script.write_text(f"#!{os.path.abspath(sys.executable)}\n{command.SHIPPED_BODY}")
     os.chmod(bindir, 0o777)  # others may write there: it stays pip's form, and doctor says why
-    f = only(doctor.check_command(Config(), env), "command-site-scan")
+    f = only(installcheck.check_command(Config(), env), "command-site-scan")
     assert f"{bindir}: not the caller's or root's, or writable by group or others" in f.what
     assert "hookd --install" in f.fix
     os.chmod(bindir, 0o755)
@@ -240,10 +240,10 @@ def test_command_form(tmp_path):
     other = tmp_path / "venv"
     other.mkdir(mode=0o755)
     (other / "pyxis-hook").write_text(command.fast_text(os.path.abspath(sys.executable)))
-    both = doctor.check_command(Config(), replace(env, command=str(other / "pyxis-hook")))
+    both = installcheck.check_command(Config(), replace(env, command=str(other / "pyxis-hook")))
     assert [(f.code, f.what.split(":")[0]) for f in both] == [("command", str(other / "pyxis-hook")),
                                                               ("command-pending", str(script))]
-    assert len(doctor.check_command(Config(), replace(env, command=str(script)))) == 1
+    assert len(installcheck.check_command(Config(), replace(env, command=str(script)))) == 1
 
 
 def _self_cgroup(cfg: Config, text: str, mountinfo: str = "") -> None:
@@ -400,11 +400,11 @@ def test_foreign_hooks_d_file_with_odd_args(tmp_path):
     hooks = Path(env.hooks_dirs[0])
     (hooks / "other.json").write_text(json.dumps({"version": "1.0.0", "hook": {"path": "/bin/true", "args": 1,
                                                                                 "env": "x"}}))
-    assert only(doctor.check_hooks_d(Config(), env), "hook-not-installed").severity == "warning"
+    assert only(installcheck.check_hooks_d(Config(), env), "hook-not-installed").severity == "warning"
     doc = hook_document(python="/usr/bin/python3")
     doc["hook"]["env"] = 7
     (hooks / "pyxis-hook.json").write_text(json.dumps(doc))
-    assert only(doctor.check_hooks_d(Config(), env), "hook-installed").severity == "ok"
+    assert only(installcheck.check_hooks_d(Config(), env), "hook-installed").severity == "ok"
 
 
 def test_relative_config_matches_the_absolute_one_in_hooks_d(tmp_path, monkeypatch):
@@ -418,9 +418,9 @@ def test_relative_config_matches_the_absolute_one_in_hooks_d(tmp_path, monkeypat
     doc = hook_document(env=hook_env(cfg), python="/usr/bin/python3")
     assert f"PYXIS_HOOK_CONFIG={tmp_path}/pyxis.conf" in doc["hook"]["env"]
     (Path(env.hooks_dirs[0]) / "pyxis-hook.json").write_text(json.dumps(doc))
-    assert only(doctor.check_hooks_d(cfg, env), "hook-installed").severity == "ok"
+    assert only(installcheck.check_hooks_d(cfg, env), "hook-installed").severity == "ok"
     elsewhere = replace(Config(), source=str(tmp_path / "other.conf"))
-    assert only(doctor.check_hooks_d(elsewhere, env), "hook-other-config").fix.startswith(
+    assert only(installcheck.check_hooks_d(elsewhere, env), "hook-other-config").fix.startswith(
         f"pyxis-hook --config {tmp_path}/other.conf hookd --install ")
 
 
@@ -459,7 +459,7 @@ def test_start_image_findings(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "dont_write_bytecode", False)  # as the hook runs (-I: PYTHONDONTWRITEBYTECODE ignored)
 
     from pyxis_hook import startimage
-    from pyxis_hook.diag.doctor import check_start_image
+    from pyxis_hook.diag.installcheck import check_start_image
 
     (tmp_path / "cache").mkdir(mode=0o755)
     os.chmod(tmp_path / "cache", 0o755)
@@ -491,11 +491,14 @@ def test_start_image_findings(tmp_path, monkeypatch):
 def test_each_kind_of_start_image_that_exists_is_checked(tmp_path, monkeypatch):
     """A Pyxis-only node has an enroot image and no prestart one: that is reported, not a pending prestart one."""
     from pyxis_hook import startimage
-    from pyxis_hook.diag import doctor
+    from pyxis_hook.diag import installcheck
 
-    monkeypatch.setattr(startimage, "image_path", lambda entry="prestart": str(tmp_path / f"{entry}.bin"))
-    monkeypatch.setattr(doctor, "check_start_image", lambda path="": [path])
-    assert doctor.check_start_images() == [str(tmp_path / "prestart.bin")]  # none yet: the runtime's
+    monkeypatch.setattr(startimage, "image_path",
+                        lambda entry="prestart", tier="": str(tmp_path / f"{entry}{'-' + tier if tier else ''}.bin"))
+    monkeypatch.setattr(installcheck, "check_start_image", lambda path="": [path])
+    assert installcheck.check_start_images() == [str(tmp_path / "prestart.bin")]  # none yet: the runtime's
     (tmp_path / "enroot.bin").write_bytes(b"")
     (tmp_path / "cdi-hook.bin").write_bytes(b"")
-    assert doctor.check_start_images() == [str(tmp_path / "enroot.bin"), str(tmp_path / "cdi-hook.bin")]
+    assert installcheck.check_start_images() == [str(tmp_path / "enroot.bin"), str(tmp_path / "cdi-hook.bin")]
+    (tmp_path / "enroot-plan.bin").write_bytes(b"")  # a planner tier, once a start had to plan
+    assert installcheck.check_start_images()[-1] == str(tmp_path / "enroot-plan.bin")

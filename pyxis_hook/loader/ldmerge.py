@@ -50,6 +50,7 @@ from __future__ import annotations
 import errno
 import posix
 import struct
+import sys
 
 from pyxis_hook import pathnames
 from pyxis_hook.loader import ldcache as L
@@ -252,6 +253,36 @@ def merge_cache(data: bytes, scan_dirs: Sequence[str], libs: Iterable[InjectedLi
 
 
 _ENTRY = struct.Struct("<iIIIQ")
+#: a new-format entry as six little-endian words: flags, key, value, osversion, hwcap (two words)
+_ROW = struct.Struct("<6I")
+
+
+def _string_offsets(table: bytes) -> list[int]:
+    """Every entry's key and value offset (words 1 and 2 of each six-word row of `table`).
+
+    A strided view of the words when this machine is little-endian, as the
+    cache is (checked before): no Python int is made for the other four
+    words of each row, which in a 5,000-library image is most of the table.
+    """
+    if sys.byteorder == "little":
+        words = memoryview(table).cast("I")
+        return words[1::6].tolist() + words[2::6].tolist()
+    rows = struct.unpack(f"<{len(table) // 4}I", table)
+    return list(rows[1::6] + rows[2::6])
+
+
+def _shifted(table: bytes, delta: int) -> bytes:
+    """`table` with `delta` added to every row's key and value offset, as one big-integer addition.
+
+    The rows are little-endian words; adding `delta` to words 1 and 2 of every
+    row is adding the integer whose bytes repeat (0, delta, delta, 0, 0, 0).
+    No word overflows (`_check_strings` put every offset inside the file,
+    far below 2**32 - delta), so no carry crosses into its neighbour.  It
+    replaces unpacking, adding to and packing again ~6 ints per entry.
+    """
+    step = _ROW.pack(0, delta, delta, 0, 0, 0) * (len(table) // L.NEW_ENTRY_SIZE)
+    total = int.from_bytes(table, "little") + int.from_bytes(step, "little")
+    return total.to_bytes(len(table), "little")
 
 
 def _merge_new(data: bytes, scan_dirs, libs, name: str) -> MergeResult:
@@ -328,17 +359,16 @@ def _merge_new(data: bytes, scan_dirs, libs, name: str) -> MergeResult:
             new_strings.extend(pathnames.fsencode(s) + b"\0")
         return off
 
-    rows = list(struct.unpack_from(f"<{6 * n}I", data, L.NEW_HEADER_SIZE)) if n else []
-    _check_strings(data, rows[1::6] + rows[2::6] + list(hwcaps or ()), table_end, tail_start, name)
-    rows[1::6] = [v + delta for v in rows[1::6]]
-    rows[2::6] = [v + delta for v in rows[2::6]]
-    out_rows: list[int] = []
+    table = data[L.NEW_HEADER_SIZE:table_end]
+    _check_strings(data, _string_offsets(table) + list(hwcaps or ()), table_end, tail_start, name)
+    table = _shifted(table, delta)
+    out_table: list[bytes] = []
     prev = 0
     for pos, _rank, e in inserts:
-        out_rows += rows[6 * prev:6 * pos]
-        out_rows += [e.flags & 0xFFFFFFFF, intern(e.key), intern(e.value), 0, 0, 0]
+        out_table.append(table[L.NEW_ENTRY_SIZE * prev:L.NEW_ENTRY_SIZE * pos])
+        out_table.append(_ROW.pack(e.flags & 0xFFFFFFFF, intern(e.key), intern(e.value), 0, 0, 0))
         prev = pos
-    out_rows += rows[6 * prev:]
+    out_table.append(table[L.NEW_ENTRY_SIZE * prev:])
     strings_end = new_table_end + len(blob) + len(new_strings)
     new_ext = 0
     tail: bytes | bytearray = b""
@@ -354,7 +384,7 @@ def _merge_new(data: bytes, scan_dirs, libs, name: str) -> MergeResult:
     header = bytearray(data[:L.NEW_HEADER_SIZE])
     struct.pack_into("<II", header, 20, n + k, strings_end - new_table_end)
     struct.pack_into("<I", header, 32, new_ext)
-    out = b"".join((bytes(header), struct.pack(f"<{len(out_rows)}I", *out_rows), blob, bytes(new_strings),
+    out = b"".join((bytes(header), *out_table, blob, bytes(new_strings),
                     b"\0" * ((new_ext - strings_end) if ext_off else 0), bytes(tail)))
     return MergeResult(out, tuple(e for _, _, e in inserts), tuple(present), "new")
 
@@ -366,7 +396,8 @@ def _check_strings(data: bytes, offsets: list[int], start: int, end: int, name: 
     same amount when entries are inserted.  One search from the largest
     offset proves every string ends before `end`.
     """
-    if offsets and (min(offsets) < start or max(offsets) >= end or data.find(b"\0", max(offsets), end) < 0):
+    last = max(offsets, default=0)
+    if offsets and (min(offsets) < start or last >= end or data.find(b"\0", last, end) < 0):
         raise CannotMerge(f"{name}: a string lies outside the string table (ldconfig puts none there)")
 
 

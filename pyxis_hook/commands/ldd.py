@@ -35,7 +35,8 @@ def _one(args, path: str) -> tuple[dict, str]:
     """
     from pyxis_hook.loader.elf import read_elf
     from pyxis_hook.errors import ElfError
-    from pyxis_hook.loader.resolve import DEFAULT_RTLD, LoadFailed, format_ldd, loader_env_for_root, resolve_tree
+    from pyxis_hook.loader.loaderenv import DEFAULT_RTLD, loader_env_for_root
+    from pyxis_hook.loader.resolve import LoadFailed, format_ldd, resolve_tree
     from pyxis_hook.rootfs import resolve_in_root
 
     import os

@@ -7,7 +7,7 @@ whose directory resolves (inside the rootfs) to the injection directory and
 whose name is the injected file or one of its links is the host driver's
 file.  The cache is the image's as the hook leaves it (`cache_after_injection`,
 the same merge rule).  The search itself is the hook's one model of ld.so's
-order (`resolve.search_order`), walked here with the container's
+order (`searchpath.search_order`), walked here with the container's
 LD_LIBRARY_PATH, its loader's compiled-in dirs and hwcaps subdirs
 (`search_setup`); every other candidate goes through glibc's `open_verify`
 rules (`resolve.verify_candidate`).  What a resolution means for the user
@@ -180,15 +180,15 @@ def loader_of(elfclass: int, machine: str | None = None) -> tuple[int, str | Non
     """(ELF e_machine, PT_INTERP, the kernel's AT_PLATFORM) of the container's loader for a class on this machine.
 
     From `machines.MACHINES` (which e_machine the driver's libraries of each
-    class have here; x86-64's for a machine without a row) and resolve's
+    class have here; x86-64's for a machine without a row) and loaderenv's
     per-(class, machine) loader tables; None where glibc has no such loader
     (32-bit on ppc64le).
     """
-    from pyxis_hook.loader import machines, resolve
+    from pyxis_hook.loader import loaderenv, machines
 
     row = machines.machine(machine or os.uname().machine) or machines.MACHINES["x86_64"]
     em = (row.em if elfclass == 64 else row.em32) or 0
-    return em, resolve.DEFAULT_RTLD.get((elfclass, em)), resolve.DEFAULT_PLATFORM.get(em)
+    return em, loaderenv.DEFAULT_RTLD.get((elfclass, em)), loaderenv.DEFAULT_PLATFORM.get(em)
 
 
 def _fallback_dirs(elfclass: int, machine: str | None = None) -> tuple[str, ...]:
@@ -199,15 +199,15 @@ def _fallback_dirs(elfclass: int, machine: str | None = None) -> tuple[str, ...]
 
 
 def search_setup(rootfs: str, elfclass: int, ld_library_path: str, cache) -> SearchSetup:
-    """The loader of `rootfs` for one class: its compiled-in dirs and hwcaps subdirs (loader/resolve.py)."""
-    from pyxis_hook.loader import resolve
+    """The loader of `rootfs` for one class: its compiled-in dirs and hwcaps subdirs (loader/loaderenv.py)."""
+    from pyxis_hook.loader import loaderenv, searchpath
 
     machine, interp, platform = loader_of(elfclass)
     try:
         if interp is None:
             raise PathError(f"no {elfclass}-bit loader for ELF machine {machine}")
-        env = resolve.loader_env_for_root(rootfs, elfclass=elfclass, machine=machine, interp=interp,
-                                          inhibit_cache=True, cwd="/")
+        env = loaderenv.loader_env_for_root(rootfs, elfclass=elfclass, machine=machine, interp=interp,
+                                            inhibit_cache=True, cwd="/")
         dirs, hwcaps, legacy, platform = env.system_dirs, env.hwcaps, env.legacy_subdirs, env.platform
         legacy_ok = env.legacy_cache_ok
     except (PathError, OSError):
@@ -215,23 +215,23 @@ def search_setup(rootfs: str, elfclass: int, ld_library_path: str, cache) -> Sea
         hwcaps, legacy, legacy_ok = (), (), None
     subdirs = tuple(f"glibc-hwcaps/{h}" for h in hwcaps) + tuple(legacy) + ("",)
     # $LIB/$PLATFORM expand as in ld.so; $ORIGIN (the main program's dir) is unknown here: dropped
-    dst = resolve.LoaderEnv(lib_token=dirs[0].lstrip("/") if dirs else "lib", platform=platform)
-    llp = resolve.fillin(resolve.split_search_path(ld_library_path), None, dst) if ld_library_path else ()
+    dst = loaderenv.LoaderEnv(lib_token=dirs[0].lstrip("/") if dirs else "lib", platform=platform)
+    llp = searchpath.fillin(searchpath.split_search_path(ld_library_path), None, dst) if ld_library_path else ()
     return SearchSetup(elfclass, machine, llp, cache, tuple(dirs), subdirs, tuple(hwcaps), legacy_ok)
 
 
 def _candidates(setup: SearchSetup, name: str):
-    """resolve's search order (`resolve.search_order`) for a name a program without RPATH/RUNPATH dlopens."""
-    from pyxis_hook.loader import cachelookup, ldcache, resolve
+    """The search order (`searchpath.search_order`) for a name a program without RPATH/RUNPATH dlopens."""
+    from pyxis_hook.loader import cachelookup, ldcache, searchpath
 
     def cached() -> str | None:
         hit = cachelookup.lookup(setup.cache, name, ldcache.accepted_flags(setup.elfclass), hwcaps=setup.hwcaps,
                              legacy_ok=setup.legacy_cache_ok)
         return hit[0].value if hit else None
 
-    return resolve.search_order(name, ld_library_path=setup.ld_library_path,
-                                cached=cached if setup.cache is not None else None,
-                                system_dirs=setup.system_dirs, subdirs=setup.subdirs)
+    return searchpath.search_order(name, ld_library_path=setup.ld_library_path,
+                                   cached=cached if setup.cache is not None else None,
+                                   system_dirs=setup.system_dirs, subdirs=setup.subdirs)
 
 
 def _skip_reason(rootfs: str, path: str, elfclass: int, machine: int) -> str:

@@ -48,10 +48,10 @@ def sh(cmd, **kw):
 
 def copy_with_deps(exe: str, rootfs: str) -> None:
     """Copy `exe` and the libraries glibc's loader would load for it (resolved by our own resolver)."""
-    from pyxis_hook.loader import resolve
+    from pyxis_hook.loader import loaderenv, resolve
 
     real = os.path.realpath(exe)
-    env = resolve.loader_env_for_root("/")
+    env = loaderenv.loader_env_for_root("/")
     files = {real}
     for dep in resolve.resolve_tree(env, real):
         if dep.path:

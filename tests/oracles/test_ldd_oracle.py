@@ -30,7 +30,7 @@ from fixtures.glibcroot import make_glibc_root
 from fixtures.synth import build_exe, build_lib
 from pyxis_hook.commands import ldd
 from pyxis_hook.loader.elf import DF_1_NODEFLIB
-from pyxis_hook.loader.resolve import detect_hwcaps, loader_env_for_root
+from pyxis_hook.loader.loaderenv import detect_hwcaps, loader_env_for_root
 
 LDSO = "/lib64/ld-linux-x86-64.so.2"
 ADDR = re.compile(r" \(0x[0-9a-f]+\)$")

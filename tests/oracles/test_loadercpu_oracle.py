@@ -21,7 +21,7 @@ import pytest
 from fixtures.synth import build_exe
 from pyxis_hook.loader import cpu as loadercpu
 from pyxis_hook.record import replace
-from pyxis_hook.loader.resolve import EM_386, EM_X86_64, loader_env_for_root
+from pyxis_hook.loader.loaderenv import EM_386, EM_X86_64, loader_env_for_root
 
 LDSO64, LDSO32 = "/lib64/ld-linux-x86-64.so.2", "/lib/ld-linux.so.2"
 NOWHERE = "/nonexistent-pyxis-dir"

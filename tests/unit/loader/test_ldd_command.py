@@ -5,7 +5,8 @@ from __future__ import annotations
 from fixtures.synth import build_exe, build_lib
 from pyxis_hook import cli
 from pyxis_hook.commands import ldd as ldd_cmd
-from pyxis_hook.loader.resolve import format_ldd, loader_env_for_root, resolve_tree
+from pyxis_hook.loader.loaderenv import loader_env_for_root
+from pyxis_hook.loader.resolve import format_ldd, resolve_tree
 
 
 def test_command_text_is_format_ldd(tmp_path, capsys):

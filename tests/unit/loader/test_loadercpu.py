@@ -21,7 +21,8 @@ from fixtures.glibcroot import make_glibc_root
 from fixtures.synth import build_exe, build_lib
 from pyxis_hook.loader import cpu as loadercpu
 from pyxis_hook.loader.cpu import Cpu, i386_loader, legacy_cache_ok, legacy_subdirs, parse_cpuinfo, x86_64_loader
-from pyxis_hook.loader.resolve import EM_386, EM_X86_64, format_ldd, loader_env_for_root, resolve_tree
+from pyxis_hook.loader.loaderenv import EM_386, EM_X86_64, loader_env_for_root
+from pyxis_hook.loader.resolve import format_ldd, resolve_tree
 
 BASE = "fpu cx8 cmov mmx fxsr sse sse2 lm"
 V2 = BASE + " pni ssse3 cx16 sse4_1 sse4_2 popcnt lahf_lm"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pyxis_hook.loader import ldcache, machines, resolve
+from pyxis_hook.loader import ldcache, loaderenv, machines
 
 
 def test_what_ldconfig_writes_is_what_the_loader_of_that_class_accepts():
@@ -15,8 +15,8 @@ def test_what_ldconfig_writes_is_what_the_loader_of_that_class_accepts():
 def test_loader_paths_agree_with_the_resolver():
     for m in machines.MACHINES.values():
         for cls, em, loader in ((64, m.em, m.loader), (32, m.em32, m.loader32)):
-            if (cls, em) in resolve.DEFAULT_RTLD:
-                assert resolve.DEFAULT_RTLD[(cls, em)] == loader, m.name
+            if (cls, em) in loaderenv.DEFAULT_RTLD:
+                assert loaderenv.DEFAULT_RTLD[(cls, em)] == loader, m.name
 
 
 def test_dirs_and_triplets():

@@ -1,4 +1,4 @@
-"""pyxis_hook.loader.resolve and the `ldd` command: glibc's search rules inside a root.
+"""pyxis_hook.loader.resolve (with searchpath and loaderenv) and the `ldd` command: glibc's search rules inside a root.
 
 The comparisons with glibc's own loader are in tests/oracles/test_ldd_oracle.py;
 these tests pin the pieces (DSTs, path lists, per-root defaults, root confinement,
@@ -22,22 +22,19 @@ from fixtures.glibcroot import make_glibc_root
 from fixtures.synth import build_exe, build_lib
 from pyxis_hook import cli
 from pyxis_hook.spec.config import load_schema
-from pyxis_hook.loader.resolve import (
+from pyxis_hook.loader.loaderenv import (
     CACHE_LOADER,
     EM_386,
     EM_AARCH64,
     EM_X86_64,
     LoaderEnv,
     cache_lookup_for,
-    fillin,
     detect_hwcaps,
-    expand_dst,
-    format_ldd,
     inspect_ldso,
     loader_env_for_root,
-    resolve_tree,
-    split_search_path,
 )
+from pyxis_hook.loader.resolve import format_ldd, resolve_tree
+from pyxis_hook.loader.searchpath import expand_dst, fillin, split_search_path
 
 LDSO = "/lib64/ld-linux-x86-64.so.2"
 
@@ -304,7 +301,7 @@ def test_cli_json_matches_schema(root, capsys, tmp_path):
 def test_search_order_is_glibcs_one_model():
     """RPATH (only without RUNPATH), LD_LIBRARY_PATH, RUNPATH, the cache's first hit, the system dirs;
     DF_1_NODEFLIB drops the system dirs and a cache hit inside them (elf/dl-load.c `_dl_map_object`)."""
-    from pyxis_hook.loader.resolve import search_order
+    from pyxis_hook.loader.searchpath import search_order
 
     asked = []
 
@@ -334,7 +331,7 @@ def test_ldcheck_walks_resolves_order(tmp_path):
 
     setup = ldmodel.search_setup(str(tmp_path), 64, "/opt/a/:$ORIGIN/x:/opt/a:", None)
     assert setup.ld_library_path == ("/opt/a", ".")
-    from pyxis_hook.loader.resolve import search_order
+    from pyxis_hook.loader.searchpath import search_order
 
     assert list(ldmodel._candidates(setup, "libx.so.1")) == list(search_order(
         "libx.so.1", ld_library_path=("/opt/a", "."), system_dirs=setup.system_dirs, subdirs=setup.subdirs))

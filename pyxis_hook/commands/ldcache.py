@@ -27,7 +27,7 @@ def add_arguments(parser) -> None:
 
 def to_json(cache, shown_path: str) -> dict:
     """The JSON document `--json` prints (schema: schemas/ldcache.schema.json)."""
-    from pyxis_hook.loader.ldcache import describe_flags
+    from pyxis_hook.loader.cacheprint import describe_flags
 
     return {
         "cache": shown_path,
@@ -58,7 +58,8 @@ def _glibc_version(text: str) -> tuple[int, int]:
 
 
 def run(args, config) -> int:
-    from pyxis_hook.loader.ldcache import format_ldconfig_p, read_cache
+    from pyxis_hook.loader.cacheprint import format_ldconfig_p
+    from pyxis_hook.loader.ldcache import read_cache
     from pyxis_hook.rootfs import resolve_in_root
 
     glibc = _glibc_version(args.glibc)

@@ -18,7 +18,7 @@ from pyxis_hook import asks
 from pyxis_hook.spec import config, oci, require
 from pyxis_hook.host import cgroup, gpus
 from pyxis_hook.engines import cdihook, enroot
-from pyxis_hook.loader import cachelookup, elf, elfhead, ldcache
+from pyxis_hook.loader import cachelookup, cacheprint, elf, elfhead, ldcache
 from pyxis_hook.errors import PyxisHookError
 
 
@@ -69,7 +69,7 @@ def _elf_seed() -> bytes:
 
 def _cache(data: bytes) -> None:
     c = ldcache.parse_cache(data, "fuzz")
-    ldcache.format_ldconfig_p(c, "fuzz")
+    cacheprint.format_ldconfig_p(c, "fuzz")
     cachelookup.lookup(c, "libz.so.1")
 
 

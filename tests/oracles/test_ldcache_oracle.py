@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from fixtures.synth import build_exe, build_lib, m32_toolchain
 from pyxis_hook.loader import ldcache as L
 from pyxis_hook.loader import cachelookup as LK
+from pyxis_hook.loader import cacheprint as LP
 from pyxis_hook.loader.ldconf import existing_dirs, read_ld_so_conf
 
 LDCONFIG = shutil.which("ldconfig") or "/sbin/ldconfig"
@@ -43,7 +44,7 @@ def ldconfig_p(cache_file: str) -> bytes:
 
 
 def ours_p(cache_file: str, shown: str | None = None) -> bytes:
-    return os.fsencode(L.format_ldconfig_p(L.read_cache(cache_file), shown or cache_file))
+    return os.fsencode(LP.format_ldconfig_p(L.read_cache(cache_file), shown or cache_file))
 
 
 def build_root(root: Path, *, many: int = 0, m32: bool = True, hwcaps: bool = True) -> Path:
@@ -158,7 +159,7 @@ def test_header_flags_byte_accepted_exactly_as_ldconfig_accepts_it(tmp_path, fmt
         cache_file.write_bytes(data)
         glibc = subprocess.run([LDCONFIG, "-p", "-C", str(cache_file)], capture_output=True)
         try:
-            ours = os.fsencode(L.format_ldconfig_p(L.read_cache(str(cache_file)), str(cache_file)))
+            ours = os.fsencode(LP.format_ldconfig_p(L.read_cache(str(cache_file)), str(cache_file)))
         except L.LdCacheError:
             ours = None
         assert (glibc.returncode == 0) == (ours is not None), flags
@@ -179,7 +180,7 @@ def test_merge_then_ldconfig_reads_it(tmp_path):
     assert "\tlibcuda.so.1 (libc6,x86-64) => /usr/local/nvidia/lib64/libcuda.so.1\n" in text
     assert f"{MULTIARCH}/libcuda.so.1\n" not in text
     assert text.startswith(f"{len(c.entries) + 1} libs found")
-    assert os.fsencode(L.format_ldconfig_p(L.read_cache(str(merged)), str(merged))) == ldconfig_p(str(merged))
+    assert os.fsencode(LP.format_ldconfig_p(L.read_cache(str(merged)), str(merged))) == ldconfig_p(str(merged))
 
 
 lib_names = st.from_regex(r"lib[a-zA-Z0-9_+-]{0,6}(\.[0-9]{1,3}|[0-9]{0,2})?\.so(\.[0-9]{1,4}){0,3}", fullmatch=True)

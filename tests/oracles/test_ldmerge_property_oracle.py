@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from pyxis_hook.loader import ldcache as L
+from pyxis_hook.loader import cacheprint as LP
 from pyxis_hook.loader import ldmerge
 
 LDCONFIG = shutil.which("ldconfig") or "/sbin/ldconfig"
@@ -131,7 +132,7 @@ def test_every_merged_cache_reads_in_glibc_as_ours_plus_the_injected(data, libs)
     out, shown = ldconfig_p(result.data)
     assert out.returncode == 0, out.stderr.decode()
     after = L.parse_cache(result.data, "output")  # our reader of the output is glibc's, line for line:
-    assert out.stdout == os.fsencode(L.format_ldconfig_p(after, shown))
+    assert out.stdout == os.fsencode(LP.format_ldconfig_p(after, shown))
     assert after.generator == before.generator
     listed, added = norm(after.entries), norm(result.added)
     assert sorted(listed, key=repr) == sorted(norm(before.entries) + added, key=repr)

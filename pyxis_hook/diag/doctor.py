@@ -148,12 +148,12 @@ def check_host_ldcache(inv, config, machine: str | None = None) -> list[Finding]
     """The driver root's ld.so.cache must list libcuda.so.1/libnvidia-ml.so.1 of the driver version.
 
     Looked up with the flags this machine's 64-bit loader accepts
-    (`ldcache.LOADER_FLAGS`; 0x0A03 on aarch64), as the host's own ld.so would.
+    (`cachelookup.LOADER_FLAGS`; 0x0A03 on aarch64), as the host's own ld.so would.
     """
     from pyxis_hook.loader import cachelookup, ldcache
 
     machine = machine or os.uname().machine
-    flags = ldcache.LOADER_FLAGS.get(machine, ldcache.LOADER_FLAGS["generic"])
+    flags = cachelookup.LOADER_FLAGS.get(machine, cachelookup.LOADER_FLAGS["generic"])
     path = os.path.join(config.driver_root, "etc/ld.so.cache")
     try:
         cache = ldcache.read_cache(path)

@@ -222,10 +222,10 @@ def search_setup(rootfs: str, elfclass: int, ld_library_path: str, cache) -> Sea
 
 def _candidates(setup: SearchSetup, name: str):
     """The search order (`searchpath.search_order`) for a name a program without RPATH/RUNPATH dlopens."""
-    from pyxis_hook.loader import cachelookup, ldcache, searchpath
+    from pyxis_hook.loader import cachelookup, searchpath
 
     def cached() -> str | None:
-        hit = cachelookup.lookup(setup.cache, name, ldcache.accepted_flags(setup.elfclass), hwcaps=setup.hwcaps,
+        hit = cachelookup.lookup(setup.cache, name, cachelookup.accepted_flags(setup.elfclass), hwcaps=setup.hwcaps,
                              legacy_ok=setup.legacy_cache_ok)
         return hit[0].value if hit else None
 

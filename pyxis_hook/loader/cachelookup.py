@@ -1,14 +1,18 @@
 """ld.so's lookup in an ld.so.cache: which entry the loader takes for a name (glibc's elf/dl-cache.c).
 
-The file format (reading, writing, the entries' order) is `ldcache`; this is
-the loader's side of it: the binary search by `libcmp`, then the choice
-among the entries under one key by flags, glibc-hwcaps subdirectory
-priority, x86 ISA level and legacy hwcap word (`search_cache` in
-dl-cache.c).  Discovery, the loader model (`resolve`) and the explaining
-tools use it; a container start does not (it only merges and writes).
+The file format (reading, writing, the entries' order, the flags ldconfig
+writes) is `ldcache`; this is the loader's side of it: the flags each ld.so
+accepts (`LOADER_FLAGS`, `_dl_cache_check_flags`), the binary search by
+`libcmp`, then the choice among the entries under one key by flags,
+glibc-hwcaps subdirectory priority, x86 ISA level and legacy hwcap word
+(`search_cache` in dl-cache.c).  Discovery, the loader model (`loaderenv`)
+and the explaining tools use it; a container start does not (it only merges
+and writes).
 """
 
 from __future__ import annotations
+
+import posix
 
 from pyxis_hook.loader.ldcache import FLAG_ELF, FLAG_REQUIRED_MASK, FLAG_X8664_LIB64_LIBC6, libcmp
 
@@ -17,6 +21,43 @@ if TYPE_CHECKING:  # hints only
     from typing import Iterable
 
     from pyxis_hook.loader.ldcache import CacheEntry, LdCache
+
+
+#: `_dl_cache_check_flags` per loader: the entry flags each ld.so accepts.  The
+#: last element is that loader's `_DL_CACHE_DEFAULT_ID` (an entry with it ends
+#: the search at once).  i386 and other "generic" loaders accept 1 or 3.
+LOADER_FLAGS: dict[str, tuple[int, ...]] = {
+    "x86_64": (0x0303,),
+    "x32": (0x0803,),
+    "i386": (0x0001, 0x0003),
+    "aarch64": (0x0A03,),
+    "armhf": (0x0003, 0x0903),
+    "armel": (0x0003, 0x0B03),
+    "ppc64le": (0x0503,),
+    "ppc64": (0x0503,),
+    "s390x": (0x0403,),
+    "sparc64": (0x0103,),
+    "riscv64": (0x1003,),
+    "mips64": (0x0703,),
+    "generic": (0x0001, 0x0003),
+}
+
+
+def accepted_flags(elfclass: int, machine: str | None = None) -> tuple[int, ...]:
+    """The cache flags the ld.so of a class on `machine` accepts (`LOADER_FLAGS`, `_dl_cache_check_flags`).
+
+    x86-64: 0x0303 (64-bit), 0x0001/0x0003 (i386); aarch64: 0x0A03 (64-bit),
+    0x0003/0x0903 (armhf).  A machine without a loader of that class gets glibc's generic answer.
+    """
+    from pyxis_hook.loader.machines import machine as row_of
+
+    name = machine or posix.uname().machine
+    row = row_of(name)
+    if elfclass == 64:
+        key = row.cache_loader if row is not None else name
+    else:
+        key = row.cache_loader32 if row is not None else "generic"
+    return LOADER_FLAGS.get(key, LOADER_FLAGS["generic"])
 
 
 def hwcaps_priorities(supported: Iterable[str]) -> dict[str, int]:

@@ -72,43 +72,6 @@ FLAG_LARCH_FLOAT_ABI_DOUBLE = 0x1200
 #: The complete entry flags a 64-bit loader accepts (`_DL_CACHE_DEFAULT_ID`).
 FLAG_X8664_LIB64_LIBC6 = FLAG_X8664_LIB64 | FLAG_ELF_LIBC6  # 0x0303
 
-#: `_dl_cache_check_flags` per loader: the entry flags each ld.so accepts.  The
-#: last element is that loader's `_DL_CACHE_DEFAULT_ID` (an entry with it ends
-#: the search at once).  i386 and other "generic" loaders accept 1 or 3.
-LOADER_FLAGS: dict[str, tuple[int, ...]] = {
-    "x86_64": (0x0303,),
-    "x32": (0x0803,),
-    "i386": (0x0001, 0x0003),
-    "aarch64": (0x0A03,),
-    "armhf": (0x0003, 0x0903),
-    "armel": (0x0003, 0x0B03),
-    "ppc64le": (0x0503,),
-    "ppc64": (0x0503,),
-    "s390x": (0x0403,),
-    "sparc64": (0x0103,),
-    "riscv64": (0x1003,),
-    "mips64": (0x0703,),
-    "generic": (0x0001, 0x0003),
-}
-
-
-
-def accepted_flags(elfclass: int, machine: str | None = None) -> tuple[int, ...]:
-    """The cache flags the ld.so of a class on `machine` accepts (`LOADER_FLAGS`, `_dl_cache_check_flags`).
-
-    x86-64: 0x0303 (64-bit), 0x0001/0x0003 (i386); aarch64: 0x0A03 (64-bit),
-    0x0003/0x0903 (armhf).  A machine without a loader of that class gets glibc's generic answer.
-    """
-    from pyxis_hook.loader.machines import machine as row_of
-
-    name = machine or posix.uname().machine
-    row = row_of(name)
-    if elfclass == 64:
-        key = row.cache_loader if row is not None else name
-    else:
-        key = row.cache_loader32 if row is not None else "generic"
-    return LOADER_FLAGS.get(key, LOADER_FLAGS["generic"])
-
 
 def written_flags(elfclass: int | None, needed: Iterable[str] = (), machine: str | None = None) -> int:
     """The flags glibc 2.36's ldconfig writes for an ELF library (readelflib.c process_elf_file).
@@ -116,7 +79,7 @@ def written_flags(elfclass: int | None, needed: Iterable[str] = (), machine: str
     64-bit: always libc6 with the machine's ABI byte (0x0303 on x86-64).
     32-bit: libc6 (3) when it needs libc.so.6/libm.so.6, libc5 (2) for the .5
     ones, else plain ELF (1) — measured: a 32-bit library without DT_NEEDED
-    prints as "(ELF)".  The i386 loader accepts 1 and 3 (`accepted_flags`).
+    prints as "(ELF)".  The i386 loader accepts 1 and 3 (`cachelookup.accepted_flags`).
     """
     from pyxis_hook.loader.machines import abi_byte
 

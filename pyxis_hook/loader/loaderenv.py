@@ -32,7 +32,7 @@ EM_386, EM_X86_64, EM_AARCH64 = 3, 62, 183
 DEFAULT_RTLD = {(64, EM_X86_64): "/lib64/ld-linux-x86-64.so.2", (32, EM_386): "/lib/ld-linux.so.2",
                 (64, EM_AARCH64): "/lib/ld-linux-aarch64.so.1", (32, EM_X86_64): "/libx32/ld-linux-x32.so.2"}
 
-#: which loader's ld.so.cache flags (`ldcache.LOADER_FLAGS` key: the one table of them) an object of
+#: which loader's ld.so.cache flags (`cachelookup.LOADER_FLAGS` key: the one table of them) an object of
 #: (class, machine) is looked up with; a class/machine not here finds nothing in the cache
 CACHE_LOADER = {(64, EM_X86_64): "x86_64", (32, EM_386): "i386", (64, EM_AARCH64): "aarch64",
                 (32, EM_X86_64): "x32"}
@@ -133,9 +133,9 @@ def cache_lookup_for(cache, *, hwcaps: tuple[str, ...] = (), legacy_ok=None) -> 
     `hwcaps` and `legacy_ok` are `cachelookup.lookup`'s: the glibc-hwcaps subdirs and
     the legacy hwcap entries (glibc < 2.37) the loader takes.
     """
-    from pyxis_hook.loader import cachelookup, ldcache
+    from pyxis_hook.loader import cachelookup
 
-    flags_by_arch = {arch: ldcache.LOADER_FLAGS[name] for arch, name in CACHE_LOADER.items()}
+    flags_by_arch = {arch: cachelookup.LOADER_FLAGS[name] for arch, name in CACHE_LOADER.items()}
 
     def lookup(name: str, elfclass: int, machine: int) -> tuple[str, ...]:
         ok = flags_by_arch.get((elfclass, machine))

@@ -5,7 +5,7 @@ Discovery (which cache entries and ELF objects are the driver's), the merge
 loader an image runs) all ask the same row, so a machine is added in one place.
 Rows follow glibc 2.36: `sysdeps/unix/sysv/linux/*/ldconfig.h` (the loader
 paths), `elf/readelflib.c` (the ABI byte ldconfig writes), `sysdeps/*/dl-cache.h`
-(`_dl_cache_check_flags`, the flags a loader accepts: `ldcache.LOADER_FLAGS`).
+(`_dl_cache_check_flags`, the flags a loader accepts: `cachelookup.LOADER_FLAGS`).
 Imports nothing: it sits on the hook's path (plan.container).
 """
 
@@ -22,7 +22,7 @@ class Machine:
     library's cache flags (readelflib.c, `FLAG_*_LIB64`: 0x0300 on x86-64);
     `triplet`: Debian's multiarch dir name; `loader`: glibc's ld.so path
     (the RTLD of an object without PT_INTERP); `cache_loader`: that loader's
-    `ldcache.LOADER_FLAGS` key.  `merge32`: whether the merge models what
+    `cachelookup.LOADER_FLAGS` key.  `merge32`: whether the merge models what
     ldconfig writes for a 32-bit library here (i386: yes; armhf's flags
     depend on the float ABI in e_flags, which the merge does not read).
     """

@@ -335,7 +335,7 @@ def test_lookup_agrees_with_ld_so(tmp_path, fmt):
         hw = supported if mask is None else [h for h in supported if h in mask.split(":")]
         for soname in ("libfoo.so.1", "libbar.so.2", "libcuda.so.1", "libvendor.so.7"):
             expect = loader_choice(root, LD64, "/bin/app", soname, mask)
-            got = LK.search_cache(c, soname, L.LOADER_FLAGS["x86_64"], hwcaps=hw)
+            got = LK.search_cache(c, soname, LK.LOADER_FLAGS["x86_64"], hwcaps=hw)
             assert got is not None and expect is not None
             assert got.value == expect, (fmt, mask, soname)
     # the loader really used glibc-hwcaps in the new format and could not in compat (docs/loader.md)
@@ -355,5 +355,5 @@ def test_lookup_agrees_with_ld_so_i386(tmp_path):
     c = L.read_cache(make_cache(root))
     for soname in ("libfoo.so.1", "libcuda.so.1"):
         expect = loader_choice(root, LD32, "/bin/app32", soname, None)
-        got = LK.search_cache(c, soname, L.LOADER_FLAGS["i386"])
+        got = LK.search_cache(c, soname, LK.LOADER_FLAGS["i386"])
         assert got is not None and got.value == expect == f"/usr/lib32/{soname}"

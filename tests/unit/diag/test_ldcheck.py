@@ -27,7 +27,7 @@ from fixtures.hosttree import make_host_tree
 from fixtures.synth import build_lib
 from pyxis_hook import cli
 from pyxis_hook.diag import cudacheck, ldcheck, ldmodel
-from pyxis_hook.loader import ldcache
+from pyxis_hook.loader import cachelookup
 from pyxis_hook.spec.config import Config, load_schema
 from pyxis_hook.diag.findings import SEVERITIES, Finding, format_finding, worst
 from pyxis_hook.host.discovery import discover
@@ -583,8 +583,9 @@ def test_unknown_capability_is_the_hooks_error(host, image):
 
 
 def test_loader_and_cache_flags_follow_the_machine():
-    assert ldcache.accepted_flags(64, "x86_64") == (0x0303,) and ldcache.accepted_flags(32, "x86_64") == (1, 3)
-    assert ldcache.accepted_flags(64, "aarch64") == (0x0A03,) and ldcache.accepted_flags(32, "aarch64") == (3, 0x0903)
+    accepted = cachelookup.accepted_flags
+    assert accepted(64, "x86_64") == (0x0303,) and accepted(32, "x86_64") == (1, 3)
+    assert accepted(64, "aarch64") == (0x0A03,) and accepted(32, "aarch64") == (3, 0x0903)
     assert ldmodel.loader_of(64, "aarch64") == (183, "/lib/ld-linux-aarch64.so.1", "aarch64")
     assert ldmodel.loader_of(64, "x86_64") == (62, "/lib64/ld-linux-x86-64.so.2", "x86_64")
     assert ldmodel.loader_of(32, "x86_64") == (3, "/lib/ld-linux.so.2", "i686")
@@ -599,7 +600,7 @@ def test_injected_32_bit_entries_get_ldconfigs_flags():
             ldmodel.InjectedFile("libcuda.so.1", "/usr/lib/x86_64-linux-gnu/libcuda.so.1.0", (), "/z", 64, "compute"))
     flags = {e.key: e.flags for e in ldmodel.cache_after_injection(None, libs).entries}
     assert flags["libplain.so.1"] == 0x0001 and flags["libc6ish.so.1"] == 0x0003
-    assert flags["libcuda.so.1"] == ldcache.accepted_flags(64)[0]
+    assert flags["libcuda.so.1"] == cachelookup.accepted_flags(64)[0]
 
 
 def test_cudart_versions_parse_as_cudaversion_does(tmp_path):

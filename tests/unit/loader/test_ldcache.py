@@ -371,8 +371,8 @@ def test_sorted_cache_is_found_by_binary_search(keys):
 def test_lookup_per_loader_flags():
     c = cache_of()
     assert LK.search_cache(c, "libz.so.1").value == "/usr/lib/x86_64-linux-gnu/libz.so.1"
-    assert LK.search_cache(c, "libz.so.1", L.LOADER_FLAGS["i386"]).value == "/usr/lib32/libz.so.1"
-    assert LK.search_cache(c, "libz.so.1", L.LOADER_FLAGS["x32"]) is None
+    assert LK.search_cache(c, "libz.so.1", LK.LOADER_FLAGS["i386"]).value == "/usr/lib32/libz.so.1"
+    assert LK.search_cache(c, "libz.so.1", LK.LOADER_FLAGS["x32"]) is None
     assert LK.lookup(c, "libnope.so.1") == ()
     # i386 accepts flags 1 when nothing with 3 is there
     assert LK.search_cache(c, "libfoo.so.1", (1, 3)).value == "/usr/lib32/libfoo.so.1"
@@ -675,8 +675,8 @@ def test_what_ldconfig_writes_is_what_the_loader_accepts():
     from pyxis_hook.loader import machines
 
     for name in machines.MACHINES:
-        assert L.written_flags(64, (), name) in L.accepted_flags(64, name), name
-    assert L.written_flags(32, ("libc.so.6",), "x86_64") in L.accepted_flags(32, "x86_64")
-    assert L.written_flags(32, (), "x86_64") == L.FLAG_ELF in L.accepted_flags(32, "x86_64")
-    assert L.accepted_flags(32, "ppc64le") == L.accepted_flags(64, "mips") == L.LOADER_FLAGS["generic"]
-    assert L.accepted_flags(64, "s390x") == (0x0403,) and L.written_flags(64, (), "s390x") == 0x0403
+        assert L.written_flags(64, (), name) in LK.accepted_flags(64, name), name
+    assert L.written_flags(32, ("libc.so.6",), "x86_64") in LK.accepted_flags(32, "x86_64")
+    assert L.written_flags(32, (), "x86_64") == L.FLAG_ELF in LK.accepted_flags(32, "x86_64")
+    assert LK.accepted_flags(32, "ppc64le") == LK.accepted_flags(64, "mips") == LK.LOADER_FLAGS["generic"]
+    assert LK.accepted_flags(64, "s390x") == (0x0403,) and L.written_flags(64, (), "s390x") == 0x0403

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from pyxis_hook.loader import ldcache, loaderenv, machines
+from pyxis_hook.loader import cachelookup, ldcache, loaderenv, machines
 
 
 def test_what_ldconfig_writes_is_what_the_loader_of_that_class_accepts():
     for m in machines.MACHINES.values():
-        assert m.abi | ldcache.FLAG_ELF_LIBC6 in ldcache.LOADER_FLAGS[m.cache_loader], m.name
+        assert m.abi | ldcache.FLAG_ELF_LIBC6 in cachelookup.LOADER_FLAGS[m.cache_loader], m.name
         if m.abi32 is not None:
-            assert m.abi32 | ldcache.FLAG_ELF_LIBC6 in ldcache.LOADER_FLAGS[m.cache_loader32], m.name
+            assert m.abi32 | ldcache.FLAG_ELF_LIBC6 in cachelookup.LOADER_FLAGS[m.cache_loader32], m.name
 
 
 def test_loader_paths_agree_with_the_resolver():

@@ -135,12 +135,12 @@ def test_system_dirs_heuristic_when_ldso_unreadable(tmp_path, layout, expected):
 
 # ----------------------------------------------------------------- ld.so.cache flags per class and machine
 
-def test_cache_flags_come_from_ldcache():
-    """One table: every (class, machine) the resolver knows names a loader in `ldcache.LOADER_FLAGS`,
+def test_cache_flags_come_from_cachelookup():
+    """One table: every (class, machine) the resolver knows names a loader in `cachelookup.LOADER_FLAGS`,
     with the flags glibc's `_dl_cache_check_flags` accepts there (what loader/resolve.py used to keep itself)."""
-    from pyxis_hook.loader import ldcache
+    from pyxis_hook.loader import cachelookup
 
-    assert {arch: ldcache.LOADER_FLAGS[name] for arch, name in CACHE_LOADER.items()} == {
+    assert {arch: cachelookup.LOADER_FLAGS[name] for arch, name in CACHE_LOADER.items()} == {
         (64, EM_X86_64): (0x0303,), (32, EM_386): (0x0001, 0x0003), (64, EM_AARCH64): (0x0A03,),
         (32, EM_X86_64): (0x0803,)}
 

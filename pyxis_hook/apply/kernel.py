@@ -133,9 +133,16 @@ def _path(p: str | None) -> bytes | None:
     return None if p is None else pathnames.fsencode(p)
 
 
+#: each syscall's number as the C argument `_call` passes, made once (a 64-GPU start makes ~300 calls)
+_NR_ARGS: dict = {}
+
+
 def _call(name: str, *args) -> int:
+    nr = _NR_ARGS.get(name)
+    if nr is None:
+        nr = _NR_ARGS[name] = cabi.c_long(_nr(name))
     cabi.set_errno(0)
-    return _syscall(cabi.c_long(_nr(name)), *args)
+    return _syscall(nr, *args)
 
 
 def setns(fd: int, nstype: int, what: str = "") -> None:

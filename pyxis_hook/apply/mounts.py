@@ -23,7 +23,7 @@ from pyxis_hook import log, pathnames
 from pyxis_hook.apply import kernel
 from pyxis_hook.errors import ApplyError, PyxisHookError
 from pyxis_hook.plan.build import DEV_OPTIONS, MountEdit, Plan
-from pyxis_hook.record import record
+from pyxis_hook.record import record, replace
 from pyxis_hook.apply.rootwrite import Entry
 
 TYPE_CHECKING = False
@@ -114,8 +114,6 @@ def open_in_rootfs(m: MountEdit, rfs: RootFS, fds: list[int]) -> Bind:
 
 def clone(b: Bind, fds: list[int]) -> Bind:
     """open_tree(OPEN_TREE_CLONE) + mount_setattr(flags, MS_PRIVATE): a detached, final mount."""
-    from pyxis_hook.record import replace
-
     attrs = 0
     for o in b.options:
         attrs |= _FLAGS.get(o, (0, 0))[0]

@@ -182,6 +182,8 @@ class RootFS:
             raise RootPathError(f"container rootfs {self.path}: {e.strerror}", e.errno or 0) from None
         self.owner = owner  # who gets what is created inside (WritableRoot, the cache file)
         self.use_openat2 = kernel.have_openat2() if use_openat2 is None else use_openat2
+        # `open` runs once per mount point: an import statement there would ask the import system each time
+        self._kernel = kernel
 
     # -- lifetime -------------------------------------------------------
     def close(self) -> None:
@@ -204,8 +206,7 @@ class RootFS:
     def open(self, path: str, flags: int, mode: int = 0) -> int:
         """Open `path` inside the root (IN_ROOT semantics); the caller closes the fd."""
         if self.use_openat2:
-            from pyxis_hook.apply import kernel
-
+            kernel = self._kernel
             try:
                 return kernel.openat2(self.fd, path, flags, mode,
                                       kernel.RESOLVE_IN_ROOT | kernel.RESOLVE_NO_MAGICLINKS)

@@ -393,8 +393,7 @@ def _child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner, root, allow, 
                 log.error(f"rollback: {p}")
             raise
         # success: the mounts stay; their fds are no longer needed (the parent logs the messages)
-        for fd, _path in undo.mount_fds:
-            posix.close(fd)
+        undo.keep()
         return {"mounted": mounted, "symlinks": links, "messages": messages}
     finally:
         for fd in local_fds:

@@ -135,25 +135,38 @@ def open_host(path: str, fds: list[int]) -> int:
 
 
 class Undo:
-    """Mounts made so far (as fds of the mount roots), undone newest first."""
+    """Mounts made so far (as fds of the mount roots), undone newest first.
+
+    An fd added with `owned=False` stays its caller's to close (a clone's
+    tree, closed with the other host fds by `apply_plan`): undo uses it and
+    never closes it.
+    """
 
     def __init__(self) -> None:
-        self.mount_fds: list[tuple[int, str]] = []
+        self.mount_fds: list[tuple[int, str, bool]] = []
 
-    def add(self, fd: int, path: str) -> None:
-        self.mount_fds.append((fd, path))
+    def add(self, fd: int, path: str, owned: bool = True) -> None:
+        self.mount_fds.append((fd, path, owned))
 
     def run(self) -> list[str]:
         problems = []
         while self.mount_fds:
-            fd, path = self.mount_fds.pop()
+            fd, path, owned = self.mount_fds.pop()
             try:
                 kernel.umount2(kernel.proc_fd_path(fd), kernel.MNT_DETACH, what=path)
             except (ApplyError, kernel.SyscallError) as e:
                 problems.append(str(e))
             finally:
-                posix.close(fd)
+                if owned:
+                    posix.close(fd)
         return problems
+
+    def keep(self) -> None:
+        """The mounts stay: close the fds undo owns and forget them all."""
+        for fd, _path, owned in self.mount_fds:
+            if owned:
+                posix.close(fd)
+        self.mount_fds = []
 
 
 
@@ -164,17 +177,16 @@ def same_file(a: int, b: int) -> bool:
 
 
 def bind(b: Bind, entry: Entry, undo: Undo) -> int:
-    """Put source `b` onto the target entry with its flags; return the new mount's fd (for undo)."""
+    """Put source `b` onto the target entry with its flags; return the new mount's fd (for undo).
+
+    A clone's tree fd, once moved, is the new mount's: undo borrows it (its
+    owner, the list of fds `clone` put it in, closes it), no copy per mount.
+    """
     if b.tree >= 0:
-        tree = posix.dup(b.tree)
-        try:
-            kernel.move_mount(tree, "", entry.fd, "", kernel.MOVE_MOUNT_F_EMPTY_PATH | kernel.MOVE_MOUNT_T_EMPTY_PATH,
-                              what=entry.path)
-        except BaseException:
-            posix.close(tree)
-            raise
-        undo.add(tree, entry.path)
-        return tree
+        kernel.move_mount(b.tree, "", entry.fd, "", kernel.MOVE_MOUNT_F_EMPTY_PATH | kernel.MOVE_MOUNT_T_EMPTY_PATH,
+                          what=entry.path)
+        undo.add(b.tree, entry.path, owned=False)
+        return b.tree
     # legacy: the host fd belongs to another mount namespace and cannot be a bind source here,
     # so open the same host path in this one (runc's namespace is a copy of the host's, before
     # pivot_root) and insist it is the very inode checked on the host.  A local source is a mount

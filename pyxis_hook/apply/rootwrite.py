@@ -38,23 +38,26 @@ class Entry:
     """A mount target: an fd of it plus its parent fd and name (to reopen it after mounting).
 
     The fd is O_PATH, or for a file made here the read-only fd that made it.
+    `owns_parent` False: the parent fd is the one the WritableRoot keeps to
+    remove the file on rollback, and it closes it; the entry only borrows it.
     """
 
-    __slots__ = ("parent_fd", "name", "fd", "created", "path")
+    __slots__ = ("parent_fd", "name", "fd", "created", "path", "owns_parent")
 
-    def __init__(self, parent_fd: int, name: str, fd: int, created: bool, path: str):
+    def __init__(self, parent_fd: int, name: str, fd: int, created: bool, path: str, owns_parent: bool = True):
         self.parent_fd = parent_fd
         self.name = name
         self.fd = fd
         self.created = created
         self.path = path
+        self.owns_parent = owns_parent
 
     def reopen(self) -> int:
         """A fresh O_PATH fd of the name: after a mount it refers to the mount on top."""
         return posix.open(self.name, posix.O_PATH | posix.O_NOFOLLOW | posix.O_CLOEXEC, dir_fd=self.parent_fd)
 
     def close(self) -> None:
-        for fd in (self.fd, self.parent_fd):
+        for fd in (self.fd, self.parent_fd) if self.owns_parent else (self.fd,):
             try:
                 posix.close(fd)
             except OSError:
@@ -124,23 +127,41 @@ class WritableRoot(RootFS):
         self._record(parent, name, "dir", path)
         return True
     def _record(self, parent: int, name: str, kind: str, path: str, old_target: str | None = None,
-                at: str | None = None) -> posix.stat_result:
+                at: str | None = None, keep_parent: bool = False) -> posix.stat_result:
         """Remember what was just created at `at` (default `name`), then give it to the rootfs owner.
 
         Recorded *before* the chown, so a chown that fails still leaves the
         entry for rollback to remove.  `at` is a temporary name that the
         caller is about to rename to `name`.  Returns its stat (before the chown: the
-        inode, type and device, which a chown does not change).
+        inode, type and device, which a chown does not change).  The record
+        holds a copy of `parent`, or with `keep_parent` that fd itself, which
+        the caller then no longer closes (`_holds`).
         """
         at = at or name
         try:
             st = posix.stat(at, dir_fd=parent, follow_symlinks=False)
-            self.created.append(_Created(posix.dup(parent), name, kind, st, old_target))
+            self.created.append(_Created(parent if keep_parent else posix.dup(parent), name, kind, st, old_target))
             if self.owner and (st.st_uid, st.st_gid) != self.owner:
                 posix.chown(at, self.owner[0], self.owner[1], dir_fd=parent, follow_symlinks=False)
         except OSError as e:
             raise path_error(path, self.path, e, "cannot record or chown created ") from None
         return st
+    def _holds(self, fd: int) -> bool:
+        """Whether a record of what was created holds `fd` itself (`keep_parent`): closed by `close`/`rollback`.
+
+        Open fds are distinct numbers, so a record's fd equal to `fd` is that
+        very fd, never a copy of it.
+        """
+        return any(c.parent_fd == fd for c in self.created)
+
+    def _may_create(self, parent: int, path: str) -> bool:
+        """Whether `check_dir` lets a mount point be made in `parent` (an error there: False, the caller looks first)."""
+        try:
+            self.check_dir(parent, path)
+        except RootPathError:
+            return False
+        return True
+
     def _parent(self, path: str, create_mode: int | None) -> tuple[int, str | None]:
         """Parent fd + last name: openat2 for an existing parent, else the creating walk."""
         parts = [c for c in path.split("/") if c not in ("", ".")]
@@ -157,6 +178,14 @@ class WritableRoot(RootFS):
 
         An existing entry of the right type is reused; a symlink at the target is
         refused (mounting over it would follow it), as is a type mismatch.
+
+        Where `check_dir` allows creating, the mount point is first made
+        outright (O_EXCL): on a start the usual target is missing, and a stat
+        to find that out first is a syscall and an exception per device node.
+        EEXIST (for a name that exists the kernel answers that before asking
+        whether it could create one, on a read-only or full filesystem too)
+        goes the way it always went, stat first; a host directory is never
+        created in, and what already stands in one is still reused.
         """
         if mode is None:
             mode = 0o755 if kind == "dir" else 0o644
@@ -166,20 +195,27 @@ class WritableRoot(RootFS):
                 if kind != "dir":
                     raise RootPathError(f"{path} (in {self.path}): is a directory", errno.EISDIR)
                 return Entry(parent, ".", posix.open(".", posix.O_PATH | posix.O_CLOEXEC, dir_fd=parent), False, path)
+            outright = self._may_create(parent, path)
             for _ in range(RACE_RETRIES):
                 created = False
-                try:
-                    st = posix.stat(name, dir_fd=parent, follow_symlinks=False)
-                except FileNotFoundError:
-                    made = self._create(parent, name, kind, mode, path)
-                    if made is None:
-                        continue
+                made = None
+                if outright:
+                    outright = False  # once: from then on what is there is looked at first, as always
+                    made = self._create(parent, name, kind, mode, path, checked=True)
+                if made is None:
+                    try:
+                        st = posix.stat(name, dir_fd=parent, follow_symlinks=False)
+                    except FileNotFoundError:
+                        made = self._create(parent, name, kind, mode, path)
+                        if made is None:
+                            continue
+                    except OSError as e:
+                        raise path_error(path, self.path, e) from None
+                if made is not None:
                     st, made_fd = made
                     if made_fd is not None:  # a file made here: the fd that made it is the mount point
-                        return Entry(parent, name, made_fd, True, path)
+                        return Entry(parent, name, made_fd, True, path, owns_parent=False)
                     created = True  # a directory: the open below must find the inode just made
-                except OSError as e:
-                    raise path_error(path, self.path, e) from None
                 self._check_type(st, kind, path)
                 try:
                     fd = posix.open(name, posix.O_PATH | posix.O_NOFOLLOW | posix.O_CLOEXEC, dir_fd=parent)
@@ -194,27 +230,33 @@ class WritableRoot(RootFS):
                 return Entry(parent, name, fd, created, path)
             raise path_error(path, self.path, errno.ELOOP, "changed while resolving: ")
         except BaseException:
-            posix.close(parent)
+            if not self._holds(parent):
+                posix.close(parent)
             raise
     def ensure_file(self, path: str, mode: int = 0o644) -> int:
         """An O_PATH fd of a file mount point at `path`, created (empty) if missing."""
         e = self.ensure_entry(path, "file", mode)
-        posix.close(e.parent_fd)
+        if e.owns_parent:
+            posix.close(e.parent_fd)
         return e.fd
     def ensure_dir(self, path: str, mode: int = 0o755) -> int:
         """An O_PATH fd of a directory at `path`, created (with missing parents) if missing."""
         e = self.ensure_entry(path, "dir", mode)
-        posix.close(e.parent_fd)
+        if e.owns_parent:
+            posix.close(e.parent_fd)
         return e.fd
     def _create(self, parent: int, name: str, kind: str, mode: int,
-                path: str) -> tuple[posix.stat_result, int | None] | None:
+                path: str, checked: bool = False) -> tuple[posix.stat_result, int | None] | None:
         """Make the mount point: its stat and, for a file, the read-only fd that created it.
 
         None when someone else made one there first.  The file's own fd is
         the mount target (no reopen by name: nothing can swap the inode
-        under it); a directory has none (mkdirat returns no fd).
+        under it); a directory has none (mkdirat returns no fd).  A file's
+        record keeps `parent` itself (`keep_parent`: ensure_entry's entry
+        borrows it).  `checked`: `check_dir` was asked already.
         """
-        self.check_dir(parent, path)
+        if not checked:
+            self.check_dir(parent, path)
         fd = None
         try:
             if kind == "dir":
@@ -227,7 +269,8 @@ class WritableRoot(RootFS):
         except OSError as e:
             raise path_error(path, self.path, e, "cannot create mount point ") from None
         try:
-            st = self._record(parent, name, kind, path)  # first: whatever fails next, rollback removes it
+            # first: whatever fails next, rollback removes it
+            st = self._record(parent, name, kind, path, keep_parent=fd is not None)
         except BaseException:
             if fd is not None:
                 posix.close(fd)

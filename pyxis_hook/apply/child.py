@@ -94,13 +94,12 @@ def apply_plan(plan: Plan, pid: int | str, config=None, *, proc: str = "/proc", 
         _preload_ldcache_modules()
     fds: list[int] = []
     try:
-        binds = mounts.open_sources(plan, fds)
-        gpu_dirs = procview.open_gpu_dirs(plan, fds, messages)
-        if kernel.have_new_mount_api():
-            # Clone on the host: a bind source must be a mount of the caller's namespace, and a
-            # detached clone may then be moved into any namespace (the legacy path re-opens instead).
-            binds = [mounts.clone(b, fds) for b in binds]
-            gpu_dirs = [mounts.clone(b, fds) for b in gpu_dirs]
+        # With the new mount API each source is cloned on the host: a bind source must be a mount of
+        # the caller's namespace, and a detached clone may then be moved into any namespace (the
+        # legacy path re-opens instead).
+        new_api = kernel.have_new_mount_api()
+        binds = mounts.open_sources(plan, fds, clone=new_api)
+        gpu_dirs = procview.open_gpu_dirs(plan, fds, messages, clone=new_api)
         try:
             owner_st = posix.stat(f"{proc}/{pid}")
             ns_fd = posix.open(f"{proc}/{pid}/ns/mnt", posix.O_RDONLY | posix.O_CLOEXEC)

@@ -59,16 +59,21 @@ class Bind:
     required: bool = False
 
 
-def open_sources(plan: Plan, fds: list[int]) -> list[Bind]:
-    """The plan's device nodes and mounts opened on the host and checked to be what the plan says."""
-    binds = []
+def open_sources(plan: Plan, fds: list[int], clone: bool = False) -> list[Bind]:
+    """The plan's device nodes and mounts opened on the host and checked to be what the plan says.
+
+    `clone` (the new mount API): once every source passed its check, each
+    is cloned (`clone_tree`) and its Bind made with its tree, one record a
+    source (a 64-GPU start has ~70), not a second one by `replace`.
+    """
+    found = []
     for d in plan.devices:
         fd = open_host(d.host_path, fds)
         st = posix.fstat(fd)
         if not stat.S_ISCHR(st.st_mode) or st.st_rdev != posix.makedev(d.major, d.minor):
             got = f"{posix.major(st.st_rdev)}:{posix.minor(st.st_rdev)}" if stat.S_ISCHR(st.st_mode) else "not a char device"
             raise ApplyError(f"invalid device node {d.host_path}: expected c {d.major}:{d.minor}, found {got}")
-        binds.append(Bind(d.path, fd, "file", DEV_OPTIONS, d.host_path, required=True))
+        found.append((d.path, fd, "file", DEV_OPTIONS, d.host_path, "", True))
     for m in plan.mounts:
         if m.in_rootfs:
             continue  # opened in the container's mount namespace, by the child (`open_in_rootfs`)
@@ -79,9 +84,11 @@ def open_sources(plan: Plan, fds: list[int]) -> list[Bind]:
             raise ApplyError(f"mount of {m.host_path}: unknown kind {m.kind!r}")
         if not want(st.st_mode):
             raise ApplyError(f"unexpected source file mode for {m.host_path}: not a {m.kind}")
-        binds.append(Bind(m.container_path, fd, "dir" if m.kind == "dir" else "file", m.options, m.host_path,
-                           covers=m.covers))
-    return binds
+        found.append((m.container_path, fd, "dir" if m.kind == "dir" else "file", m.options, m.host_path, m.covers,
+                      False))
+    # Bind's fields in order: container_path, fd, kind, options, host_path, tree, covers, local, required
+    return [Bind(path, fd, kind, options, host, clone_tree(fd, options, host, fds) if clone else -1, covers, False,
+                 required) for path, fd, kind, options, host, covers, required in found]
 
 
 def open_in_rootfs(m: MountEdit, rfs: RootFS, fds: list[int]) -> Bind:
@@ -113,15 +120,22 @@ def open_in_rootfs(m: MountEdit, rfs: RootFS, fds: list[int]) -> Bind:
 
 
 def clone(b: Bind, fds: list[int]) -> Bind:
-    """open_tree(OPEN_TREE_CLONE) + mount_setattr(flags, MS_PRIVATE): a detached, final mount."""
+    """`b` with its tree: a detached, final mount of its source (`clone_tree`)."""
+    return replace(b, tree=clone_tree(b.fd, b.options, b.host_path, fds))
+
+
+def clone_tree(fd: int, options: tuple[str, ...], what: str, fds: list[int]) -> int:
+    """open_tree(OPEN_TREE_CLONE) + mount_setattr(flags, MS_PRIVATE) of source `fd`: a detached, final mount.
+
+    Its fd is appended to `fds` (closed by whoever owns them).
+    """
     attrs = 0
-    for o in b.options:
+    for o in options:
         attrs |= _FLAGS.get(o, (0, 0))[0]
-    tree = kernel.open_tree(b.fd, "", kernel.OPEN_TREE_CLONE | kernel.OPEN_TREE_CLOEXEC | kernel.AT_EMPTY_PATH,
-                            what=b.host_path)
+    tree = kernel.open_tree(fd, "", kernel.OPEN_TREE_CLONE | kernel.OPEN_TREE_CLOEXEC | kernel.AT_EMPTY_PATH, what=what)
     fds.append(tree)
-    kernel.mount_setattr(tree, "", kernel.AT_EMPTY_PATH, attrs, 0, kernel.MS_PRIVATE, what=b.host_path)
-    return replace(b, tree=tree)
+    kernel.mount_setattr(tree, "", kernel.AT_EMPTY_PATH, attrs, 0, kernel.MS_PRIVATE, what=what)
+    return tree
 
 
 def open_host(path: str, fds: list[int]) -> int:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import posix
 
 from pyxis_hook.apply import kernel
-from pyxis_hook.apply.mounts import Bind, Undo, bind, reopen_mounted
+from pyxis_hook.apply.mounts import Bind, Undo, bind, clone_tree, reopen_mounted
 from pyxis_hook.errors import ApplyError, PathError
 from pyxis_hook.host import gpus
 from pyxis_hook.plan.build import PROC_OPTIONS, Plan
@@ -27,7 +27,7 @@ _NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz012
 ALL_GPUS = "gpus"
 
 
-def open_gpu_dirs(plan: Plan, fds: list[int], messages: list[str]) -> list[Bind]:
+def open_gpu_dirs(plan: Plan, fds: list[int], messages: list[str], clone: bool = False) -> list[Bind]:
     """The GPU dirs the /proc view binds: one per selected GPU, or one of the whole gpus/ dir.
 
     When the selection is every GPU the host lists (`all`, or a node's whole
@@ -36,7 +36,8 @@ def open_gpu_dirs(plan: Plan, fds: list[int], messages: list[str]) -> list[Bind]
     then cost at most 1.3x one GPU).  That dir is then the live procfs one: a GPU added to or
     removed from the host later shows there too.  The view is information
     only: what a container may open is decided by the device nodes and the
-    cgroup, never by these dirs.
+    cgroup, never by these dirs.  `clone`: each comes with its tree, as
+    `mounts.open_sources` makes them.
     """
     view = plan.proc_driver
     if view is None:
@@ -56,7 +57,8 @@ def open_gpu_dirs(plan: Plan, fds: list[int], messages: list[str]) -> list[Bind]
         if fd >= 0:
             fds.append(fd)
             if sorted(posix.listdir(fd)) == sorted(view.gpu_dirs):
-                return [Bind(ALL_GPUS, fd, "dir", PROC_OPTIONS, gpus_dir)]
+                return [Bind(ALL_GPUS, fd, "dir", PROC_OPTIONS, gpus_dir,
+                             clone_tree(fd, PROC_OPTIONS, gpus_dir, fds) if clone else -1)]
     out = []
     for bus in view.gpu_dirs:
         path = f"{gpus_dir}/{bus}"
@@ -67,7 +69,7 @@ def open_gpu_dirs(plan: Plan, fds: list[int], messages: list[str]) -> list[Bind]
             messages.append(f"{path}: {e.strerror}; not bound into /proc/driver/nvidia/gpus")
             continue
         fds.append(fd)
-        out.append(Bind(bus, fd, "dir", PROC_OPTIONS, path))
+        out.append(Bind(bus, fd, "dir", PROC_OPTIONS, path, clone_tree(fd, PROC_OPTIONS, path, fds) if clone else -1))
     return out
 
 

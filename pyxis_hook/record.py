@@ -190,19 +190,21 @@ def _init(self, *args, **kwargs) -> None:
     d = self.__dict__
     if given:
         d.update(zip(names, args))
-    used = 0
+    if kwargs:
+        # the keywords in one C call, then only the fields still missing are looked at
+        d.update(kwargs)
+        if len(d) != given + len(kwargs):  # a field given both ways
+            raise TypeError(_call_error(cls, all_fields, args, kwargs))
     for name, default, factory in spec[given:]:
-        value = kwargs.get(name, _MISSING) if kwargs else _MISSING
-        if value is not _MISSING:
-            used += 1
-        elif default is not _MISSING:
-            value = default
+        if name in d:
+            continue
+        if default is not _MISSING:
+            d[name] = default
         elif factory is not _MISSING:
-            value = factory()
+            d[name] = factory()
         else:
             raise TypeError(_call_error(cls, all_fields, args, kwargs))
-        d[name] = value
-    if used != len(kwargs):  # an unknown name, or a field given twice
+    if len(d) != count:  # every field is set now: anything more is an unknown name
         raise TypeError(_call_error(cls, all_fields, args, kwargs))
     if post_init is not None:
         post_init(self)

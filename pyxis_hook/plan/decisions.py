@@ -162,19 +162,25 @@ def _encode(value):
     """A record as marshal's plain values: [its class's name, *its fields], a field holding records encoded too.
 
     Records hold no lists, so a list is always an encoded record; a tuple
-    whose first item is one holds only records (a plan's edits).
+    whose first item is one holds only records (a plan's edits).  A record
+    of plain values only (a GPU, a device node: two a GPU on every start)
+    is read and checked by C loops (`map`), not by a comprehension.
     """
     fields = getattr(type(value), "__record_fields__", None)
     if fields is None:
         if type(value) is tuple and value and getattr(type(value[0]), "__record_fields__", None) is not None:
             return tuple([_encode(v) for v in value])
         return value
-    values = [getattr(value, f.name) for f in fields]
+    values = list(map(value.__getattribute__, type(value).__record_shape__[3]))  # no itertools: an import
+    if _PLAIN.issuperset(map(type, values)):
+        return [type(value).__name__, *values]
     return [type(value).__name__, *[v if type(v) in _PLAIN else _encode(v) for v in values]]
 
 
 def _decode(value):
-    """The plan `_encode` gave: only lists and tuples of lists are looked into."""
+    """The plan `_encode` gave: only lists and tuples of lists are looked into (not at all when all is plain)."""
+    if _PLAIN.issuperset(map(type, value)):  # a device node's edit: name and plain fields
+        return _PLAN_RECORDS[value[0]](*value[1:])
     return _PLAN_RECORDS[value[0]](*[_decode(v) if type(v) is list else
                                      tuple([_decode(r) for r in v]) if type(v) is tuple and v and type(v[0]) is list else v
                                      for v in value[1:]])

@@ -66,7 +66,7 @@ def open_sources(plan: Plan, fds: list[int], clone: bool = False) -> list[Bind]:
     is cloned (`clone_tree`) and its Bind made with its tree, one record a
     source (a 64-GPU start has ~70), not a second one by `replace`.
     """
-    found = []
+    found: list[tuple[str, int, str, tuple[str, ...], str, str, bool]] = []
     for d in plan.devices:
         fd = open_host(d.host_path, fds)
         st = posix.fstat(fd)

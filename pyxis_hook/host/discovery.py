@@ -20,7 +20,8 @@ import stat
 from pyxis_hook.host import capabilities as caps
 from pyxis_hook import log, pathnames
 from pyxis_hook.errors import DriverError, ElfError, LdCacheError, PathError
-from pyxis_hook.host.gpus import HostGpus, discover_gpus
+from pyxis_hook.host.gpus import HostGpus
+from pyxis_hook.host.gpuscan import discover_gpus
 from pyxis_hook.record import field, record, replace
 from pyxis_hook.spec.require import version_key
 from pyxis_hook.rootfs import resolve_in_root, to_root_relative

@@ -5,9 +5,9 @@ character-device majors and the MIG capability minors before it can plan a
 single mount.  libnvidia-container asks NVML for these; we read the files the
 kernel module publishes (`/proc/driver/nvidia/...`, `/proc/devices`) because
 they need no library in our process, work on a node whose driver cannot
-talk to its GPU, and are trivially faked in tests.  Everything here is
-stdlib-only and cheap to import: the per-container path loads the result
-from a snapshot (`HostGpus.from_dict`).
+talk to its GPU, and are trivially faked in tests.  This module holds the
+records and the parser of each file; reading them is `host/gpuscan.py`.
+Everything here is stdlib-only and cheap to import.
 
 Nothing here raises for a host that merely lacks the driver or has a broken
 file: a missing kernel module gives `HostGpus(driver_version=None, ...)` with
@@ -23,10 +23,7 @@ NVML does not enumerate them either.
 
 from __future__ import annotations
 
-import posix
-import stat
 
-from pyxis_hook import pathnames
 from pyxis_hook.record import record
 
 #: The NVIDIA control/GPU major is fixed by the driver; uvm, caps, imex are dynamic.
@@ -359,230 +356,8 @@ def parse_access_minor(text: str) -> int | None:
     return None
 
 
-def _truthy(value: str | None) -> bool:
+def truthy(value: str | None) -> bool:
     return (value or "").strip().lower() in ("yes", "1", "true")
-
-
-# ---------------------------------------------------------------- discovery
-
-
-class _Reader:
-    """Reads text files and turns every failure into a warning naming the path."""
-
-    def __init__(self) -> None:
-        self.warnings: list[str] = []
-
-    def read(self, path: str, *, missing_ok: bool = False) -> str | None:
-        """The file's text as `open(path, errors="replace").read()` gives it, read with `os` calls.
-
-        Why not `open`: a buffered text file costs seven syscalls and two
-        objects a read, and a GPU start reads one of these per GPU (a
-        64-GPU node must cost at most 1.3x a one-GPU one).
-        """
-        try:
-            fd = posix.open(path, posix.O_RDONLY | posix.O_CLOEXEC)
-        except FileNotFoundError:
-            if not missing_ok:
-                self.warnings.append(f"{path}: missing")
-            return None
-        except OSError as e:
-            self.warnings.append(f"{path}: cannot read: {e.strerror or e}")
-            return None
-        chunks = []
-        try:
-            while chunk := posix.read(fd, 1 << 16):
-                chunks.append(chunk)
-        except OSError as e:
-            self.warnings.append(f"{path}: cannot read: {e.strerror or e}")
-            return None
-        finally:
-            posix.close(fd)
-        text = b"".join(chunks).decode("utf-8", "replace")
-        # text mode's universal newlines: \r\n and \r read as \n
-        return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
-
-    def listdir(self, path: str) -> list[str]:
-        try:
-            return sorted(posix.listdir(path))
-        except FileNotFoundError:
-            return []
-        except OSError as e:
-            self.warnings.append(f"{path}: cannot list: {e.strerror or e}")
-            return []
-
-
-def _join(root: str, path: str) -> str:
-    """`root` + absolute `path` (both host paths; roots come from trusted config)."""
-    return pathnames.join(root, path.lstrip("/"))
-
-
-def discover_gpus(proc_root: str = "/proc", dev_root: str = "/") -> HostGpus:
-    """Read `<proc-root>/driver/nvidia`, `<proc-root>/devices` and `<dev-root>/dev` into a HostGpus.
-
-    MIG device UUIDs stay None: `host.nvml.fill_mig_uuids` asks the driver's NVML for them.
-    """
-    r = _Reader()
-    nv = _join(proc_root, "driver/nvidia")
-    names: dict[str, int] = {}
-    devices_text = r.read(_join(proc_root, "devices"))
-    if devices_text is not None:
-        names = parse_proc_devices(devices_text)
-    majors = majors_from_devices(names)
-
-    if not pathnames.isdir(nv):
-        r.warnings.append(f"{nv}: missing: the NVIDIA kernel module is not loaded")
-        return HostGpus(driver_version=None, gpus=(), majors=majors, warnings=tuple(r.warnings),
-                        proc_root=proc_root, dev_root=dev_root)
-
-    driver_version = None
-    vtext = r.read(pathnames.join(nv, "version"))
-    if vtext is not None:
-        driver_version = parse_driver_version(vtext)
-        if driver_version is None:
-            r.warnings.append(f"{pathnames.join(nv, 'version')}: no driver version in its first line")
-
-    gpus = _read_gpus(r, pathnames.join(nv, "gpus"))
-    if majors.nvidia is None and (gpus or devices_text is not None):
-        r.warnings.append(f"{_join(proc_root, 'devices')}: no nvidia-frontend/nvidia character major")
-
-    mig_minors: tuple[tuple[str, int], ...] = ()
-    mtext = r.read(_join(proc_root, "driver/nvidia-caps/mig-minors"), missing_ok=True)
-    if mtext is not None:
-        mig_minors = parse_mig_minors(mtext)
-    mig_devices = _read_mig(r, nv, gpus)
-    mig_config = _cap_minor(r, pathnames.join(nv, "capabilities/mig/config"))
-    mig_monitor = _cap_minor(r, pathnames.join(nv, "capabilities/mig/monitor"))
-    minor_map = dict(mig_minors)
-    if mig_config is None:
-        mig_config = minor_map.get("config")
-    if mig_monitor is None:
-        mig_monitor = minor_map.get("monitor")
-
-    imex = _read_imex(r, dev_root)
-
-    nodes = _check_nodes(gpus, majors, mig_devices, mig_config, mig_monitor, imex, dev_root)
-    for n in nodes:
-        if n.problem and not (n.problem == "missing" and n.path in _OPTIONAL_NODES):
-            r.warnings.append(f"{_join(dev_root, n.path)}: {n.problem}")
-    return HostGpus(
-        driver_version=driver_version,
-        gpus=gpus,
-        majors=majors,
-        mig_devices=mig_devices,
-        mig_config_minor=mig_config,
-        mig_monitor_minor=mig_monitor,
-        imex_channels=imex,
-        warnings=tuple(r.warnings),
-        nodes=nodes,
-        mig_minors=mig_minors,
-        proc_root=proc_root,
-        dev_root=dev_root,
-    )
-
-
-def _read_gpus(r: _Reader, gpus_dir: str) -> tuple[Gpu, ...]:
-    found = []
-    for name in r.listdir(gpus_dir):
-        path = pathnames.join(gpus_dir, name, "information")
-        text = r.read(path)
-        if text is None:
-            continue
-        info = parse_information(text)
-        pci = parse_bus_id(info.get("Bus Location", "")) or parse_bus_id(name)
-        minor_s = info.get("Device Minor", "")
-        if pci is None or not (minor_s.isascii() and minor_s.isdigit()):
-            r.warnings.append(f"{path}: no usable 'Bus Location' or 'Device Minor'")
-            continue
-        found.append((pci, name, int(minor_s), info))
-    found.sort(key=lambda t: t[0])  # the index is the rank in PCI order among the usable GPUs
-    out = []
-    index = 0
-    for pci, name, minor, info in found:
-        excluded = _truthy(info.get("GPU Excluded"))
-        out.append(Gpu(index=None if excluded else index, minor=minor, uuid=info.get("GPU UUID") or None,
-                       bus_id=format_bus_id(pci), model=info.get("Model") or None, excluded=excluded,
-                       proc_name=name))
-        index += 0 if excluded else 1
-    return tuple(out)
-
-
-def _cap_minor(r: _Reader, path: str) -> int | None:
-    text = r.read(path, missing_ok=True)
-    if text is None:
-        return None
-    minor = parse_access_minor(text)
-    if minor is None:
-        r.warnings.append(f"{path}: no DeviceFileMinor")
-    return minor
-
-
-def _numbered(name: str, prefix: str) -> int | None:
-    """N of `<prefix>N` (gi3, ci0, channel12); None for any other name."""
-    digits = name[len(prefix):]
-    return int(digits) if name.startswith(prefix) and digits.isdecimal() else None
-
-
-def _read_mig(r: _Reader, nv: str, gpus: tuple[Gpu, ...]) -> tuple[MigDevice, ...]:
-    """MIG devices = existing `capabilities/gpu<m>/mig/gi<g>/ci<c>/access` files (created instances only)."""
-    out = []
-    # one listing for all GPUs: a GPU without MIG support has no capabilities/gpu<m> (a 64-GPU
-    # node would otherwise pay 64 failed listings on every start)
-    capable = frozenset(r.listdir(pathnames.join(nv, "capabilities")))
-    for g in gpus:
-        if f"gpu{g.minor}" not in capable:
-            continue
-        base = f"capabilities/gpu{g.minor}/mig"
-        gis = []
-        for gname in r.listdir(pathnames.join(nv, base)):
-            gi = _numbered(gname, "gi")
-            if gi is not None:
-                gis.append(gi)
-        devs: list[MigDevice] = []
-        for gi in sorted(gis):
-            gi_rel = f"{base}/gi{gi}/access"
-            gi_minor = _cap_minor(r, pathnames.join(nv, gi_rel))
-            cis = sorted(ci for c in r.listdir(pathnames.join(nv, base, f"gi{gi}"))
-                         if (ci := _numbered(c, "ci")) is not None)
-            for ci in cis:
-                ci_rel = f"{base}/gi{gi}/ci{ci}/access"
-                ci_minor = _cap_minor(r, pathnames.join(nv, ci_rel))
-                if gi_minor is None or ci_minor is None:
-                    continue
-                devs.append(MigDevice(
-                    uuid=None, parent_uuid=g.uuid, gpu_minor=g.minor, gi=gi, ci=ci,
-                    access_minors=(gi_minor, ci_minor),
-                    proc_paths=(f"/proc/driver/nvidia/{gi_rel}", f"/proc/driver/nvidia/{ci_rel}"),
-                    mig_index=len(devs)))
-        out.extend(devs)
-    return tuple(out)
-
-
-def _read_imex(r: _Reader, dev_root: str) -> tuple[int, ...]:
-    d = _join(dev_root, "dev/nvidia-caps-imex-channels")
-    return tuple(sorted(c for n in r.listdir(d) if (c := _numbered(n, "channel")) is not None))
-
-
-# Absent on many healthy hosts: modeset needs nvidia-modeset.ko, uvm-tools is optional.
-_OPTIONAL_NODES = frozenset({"/dev/nvidia-modeset", "/dev/nvidia-uvm-tools"})
-
-
-def check_node(dev_root: str, path: str, major: int, minor: int) -> DeviceNode:
-    """Stat `<dev-root>` + `path`; like LNC, st_rdev must equal major:minor exactly."""
-    host = _join(dev_root, path)
-    try:
-        st = posix.stat(host)
-    except FileNotFoundError:
-        return DeviceNode(path, major, minor, None, False, "missing")
-    except OSError as e:
-        return DeviceNode(path, major, minor, None, False, f"cannot stat: {e.strerror or e}")
-    mode = stat.S_IMODE(st.st_mode)
-    if not stat.S_ISCHR(st.st_mode):
-        return DeviceNode(path, major, minor, mode, True, "not a character device")
-    got = (posix.major(st.st_rdev), posix.minor(st.st_rdev))
-    if got != (major, minor):
-        return DeviceNode(path, major, minor, mode, True,
-                          f"invalid device node: is {got[0]}:{got[1]}, expected {major}:{minor}")
-    return DeviceNode(path, major, minor, mode, True, None)
 
 
 def cap_node_path(minor: int) -> str:
@@ -591,26 +366,6 @@ def cap_node_path(minor: int) -> str:
 
 def imex_node_path(channel: int) -> str:
     return f"/dev/nvidia-caps-imex-channels/channel{channel}"
-
-
-def _check_nodes(gpus, majors: DeviceMajors, migs, mig_config, mig_monitor, imex, dev_root) -> tuple[DeviceNode, ...]:
-    wanted: list[tuple[str, int, int]] = []
-    nv = majors.nvidia if majors.nvidia is not None else NVIDIA_MAJOR
-    wanted.append(("/dev/nvidiactl", nv, NVIDIACTL_MINOR))
-    for g in sorted(gpus, key=lambda g: g.minor):
-        if g.excluded:
-            continue  # never injected; its node may legitimately be absent
-        wanted.append((f"/dev/nvidia{g.minor}", nv, g.minor))
-    if majors.uvm is not None:
-        wanted += [("/dev/nvidia-uvm", majors.uvm, 0), ("/dev/nvidia-uvm-tools", majors.uvm, 1)]
-    wanted.append(("/dev/nvidia-modeset", nv, MODESET_MINOR))
-    if majors.caps is not None:
-        cap_minors = {m for d in migs for m in d.access_minors}
-        cap_minors |= {m for m in (mig_config, mig_monitor) if m is not None}
-        wanted += [(cap_node_path(m), majors.caps, m) for m in sorted(cap_minors)]
-    if majors.imex is not None:
-        wanted += [(imex_node_path(c), majors.imex, c) for c in imex]
-    return tuple(check_node(dev_root, p, ma, mi) for p, ma, mi in wanted)
 
 
 def device_nodes_for(host: HostGpus, gpu_minors=(), mig_devices=(), *, uvm: bool = False,
@@ -650,3 +405,9 @@ def device_nodes_for(host: HostGpus, gpu_minors=(), mig_devices=(), *, uvm: bool
         else:
             out.append(DeviceNode(path, major, minor, None, False, "missing"))
     return tuple(out)
+
+
+def numbered(name: str, prefix: str) -> int | None:
+    """N of `<prefix>N` (gi3, ci0, channel12); None for any other name."""
+    digits = name[len(prefix):]
+    return int(digits) if name.startswith(prefix) and digits.isdecimal() else None

@@ -153,7 +153,7 @@ def load(config, host=None, seen: list | None = None):
     `host` are fresh GPU facts (discovered when None); they replace the saved ones.
     `seen` gets the identity of the file read (`identity`), for the decision cache.
     """
-    from pyxis_hook.host.gpus import discover_gpus
+    from pyxis_hook.host.gpuscan import discover_gpus
     from pyxis_hook.host.inventory import Inventory, refresh_live
 
     path = snapshot_path(config)
@@ -295,7 +295,7 @@ def load_or_build(config, *, strict: bool = True, host=None, seen: list | None =
     just discovered them.  `seen` gets the identity of the snapshot the inventory is
     (nothing when it was not saved).
     """
-    from pyxis_hook.host.gpus import discover_gpus
+    from pyxis_hook.host.gpuscan import discover_gpus
 
     if host is None:
         host = discover_gpus(config.proc_root, config.dev_root)

@@ -217,7 +217,10 @@ def _header() -> bytes:
 class Lookup:
     """One start's question to the cache: its key, the decision when there is one, and the save after a miss."""
 
-    def __init__(self, config, host, env, annotations, privileged: bool, allowed, view: str, proc_files) -> None:
+    def __init__(self, config, host, env, annotations, privileged: bool, allowed, view: str, proc_files,
+                 gpu_looks: bytes | None = None) -> None:
+        """`gpu_looks`: what discovery found when it decided `host` (`gpumemo.start_gpus`), which then stands
+        for `host` in the key: equal looks give an equal HostGpus, and comparing them costs no records."""
         from pyxis_hook.host import daemons, snapshot
         from pyxis_hook.plan.container import container_facts
 
@@ -238,7 +241,7 @@ class Lookup:
         ipc = daemons.ipc_paths(root, config.mps_pipe_dir, log.debug)
         self.root = root
         self.key = marshal.dumps((
-            __version__, _encode(config), snap, _encode(host), ipc,
+            __version__, _encode(config), snap, _encode(host) if gpu_looks is None else gpu_looks, ipc,
             tuple(sorted(annotations.items())), bool(privileged),
             None if allowed is None else tuple(sorted(allowed)),
             _encode(replace(self.facts, rootfs="")), proc_files,

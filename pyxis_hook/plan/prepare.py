@@ -136,10 +136,17 @@ def prepare(config: Config, bundle, *, state=None, check: bool = False, confine:
         return Prepared(void, None, Plan(rootfs=bundle.rootfs, notes=void.reasons))
 
     view = pin() if pin is not None else bundle.rootfs
-    from pyxis_hook.host.gpus import discover_gpus
     from pyxis_hook.spec import envreads
 
-    host = discover_gpus(config.proc_root, config.dev_root)  # fresh on every start, never from the snapshot
+    looks = None
+    if cache:  # fresh on every start, never from the snapshot; parsed again only when a look differs
+        from pyxis_hook.host.gpumemo import start_gpus
+
+        host, looks = start_gpus(config)
+    else:
+        from pyxis_hook.host.gpuscan import discover_gpus
+
+        host = discover_gpus(config.proc_root, config.dev_root)
     allowed = None
     if confine:
         env, allowed = confinement(env, host)
@@ -148,7 +155,8 @@ def prepare(config: Config, bundle, *, state=None, check: bool = False, confine:
     if cache and not envreads.names_mig_uuid(env):  # NVML's MIG UUIDs are asked on every start
         from pyxis_hook.plan import decisions
 
-        lookup = decisions.Lookup(config, host, env, annotations, bundle.privileged, allowed, view, proc_files)
+        lookup = decisions.Lookup(config, host, env, annotations, bundle.privileged, allowed, view, proc_files,
+                                  gpu_looks=looks)
         cached = lookup.plan()
         log.debug(lookup.why)
         if cached is not None:

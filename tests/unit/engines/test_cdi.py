@@ -78,7 +78,7 @@ def test_a_device_per_index_uuid_and_all(host, spec):
 
 def test_common_edits_are_the_plan_for_default_capabilities(host, spec):
     """Same mounts, nodes and links as `build_plan` for NVIDIA_VISIBLE_DEVICES=none."""
-    from pyxis_hook.host import gpus, inventory
+    from pyxis_hook.host import gpuscan, inventory
     from pyxis_hook.host import snapshot
     from pyxis_hook.plan.prepare import read_proc_driver_files
     from pyxis_hook.plan.build import build_plan
@@ -86,7 +86,7 @@ def test_common_edits_are_the_plan_for_default_capabilities(host, spec):
 
     config = load_config(str(host.conf))
     inv = snapshot.load_or_build(config, strict=False)
-    hg = gpus.discover_gpus(config.proc_root, config.dev_root)
+    hg = gpuscan.discover_gpus(config.proc_root, config.dev_root)
     inv = inventory.with_host(inv, hg)
     req = resolve_request({"NVIDIA_VISIBLE_DEVICES": "none",
                            "NVIDIA_DRIVER_CAPABILITIES": ",".join(config.default_capabilities)}, {}, hg, config)

@@ -11,12 +11,12 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from fixtures.hosttree import FakeGpu, fake_gpus, fake_uuid, make_host_tree
-from pyxis_hook.host import gpus
+from pyxis_hook.host import gpus, gpuscan
+from pyxis_hook.host.gpuscan import discover_gpus
 from schema_check import validate
 from pyxis_hook.host.gpus import (
     HostGpus,
     device_nodes_for,
-    discover_gpus,
     normalize_bus_id,
     parse_bus_id,
     parse_driver_version,
@@ -318,5 +318,5 @@ def test_reader_reads_what_a_text_mode_open_reads(tmp_path_factory, data):
     path.write_bytes(data)
     with open(path, encoding="utf-8", errors="replace") as f:
         expected = f.read()
-    r = gpus._Reader()
+    r = gpuscan.Reader()
     assert r.read(str(path)) == expected and r.warnings == []

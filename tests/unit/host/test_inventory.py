@@ -229,7 +229,7 @@ def test_to_dict_round_trip_and_schema(tmp_path):
 
 def test_from_dict_with_fresh_gpus_is_with_host_of_the_saved_one(tmp_path):
     """A snapshot load passes the GPU facts it just read: the saved GPUs are skipped, not merged."""
-    from pyxis_hook.host.gpus import discover_gpus
+    from pyxis_hook.host.gpuscan import discover_gpus
     from pyxis_hook.host.inventory import with_host
 
     host = hosttree.make_host_tree(tmp_path / "host", driver_version=V, make_nodes=False)
@@ -485,7 +485,7 @@ _name = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789._-", min_size=1, 
     needed=st.lists(_name, max_size=3).map(tuple), inject=st.booleans()), max_size=5))
 def test_inventory_dict_round_trip_property(files):
     """Whatever files discovery records survive the snapshot's JSON round trip unchanged."""
-    from pyxis_hook.host.gpus import discover_gpus
+    from pyxis_hook.host.gpuscan import discover_gpus
 
     host = discover_gpus("/nonexistent-proc", "/nonexistent-dev")
     inv = Inventory(driver_version=V, cuda_version=12020, host=host, files=tuple(files),

@@ -9,7 +9,7 @@ import sys
 from fixtures.hosttree import fake_gpus, fake_uuid, make_host_tree
 from fixtures.nvml import build_fake_nvml
 from pyxis_hook.host import nvml
-from pyxis_hook.host.gpus import discover_gpus
+from pyxis_hook.host.gpuscan import discover_gpus
 from pyxis_hook.host.inventory import Inventory
 
 ROOT = os.geteuid() == 0
@@ -38,7 +38,7 @@ def test_nvml_fills_mig_uuids(tmp_path):
 
 def test_gpus_no_longer_loads_ctypes_nor_nvml():
     """procfs discovery is one module, NVML (ctypes) another that only a MIG UUID request loads."""
-    code = ("import sys, pyxis_hook.host.gpus as g; "
+    code = ("import sys, pyxis_hook.host.gpus, pyxis_hook.host.gpuscan as g; "
             "print(sorted(m for m in ('ctypes', 'pyxis_hook.host.nvml') if m in sys.modules), hasattr(g, 'nvml_mig_uuids'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["[]", "False"]

@@ -14,7 +14,7 @@ from fixtures.container import make_bundle
 from fixtures.fakedriver import make_fake_driver
 from fixtures.hosttree import fake_gpus, make_host_tree
 from pyxis_hook import errors
-from pyxis_hook.host import gpus, inventory
+from pyxis_hook.host import gpuscan, inventory
 from pyxis_hook.spec import oci
 from pyxis_hook.host import discovery
 from pyxis_hook.spec.config import Config
@@ -108,7 +108,7 @@ def test_no_cgroups_and_no_proc_view(world):
 
 def test_missing_required_node_is_a_problem(world, tmp_path):
     _, tree, cfg, inv = world
-    host = gpus.discover_gpus(cfg.proc_root, str(tmp_path))  # a dev-root without nodes
+    host = gpuscan.discover_gpus(cfg.proc_root, str(tmp_path))  # a dev-root without nodes
     inv2 = inventory.with_host(inv, host)
     req = resolve_request({"NVIDIA_VISIBLE_DEVICES": "0"}, {}, host, cfg, cuda_version="12.2")
     plan = build_plan(req, inv2, ContainerFacts(rootfs="/r"), cfg, proc_files=None)

@@ -84,7 +84,7 @@ def test_parse_driver_version_takes_whole_words_only():
 @given(st.sampled_from(["gi", "ci", "channel"]), st.text(alphabet="gichanel0123456789\u0663x ", max_size=10))
 def test_numbered_names(prefix, name):
     m = re.fullmatch(prefix + r"(\d+)", name)
-    assert gpus._numbered(name, prefix) == (int(m.group(1)) if m else None)
+    assert gpus.numbered(name, prefix) == (int(m.group(1)) if m else None)
 
 
 @settings(max_examples=500, deadline=None)

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from fixtures.hosttree import fake_gpus, make_host_tree
 from pyxis_hook.spec.config import Config, load_schema
 from pyxis_hook.errors import PyxisHookError, RequestError, RequirementError
-from pyxis_hook.host.gpus import DeviceMajors, Gpu, HostGpus, MigDevice, discover_gpus
+from pyxis_hook.host.gpus import DeviceMajors, Gpu, HostGpus, MigDevice
+from pyxis_hook.host.gpuscan import discover_gpus
 from pyxis_hook.host.cgroup import allowed_minors, parse_devices_list
 from pyxis_hook.spec.request import Request, resolve_request, void_request
 

@@ -1,0 +1,110 @@
+"""The host's GPUs for a container start: from a memo when discovery's every look finds what it found.
+
+A container start reads the GPUs' facts fresh (a GPU can be added, removed
+or reset between two containers), but parsing every GPU's `information`
+file and building its records is most of what a start spends per GPU.
+Discovery is a pure function of what it looks at (`host/gpuscan.py`), and
+which looks it makes depends only on what the earlier ones found: when a
+start makes the same looks, in the same order, and each finds exactly what
+it found when the memo was kept (`gpuscan.replay`), discovery would decide
+the same HostGpus, so the memo's is used.  The looks themselves are made on
+every start: only the parsing is saved.
+
+The memo is `<snapshot-dir>/gpus-<digest>.bin`, one per (proc-root,
+dev-root), trusted as the snapshot is (`snapshot.open_trusted`: a regular
+file, root's or ours, in a directory closed to others), written atomically,
+and bound to the code that made it (the package's version and the file
+signature of each module discovery runs): anything else about it, damaged,
+foreign or stale, is a miss, and the start discovers as it always did.
+"""
+
+from __future__ import annotations
+
+import marshal
+import posix
+import sys
+
+from pyxis_hook import __version__, pathnames
+from pyxis_hook.errors import SnapshotError
+from pyxis_hook.host import gpuscan
+from pyxis_hook.host.gpus import HostGpus
+
+FORMAT = b"gpus 1\n"
+_PREFIX = "gpus-"
+_READ_LIMIT = 16 << 20
+_DIGEST_PRIME = (1 << 61) - 1
+#: the modules whose code decides a HostGpus from the looks (a memo made by other code is not used)
+_CODE = ("pyxis_hook.host.gpus", "pyxis_hook.host.gpuscan", "pyxis_hook.record")
+
+
+def memo_path(config) -> str:
+    """The memo file for `config`'s proc-root and dev-root."""
+    key = marshal.dumps((config.proc_root, config.dev_root))
+    return pathnames.join(config.snapshot_dir, f"{_PREFIX}{int.from_bytes(key, 'big') % _DIGEST_PRIME:016x}.bin")
+
+
+def _code() -> tuple:
+    from pyxis_hook import startimage
+
+    return (__version__, *(startimage.source_signature(sys.modules[name].__file__) for name in _CODE))
+
+
+def _header() -> bytes:
+    return sys.modules["_frozen_importlib_external"].MAGIC_NUMBER + FORMAT  # marshal's format is the interpreter's
+
+
+def _read(path: str) -> tuple | None:
+    """(looks, the HostGpus as a dict) of a usable memo at `path`, or None."""
+    from pyxis_hook.host import snapshot
+
+    try:
+        fd = snapshot.open_trusted(path)
+    except SnapshotError:
+        return None
+    try:
+        data = posix.read(fd, _READ_LIMIT + 1)
+    except OSError:
+        return None
+    finally:
+        posix.close(fd)
+    header = _header()
+    if len(data) > _READ_LIMIT or not data.startswith(header):
+        return None
+    try:
+        code, seen, host = marshal.loads(memoryview(data)[len(header):])
+    except (EOFError, ValueError, TypeError):
+        return None
+    return (seen, host) if code == _code() else None
+
+
+def start_gpus(config, keep: bool = True) -> tuple[HostGpus, bytes]:
+    """(the host's GPUs, the looks they were decided from, marshalled) for a container start.
+
+    The looks stand for the GPU facts in a decision's key (`plan.decisions`):
+    equal looks give an equal HostGpus.  `keep`: write a memo when there was
+    none to use (a start that keeps decisions; never raises for it).
+    """
+    path = memo_path(config)
+    memo = _read(path)
+    if memo is not None:
+        seen, host = memo
+        if gpuscan.replay(seen):
+            try:
+                return HostGpus.from_dict(host), marshal.dumps(seen)
+            except (KeyError, TypeError, ValueError):
+                pass  # a damaged memo: discover
+    reader = gpuscan.Reader()
+    found = gpuscan.discover_gpus(config.proc_root, config.dev_root, reader)
+    looks = marshal.dumps(reader.seen)
+    if keep:
+        _write(path, reader.seen, found)
+    return found, looks
+
+
+def _write(path: str, seen: list, host: HostGpus) -> None:
+    from pyxis_hook.host import snapshot
+
+    try:
+        snapshot.write_atomically(path, _header() + marshal.dumps((_code(), seen, host.to_dict())))
+    except (OSError, ValueError):
+        pass  # a read-only or full snapshot dir: the next start discovers again

@@ -1,0 +1,119 @@
+"""A start takes the host's GPUs from the memo only when every look discovery made finds the same."""
+
+from __future__ import annotations
+
+import marshal
+import os
+from pathlib import Path
+
+import pytest
+
+from fixtures.hosttree import fake_gpus, make_host_tree
+from pyxis_hook.host import gpumemo, gpuscan
+from pyxis_hook.spec.config import Config
+
+ROOT = os.geteuid() == 0
+
+
+def _host(tmp_path: Path, n: int = 4, **kw):
+    tree = make_host_tree(tmp_path / "host", gpus=fake_gpus(n), make_nodes=ROOT, **kw)
+    snap = tmp_path / "snap"
+    snap.mkdir(mode=0o755)
+    return tree, Config(proc_root=tree.proc_root, dev_root=tree.dev_root, snapshot_dir=str(snap))
+
+
+def _fresh(cfg: Config):
+    return gpuscan.discover_gpus(cfg.proc_root, cfg.dev_root)
+
+
+def _no_discovery(monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError("discovered: the memo was not used")
+
+    monkeypatch.setattr(gpuscan, "discover_gpus", refuse)
+
+
+def test_every_look_is_kept_and_replays_on_an_unchanged_host(tmp_path):
+    tree, cfg = _host(tmp_path)
+    r = gpuscan.Reader()
+    gpuscan.discover_gpus(cfg.proc_root, cfg.dev_root, r)
+    kinds = {k for k, _p, _f in r.seen}
+    assert {"read", "list", "dir", "stat"} <= kinds
+    infos = [p for k, p, _f in r.seen if k == "read" and p.endswith("/information")]
+    assert len(infos) == 4
+    assert gpuscan.replay(r.seen)
+    assert gpuscan.replay(marshal.loads(marshal.dumps(r.seen)))  # as the memo keeps them
+
+
+@pytest.mark.parametrize("change", ["information", "gpu-gone", "gpu-added", "node", "devices", "version"])
+def test_a_changed_look_does_not_replay(tmp_path, change):
+    tree, cfg = _host(tmp_path)
+    r = gpuscan.Reader()
+    gpuscan.discover_gpus(cfg.proc_root, cfg.dev_root, r)
+    gpus_dir = Path(cfg.proc_root) / "driver/nvidia/gpus"
+    first = sorted(gpus_dir.iterdir())[0]
+    if change == "information":
+        info = first / "information"
+        info.write_text(info.read_text().replace("GPU UUID:", "GPU UUID: x"))
+    elif change == "gpu-gone":
+        for f in first.iterdir():
+            f.unlink()
+        first.rmdir()
+    elif change == "gpu-added":
+        (gpus_dir / "0000:ff:00.0").mkdir()
+    elif change == "node":
+        node = Path(cfg.dev_root) / "dev/nvidia1"
+        if node.exists():
+            node.unlink()
+        else:
+            node.write_text("")
+    elif change == "devices":
+        devices = Path(cfg.proc_root) / "devices"
+        devices.write_text(devices.read_text().replace("nvidia-uvm", "nvidia-uvm-x"))
+    else:
+        version = Path(cfg.proc_root) / "driver/nvidia/version"
+        version.write_text(version.read_text().replace("535", "550"))
+    assert not gpuscan.replay(r.seen)
+
+
+def test_start_gpus_keeps_a_memo_and_uses_it(tmp_path, monkeypatch):
+    tree, cfg = _host(tmp_path)
+    host, looks = gpumemo.start_gpus(cfg)
+    assert host == _fresh(cfg)
+    assert os.path.isfile(gpumemo.memo_path(cfg))
+    _no_discovery(monkeypatch)
+    again, looks2 = gpumemo.start_gpus(cfg)
+    assert again == host and looks2 == looks
+
+
+def test_a_changed_gpu_is_discovered_again_and_the_memo_replaced(tmp_path):
+    tree, cfg = _host(tmp_path)
+    host, looks = gpumemo.start_gpus(cfg)
+    info = sorted((Path(cfg.proc_root) / "driver/nvidia/gpus").iterdir())[1] / "information"
+    info.write_text(info.read_text().replace("Model:", "Model: Other"))
+    changed, looks2 = gpumemo.start_gpus(cfg)
+    assert changed == _fresh(cfg) and changed != host and looks2 != looks
+    assert gpumemo.start_gpus(cfg) == (changed, looks2)
+
+
+@pytest.mark.parametrize("what", ["world-writable", "damaged", "other-code", "not-kept"])
+def test_a_memo_that_may_not_be_used_is_not(tmp_path, monkeypatch, what):
+    tree, cfg = _host(tmp_path)
+    path = gpumemo.memo_path(cfg)
+    if what == "not-kept":
+        gpumemo.start_gpus(cfg, keep=False)
+        assert not os.path.exists(path)
+        return
+    gpumemo.start_gpus(cfg)
+    if what == "world-writable":
+        os.chmod(path, 0o666)
+    elif what == "damaged":
+        data = Path(path).read_bytes()
+        Path(path).write_bytes(data[:len(data) // 2])
+    else:
+        monkeypatch.setattr(gpumemo, "_code", lambda: ("another", "install"))
+    calls = []
+    real = gpuscan.discover_gpus
+    monkeypatch.setattr(gpuscan, "discover_gpus", lambda *a: calls.append(a) or real(*a))
+    host, _looks = gpumemo.start_gpus(cfg)
+    assert calls and host == _fresh(cfg)

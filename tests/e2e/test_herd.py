@@ -32,7 +32,7 @@ from fixtures.maps import MAPS_C, mapped
 from fixtures.realdriver import CUDA_VERSION, TRIPLET_DIR, driver_version, require_driver_root
 from fixtures.synth import build_exe
 from pyxis_hook.errors import SnapshotError
-from pyxis_hook.host import snapshot
+from pyxis_hook.host import gpumemo, snapshot
 from pyxis_hook.rootfs import resolve_in_root
 from pyxis_hook.spec.config import load_config
 
@@ -98,7 +98,13 @@ def _which_driver(out: str, trees: dict[str, dict[str, int]]) -> str | None:
 
 
 def _snapshots(d: Path) -> list[Path]:
-    return sorted(p for p in d.iterdir() if not p.name.startswith("."))  # not the build lock
+    """The inventory snapshots in `d` (not the build lock, nor the GPU memo or decisions beside them)."""
+    return sorted(p for p in d.iterdir() if p.name.startswith("inventory-"))
+
+
+def _memos(d: Path) -> list[str]:
+    """The GPU memos (`host/gpumemo.py`): one per proc-root and dev-root, however many starts wrote it at once."""
+    return sorted(p.name for p in d.iterdir() if p.name.startswith("gpus-"))
 
 
 def test_herd_builds_one_snapshot_and_every_container_gets_the_host_driver(tmp_path):
@@ -121,6 +127,7 @@ def test_herd_builds_one_snapshot_and_every_container_gets_the_host_driver(tmp_p
         assert mapped(s.stdout, STEMS) == {stem: {want[stem]} for stem in STEMS}, (s.stdout, want)
     files = _snapshots(snap)
     assert [p.name for p in files] == [os.path.basename(snapshot.snapshot_path(load_config(str(host.conf))))]
+    assert _memos(snap) == [os.path.basename(gpumemo.memo_path(load_config(str(host.conf))))]
     inv = snapshot.load(load_config(str(host.conf)))
     assert inv.driver_version == driver_version("535") and inv.driver_root == str(root)
 

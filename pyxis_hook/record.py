@@ -188,6 +188,8 @@ def _init(self, *args, **kwargs) -> None:
     if given > count:
         raise TypeError(_call_error(cls, all_fields, args, kwargs))
     d = self.__dict__
+    if d:  # __init__ called again on a (mutable) record: start from nothing, as a fresh one does
+        d.clear()
     if given:
         d.update(zip(names, args))
     if kwargs:

@@ -14,6 +14,7 @@ import stat
 
 from pyxis_hook.apply.hostdirs import HostDirs
 from pyxis_hook.rootfs import RACE_RETRIES, RootFS, RootPathError, path_error
+from pyxis_hook.errors import PyxisHookError
 
 
 class HostDirError(RootPathError):
@@ -155,10 +156,15 @@ class WritableRoot(RootFS):
         return any(c.parent_fd == fd for c in self.created)
 
     def _may_create(self, parent: int, path: str) -> bool:
-        """Whether `check_dir` lets a mount point be made in `parent` (an error there: False, the caller looks first)."""
+        """Whether `check_dir` lets a mount point be made in `parent` (any error there: False, the caller looks first).
+
+        Looking first is the way every target went before: an existing one is
+        reused without this check, a missing one gets it again in `_create`,
+        which then raises what it raised.
+        """
         try:
             self.check_dir(parent, path)
-        except RootPathError:
+        except PyxisHookError:
             return False
         return True
 

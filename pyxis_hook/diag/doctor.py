@@ -42,7 +42,9 @@ class DoctorEnv:
     runc/crun (None: pyxis.conf's `path`).  `self_pid`: the process whose
     cgroup is examined under proc-root.  `python`: the interpreter the hooks.d
     file must name (None: this install's, `hookd.interpreter()`).  `command`:
-    the `pyxis-hook` script running doctor, when it is one.
+    the `pyxis-hook` script running doctor, when it is one.  `package`: the
+    directory holding the package the commands are checked against (None:
+    this process's).
     """
 
     environ: tuple[tuple[str, str], ...] = ()
@@ -52,6 +54,7 @@ class DoctorEnv:
     python: str | None = None
     run_runtimes: bool = True
     command: str | None = None
+    package: str | None = None
 
 
 # ------------------------------------------------------------------ driver

@@ -108,7 +108,7 @@ def check_command(config, env: DoctorEnv) -> list[Finding]:
         if not exe or os.path.realpath(exe) in seen:
             continue
         seen.add(os.path.realpath(exe))
-        why, real, _ = command.why_not(exe)
+        why, real, _ = command.why_not(exe, parent=env.package)
         if why == "fast":
             out.append(Finding("ok", "command", f"{exe}: runs without Python's site scan (-IS)"))
         elif not why:

@@ -17,10 +17,14 @@ then keeps working with the site scan; `doctor` says why):
 
 * the script is a regular file holding exactly what pip wrote from ours (an
   interpreter line without flags, then our body), so no other file is ever
-  written;
-* it and its directory belong to the caller (or the directory to root) and
-  neither is writable by group or others, the trust rule of the snapshot
-  directory: nobody else can have placed or swapped it;
+  written, and this run's interpreter is the one it names;
+* the package this run imported is the one installed beside the script
+  (under the same prefix), so that nothing the first run's environment
+  chose (PYTHONPATH, a user site) is written into it;
+* it and its directory belong to the caller (or the directory to root), as
+  do the package's directory and the one holding it, and none is writable by
+  group or others, the trust rule of the snapshot directory: nobody else can
+  have placed or swapped them;
 * the new first line fits the kernel's limit (BINPRM_BUF_SIZE, 256 bytes) and
   names an interpreter without whitespace (Linux passes one argument after it:
   `-IS`, both flags in one);
@@ -89,13 +93,21 @@ def _unsafe(st: os.stat_result, owners: tuple[int, ...]) -> bool:
     return st.st_uid not in owners or bool(st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
 
 
-def why_not(script: str, euid: int | None = None) -> tuple[str, str, bytes]:
+def why_not(script: str, euid: int | None = None, parent: str | None = None) -> tuple[str, str, bytes]:
     """(the reason `script` is not rewritten, or "", its real path, the new text) without writing.
 
     The reason is "" when the rewrite may be made; "fast" when the command
-    already runs without the site scan.
+    already runs without the site scan.  `parent`: the directory holding
+    the package this process runs (`package_parent()`), which the new text
+    names: it must be this installation's own (under the script's prefix,
+    `<prefix>/bin/pyxis-hook` and `<prefix>/lib/...`, as pip lays out a
+    venv, `--user` or a system install) and closed to others, so that
+    nothing this run's environment chose (PYTHONPATH, a user site, a .pth
+    file) is written into a command root runs.  An editable install
+    (the package in a checkout) keeps pip's form.
     """
     euid = os.geteuid() if euid is None else euid
+    parent = os.path.realpath(parent or package_parent())
     real = os.path.realpath(script)
     try:
         fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -114,21 +126,27 @@ def why_not(script: str, euid: int | None = None) -> tuple[str, str, bytes]:
         return f"{real}: not the command as pip installs it", real, b""
     if any(c.isspace() for c in python) or not os.access(python, os.X_OK):
         return f"{real}: its interpreter {python!r} is not a plain executable path", real, b""
-    new = fast_text(python).encode()
+    if os.path.realpath(python) != os.path.realpath(sys.executable):
+        return f"{real}: run by {sys.executable}, not by its own interpreter {python}", real, b""
+    prefix = os.path.dirname(os.path.dirname(real))
+    if not parent.startswith(os.path.join(prefix, "lib", "")):
+        return f"{real}: this run's package ({parent}) is not the one installed beside it", real, b""
+    new = fast_text(python, parent).encode()
     if len(new.partition(b"\n")[0]) >= SHEBANG_LIMIT:
         return f"{real}: its interpreter line would pass the kernel's {SHEBANG_LIMIT}-byte limit", real, b""
     if _unsafe(st, (euid,)):
         return f"{real}: not the caller's own file, or writable by group or others", real, b""
-    try:
-        dst = os.stat(os.path.dirname(real))
-    except OSError as e:
-        return f"{os.path.dirname(real)}: {e.strerror}", real, b""
-    if _unsafe(dst, (euid, 0)):
-        return f"{os.path.dirname(real)}: not the caller's or root's, or writable by group or others", real, b""
+    for d in (os.path.dirname(real), parent, os.path.join(parent, "pyxis_hook")):
+        try:
+            dst = os.stat(d)
+        except OSError as e:
+            return f"{d}: {e.strerror}", real, b""
+        if _unsafe(dst, (euid, 0)):
+            return f"{d}: not the caller's or root's, or writable by group or others", real, b""
     return "", real, new
 
 
-def upgrade(script: str) -> bool:
+def upgrade(script: str, parent: str | None = None) -> bool:
     """Rewrite the installed command `script` into its fast form when `why_not` allows; True if written.
 
     Never raises: the command this runs in must go on whatever happens here.
@@ -136,7 +154,7 @@ def upgrade(script: str) -> bool:
     if sys.flags.no_site:
         return False
     try:
-        reason, real, new = why_not(script)
+        reason, real, new = why_not(script, parent=parent)
     except (OSError, ValueError):
         return False
     if reason:

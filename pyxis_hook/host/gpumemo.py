@@ -29,12 +29,13 @@ from pyxis_hook.errors import SnapshotError
 from pyxis_hook.host import gpuscan
 from pyxis_hook.host.gpus import HostGpus
 
-FORMAT = b"gpus 1\n"
+FORMAT = b"gpus 2\n"
 _PREFIX = "gpus-"
 _READ_LIMIT = 16 << 20
 _DIGEST_PRIME = (1 << 61) - 1
 #: the modules whose code decides a HostGpus from the looks (a memo made by other code is not used)
-_CODE = ("pyxis_hook.host.gpus", "pyxis_hook.host.gpuscan", "pyxis_hook.record")
+_CODE = ("pyxis_hook.host.gpus", "pyxis_hook.host.gpuscan", "pyxis_hook.host.gpumemo", "pyxis_hook.pathnames",
+         "pyxis_hook.record")
 
 
 def memo_path(config) -> str:
@@ -53,8 +54,8 @@ def _header() -> bytes:
     return sys.modules["_frozen_importlib_external"].MAGIC_NUMBER + FORMAT  # marshal's format is the interpreter's
 
 
-def _read(path: str) -> tuple | None:
-    """(looks, the HostGpus as a dict) of a usable memo at `path`, or None."""
+def _read(path: str, roots: tuple[str, str]) -> tuple | None:
+    """(looks as marshalled, the HostGpus as a dict) of a usable memo at `path` for `roots`, or None."""
     from pyxis_hook.host import snapshot
 
     try:
@@ -71,10 +72,10 @@ def _read(path: str) -> tuple | None:
     if len(data) > _READ_LIMIT or not data.startswith(header):
         return None
     try:
-        code, seen, host = marshal.loads(memoryview(data)[len(header):])
+        code, kept_roots, looks, host = marshal.loads(memoryview(data)[len(header):])
     except (EOFError, ValueError, TypeError):
         return None
-    return (seen, host) if code == _code() else None
+    return (looks, host) if code == _code() and kept_roots == roots and type(looks) is bytes else None
 
 
 def start_gpus(config, keep: bool = True) -> tuple[HostGpus, bytes]:
@@ -85,26 +86,29 @@ def start_gpus(config, keep: bool = True) -> tuple[HostGpus, bytes]:
     none to use (a start that keeps decisions; never raises for it).
     """
     path = memo_path(config)
-    memo = _read(path)
+    roots = (config.proc_root, config.dev_root)
+    memo = _read(path, roots)
     if memo is not None:
-        seen, host = memo
-        if gpuscan.replay(seen):
-            try:
-                return HostGpus.from_dict(host), marshal.dumps(seen)
-            except (KeyError, TypeError, ValueError):
-                pass  # a damaged memo: discover
+        looks, host = memo
+        try:
+            if gpuscan.replay(marshal.loads(looks)):
+                # the looks' bytes as kept: the key is then the same bytes on every start that uses the memo
+                return HostGpus.from_dict(host), looks
+        except (EOFError, KeyError, TypeError, ValueError):
+            pass  # a damaged memo: discover
     reader = gpuscan.Reader()
     found = gpuscan.discover_gpus(config.proc_root, config.dev_root, reader)
     looks = marshal.dumps(reader.seen)
     if keep:
-        _write(path, reader.seen, found)
+        _write(path, roots, looks, found)
     return found, looks
 
 
-def _write(path: str, seen: list, host: HostGpus) -> None:
+def _write(path: str, roots: tuple[str, str], looks: bytes, host: HostGpus) -> None:
     from pyxis_hook.host import snapshot
 
     try:
-        snapshot.write_atomically(path, _header() + marshal.dumps((_code(), seen, host.to_dict())))
-    except (OSError, ValueError):
-        pass  # a read-only or full snapshot dir: the next start discovers again
+        snapshot.trusted_dir(path)  # a memo no start would read is not written
+        snapshot.write_atomically(path, _header() + marshal.dumps((_code(), roots, looks, host.to_dict())))
+    except (OSError, ValueError, SnapshotError):
+        pass  # a read-only, full or untrusted snapshot dir: the next start discovers again

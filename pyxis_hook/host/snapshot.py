@@ -69,8 +69,12 @@ def _trusted_file(fd: int, path: str) -> None:
         raise SnapshotError(f"{path}: writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})")
 
 
-def _trusted_dir(path: str) -> None:
-    """The snapshot dir must be ours (root's) and closed to others, or anyone could swap the file."""
+def trusted_dir(path: str) -> None:
+    """The dir of `path` must be ours (root's) and closed to others, or anyone could swap the file; SnapshotError.
+
+    For every file kept beside the snapshot (decisions, the GPU memo): one
+    a later start would refuse to read is not worth writing.
+    """
     d = pathnames.dirname(path)
     try:
         st = posix.stat(d)
@@ -125,7 +129,7 @@ def _identity(st) -> tuple[int, int, int, int]:
 
 def open_trusted(path: str) -> int:
     """An fd of the file at `path` when it and its dir may hold what root acts on; SnapshotError saying why not."""
-    _trusted_dir(path)
+    trusted_dir(path)
     try:
         fd = posix.open(path, posix.O_RDONLY | posix.O_NOFOLLOW | posix.O_CLOEXEC)
     except OSError as e:
@@ -199,7 +203,7 @@ def save(config, inv, seen: list | None = None) -> str:
             os.makedirs(d, mode=0o755, exist_ok=True)
             posix.chmod(d, 0o755)
         # a snapshot `load` would refuse is not worth writing: say so (once per rebuild) instead
-        _trusted_dir(path)
+        trusted_dir(path)
         import json  # only when writing
 
         payload = json.dumps({"format": FORMAT, "key": config_key(config), "inventory": inv.to_dict()},
@@ -264,7 +268,7 @@ def _build_lock(config):
 
     path = lock_path(config)
     try:
-        _trusted_dir(path)
+        trusted_dir(path)
         fd = posix.open(path, posix.O_RDWR | posix.O_CREAT | posix.O_NOFOLLOW | posix.O_CLOEXEC | posix.O_NONBLOCK, 0o600)
     except (OSError, SnapshotError):
         return None

@@ -347,6 +347,8 @@ def _merge_new(data: bytes, scan_dirs, libs, name: str) -> MergeResult:
 
     k = len(inserts)
     delta = k * L.NEW_ENTRY_SIZE
+    if len(data) + delta >= 1 << 32:  # `_shifted` needs every moved offset to stay a 32-bit word
+        raise CannotMerge(f"{name}: too large to grow ({len(data)} bytes)")
     blob = data[table_end:tail_start]  # strings (and any padding) up to the extension directory
     new_table_end = table_end + delta
     new_strings = bytearray()

@@ -14,8 +14,9 @@ the planning modules (a decision is used only when every one is equal):
 - the driver files: the identity of the snapshot file (`snapshot.identity`)
   and the checks a snapshot load makes (`snapshot.stale_reason`: where the
   driver root leads, each source file's stat signature, the driver version);
-- the GPUs, MIG devices and nodes (`HostGpus`, discovered on every start:
-  apply needs them anyway), the daemons' sockets (`daemons.ipc_paths`) and
+- the GPUs, MIG devices and nodes, as the looks discovery made on this
+  start (`gpumemo.start_gpus`: equal looks decide an equal `HostGpus`;
+  without them, the `HostGpus` itself), the daemons' sockets (`daemons.ipc_paths`) and
   the /proc/driver/nvidia texts the container's view copies;
 - the GPUs the hook's device cgroup allows and the env after the task view
   (`prepare.confinement`), the annotations and the privileged flag;
@@ -326,6 +327,7 @@ class Lookup:
             # the newest first; one per env reading and code (two installs sharing a snapshot dir keep theirs)
             variants = [variant] + [v for v in self.variants if v[:2] != variant[:2]][:VARIANTS - 1]
             data = _header() + marshal.dumps((self.key, variants))
+            snapshot.trusted_dir(self.path)  # a decision no start would read is not written
             snapshot.write_atomically(self.path, data)
         except (OSError, SnapshotError, ValueError) as e:
             return f"decisions: not kept: {getattr(e, 'strerror', None) or e}"

@@ -1,4 +1,4 @@
-"""Root tests: host/gpus.py: procfs/dev discovery against fixture trees written like the kernel module's.
+"""Root tests: host/gpuscan.py: procfs/dev discovery against fixture trees written like the kernel module's.
 
 They need root (mounts, mknod, namespaces, chown); the unit tests of the same module are in
 `tests/unit/host/test_gpus.py`, whose helpers and fixtures they share.

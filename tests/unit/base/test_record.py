@@ -273,3 +273,24 @@ def test_records_share_their_methods_and_each_class_keeps_its_fields():
     assert shown(Wider(1)) == "Wider(a=1, b='x', c=3)" and hash(Wider(1)) == hash((1, "x", 3))
     with pytest.raises(TypeError, match=r"P\.__init__\(\) missing 1 required positional argument: 'a'"):
         Plain()
+
+
+def test_init_called_again_starts_from_nothing_as_dataclasses_does():
+    """A mutable record's `__init__` called again sets every field anew: defaults back, errors as for a new one."""
+    @rec.record(frozen=False)
+    class Ours:
+        a: int
+        b: int = 2
+
+    @dataclasses.dataclass
+    class Theirs:
+        a: int
+        b: int = 2
+
+    for cls in (Ours, Theirs):
+        m = cls(1, 5)
+        m.__init__(7)
+        assert (m.a, m.b) == (7, 2)
+        with pytest.raises(TypeError) as e:
+            m.__init__(b=3)
+        assert "missing 1 required positional argument: 'a'" in str(e.value)

@@ -218,28 +218,37 @@ def test_command_form(tmp_path):
 
     from pyxis_hook.engines import command
 
-    env = denv(tmp_path)
-    bindir = tmp_path / "bin"
-    os.chmod(bindir, 0o755)
+    prefix = tmp_path / "prefix"
+    bindir = prefix / "bin"
+    site = prefix / "lib" / "python3" / "site-packages"
+    (site / "pyxis_hook").mkdir(parents=True)
+    bindir.mkdir()
+    for d in (tmp_path, prefix, bindir, prefix / "lib", site.parent, site, site / "pyxis_hook"):
+        os.chmod(d, 0o755)
+    env = denv(tmp_path, search_path=(str(bindir),), package=str(site))
     assert installcheck.check_command(Config(), env) == []  # no command there: nothing to say
+    python = os.path.abspath(sys.executable)
     script = bindir / "pyxis-hook"
-    script.write_text(f"#!{os.path.abspath(sys.executable)}\n{command.SHIPPED_BODY}")
+    script.write_text(f"#!{python}\n{command.SHIPPED_BODY}")
     script.chmod(0o755)
     f = only(installcheck.check_command(Config(), env), "command-pending")
     assert f.severity == "info" and f.what.startswith(str(script))
-    assert command.upgrade(str(script))
+    assert command.upgrade(str(script), parent=str(site))
     f = only(installcheck.check_command(Config(), env), "command")
     assert f.severity == "ok" and "-IS" in f.what
-    script.write_text(f"#!{os.path.abspath(sys.executable)}\n{command.SHIPPED_BODY}")
+    script.write_text(f"#!{python}\n{command.SHIPPED_BODY}")
     os.chmod(bindir, 0o777)  # others may write there: it stays pip's form, and doctor says why
     f = only(installcheck.check_command(Config(), env), "command-site-scan")
     assert f"{bindir}: not the caller's or root's, or writable by group or others" in f.what
     assert "hookd --install" in f.fix
     os.chmod(bindir, 0o755)
+    # another installation's package: not the one beside this command
+    f = only(installcheck.check_command(Config(), replace(env, package=None)), "command-site-scan")
+    assert "is not the one installed beside it" in f.what
     # the command running doctor, found off the search path too, once per file
     other = tmp_path / "venv"
     other.mkdir(mode=0o755)
-    (other / "pyxis-hook").write_text(command.fast_text(os.path.abspath(sys.executable)))
+    (other / "pyxis-hook").write_text(command.fast_text(python))
     both = installcheck.check_command(Config(), replace(env, command=str(other / "pyxis-hook")))
     assert [(f.code, f.what.split(":")[0]) for f in both] == [("command", str(other / "pyxis-hook")),
                                                               ("command-pending", str(script))]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,19 @@ def pip_form(d: Path, python: str = PY, body: str = command.SHIPPED_BODY, mode: 
     return script
 
 
+@pytest.fixture
+def prefix(tmp_path) -> tuple[Path, Path]:
+    """An installation as pip lays it out: (<prefix>/bin, <prefix>/lib/pythonX.Y/site-packages with a copy of us)."""
+    bindir = tmp_path / "prefix" / "bin"
+    site = tmp_path / "prefix" / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+    bindir.mkdir(parents=True)
+    shutil.copytree(REPO / "pyxis_hook", site / "pyxis_hook", ignore=shutil.ignore_patterns("__pycache__"))
+    for d in (tmp_path, tmp_path / "prefix", bindir, *site.parents, site):
+        if str(d).startswith(str(tmp_path)):
+            os.chmod(d, 0o755)
+    return bindir, site
+
+
 def test_the_shipped_script_is_the_body_the_rewrite_recognizes():
     assert (REPO / "bin" / "pyxis-hook").read_text() == "#!python\n" + command.SHIPPED_BODY
 
@@ -36,21 +50,20 @@ def test_a_checkout_script_is_never_rewritten():
     assert command.upgrade(str(script)) is False and script.read_bytes() == before
 
 
-def test_first_run_rewrites_to_the_fast_form_and_it_runs(tmp_path):
-    os.chmod(tmp_path, 0o755)
-    script = pip_form(tmp_path)
-    assert command.why_not(str(script))[0] == ""
-    r = subprocess.run([str(script), "--version"], capture_output=True, text=True)
-    assert r.returncode == 0 and r.stdout.startswith("pyxis-hook "), r.stderr
+def test_first_run_rewrites_to_the_fast_form_and_it_runs(prefix):
+    bindir, site = prefix
+    script = pip_form(bindir)
+    assert command.why_not(str(script), parent=str(site))[0] == ""
+    assert command.upgrade(str(script), parent=str(site)) is True
     text = script.read_text()
-    assert text.startswith(f"#!{PY} -IS\n") and text == command.fast_text(PY)
+    assert text.startswith(f"#!{PY} -IS\n") and text == command.fast_text(PY, str(site))
     assert script.stat().st_mode & 0o7777 == 0o755
-    assert [p.name for p in tmp_path.iterdir()] == ["pyxis-hook"], "a temporary file was left"
-    assert command.why_not(str(script))[0] == "fast"
-    # the rewritten command runs, and is not rewritten again
+    assert [p.name for p in bindir.iterdir()] == ["pyxis-hook"], "a temporary file was left"
+    assert command.why_not(str(script), parent=str(site))[0] == "fast"
+    # the rewritten command runs the copy installed beside it, and is not rewritten again
     r = subprocess.run([str(script), "--version"], capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.startswith("pyxis-hook "), r.stderr
-    assert script.read_text() == text
+    assert command.upgrade(str(script), parent=str(site)) is False and script.read_text() == text
 
 
 def test_the_fast_form_runs_without_site_and_finds_the_package(tmp_path):
@@ -64,22 +77,22 @@ def test_the_fast_form_runs_without_site_and_finds_the_package(tmp_path):
     assert r.returncode == 0 and r.stdout.strip() == pyxis_hook.__file__, r.stderr
 
 
-def test_a_link_to_the_command_rewrites_the_file_it_names(tmp_path):
-    os.chmod(tmp_path, 0o755)
-    (tmp_path / "venv").mkdir(mode=0o755)
-    script = pip_form(tmp_path / "venv")
+def test_a_link_to_the_command_rewrites_the_file_it_names(tmp_path, prefix):
+    bindir, site = prefix
+    script = pip_form(bindir)
     link = tmp_path / "pyxis-hook"
     link.symlink_to(script)
-    assert command.upgrade(str(link)) is True
-    assert link.is_symlink() and script.read_text() == command.fast_text(PY)
+    assert command.upgrade(str(link), parent=str(site)) is True
+    assert link.is_symlink() and script.read_text() == command.fast_text(PY, str(site))
 
 
 @pytest.mark.parametrize("case", ["edited", "flags", "group-writable", "open-dir", "not-ours", "no-interpreter",
-                                  "too-long", "not-a-file"])
-def test_what_is_never_rewritten(tmp_path, case):
+                                  "too-long", "not-a-file", "other-interpreter", "package-elsewhere",
+                                  "open-package-dir"])
+def test_what_is_never_rewritten(tmp_path, prefix, case):
     """Each refusal leaves the file as it was, and says why."""
-    bindir = tmp_path / "bin"
-    bindir.mkdir(mode=0o755)
+    bindir, site = prefix
+    parent = str(site)
     euid = os.geteuid()
     if case == "edited":
         script, want = pip_form(bindir, body=command.SHIPPED_BODY + "# mine\n"), "not the command as pip installs it"
@@ -100,29 +113,39 @@ def test_what_is_never_rewritten(tmp_path, case):
         deep.mkdir(parents=True)
         (deep / "python").symlink_to(PY)
         script, want = pip_form(bindir, python=str(deep / "python")), "256-byte limit"
+    elif case == "other-interpreter":  # run by this python, but naming another one
+        script, want = pip_form(bindir, python="/bin/sh"), "not by its own interpreter"
+    elif case == "package-elsewhere":  # PYTHONPATH or a user site chose another copy for this run
+        script, want = pip_form(bindir), "is not the one installed beside it"
+        parent = str(REPO)
+    elif case == "open-package-dir":
+        script, want = pip_form(bindir), f"{site}: not the caller's or root's, or writable by group or others"
+        os.chmod(site, 0o777)
     else:
         script, want = bindir / "pyxis-hook", "not the command as pip installs it"
         script.mkdir()
     before = script.read_bytes() if script.is_file() else None
-    why = command.why_not(str(script), euid=euid)[0]
+    why = command.why_not(str(script), euid=euid, parent=parent)[0]
     assert want in why and why != "fast"
     if case != "not-ours":  # upgrade() asks for the caller's own euid
-        assert command.upgrade(str(script)) is False
+        assert command.upgrade(str(script), parent=parent) is False
     assert (script.read_bytes() if script.is_file() else None) == before
     assert [p.name for p in bindir.iterdir()] == ["pyxis-hook"], "a temporary file was left"
+    os.chmod(bindir, 0o755)
+    os.chmod(site, 0o755)
 
 
-def test_a_failed_write_leaves_the_command_and_no_temporary_file(tmp_path, monkeypatch):
-    os.chmod(tmp_path, 0o755)
-    script = pip_form(tmp_path)
+def test_a_failed_write_leaves_the_command_and_no_temporary_file(prefix, monkeypatch):
+    bindir, site = prefix
+    script = pip_form(bindir)
     before = script.read_bytes()
 
     def full(fd, data):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr("pyxis_hook.host.snapshot.posix.write", full)
-    assert command.upgrade(str(script)) is False
-    assert script.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["pyxis-hook"]
+    assert command.upgrade(str(script), parent=str(site)) is False
+    assert script.read_bytes() == before and [p.name for p in bindir.iterdir()] == ["pyxis-hook"]
 
 
 def test_no_rewrite_when_already_running_without_site(tmp_path):

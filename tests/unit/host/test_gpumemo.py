@@ -117,3 +117,22 @@ def test_a_memo_that_may_not_be_used_is_not(tmp_path, monkeypatch, what):
     monkeypatch.setattr(gpuscan, "discover_gpus", lambda *a: calls.append(a) or real(*a))
     host, _looks = gpumemo.start_gpus(cfg)
     assert calls and host == _fresh(cfg)
+
+
+def test_a_memo_of_other_roots_is_not_used(tmp_path, monkeypatch):
+    """A memo copied to (or colliding with) another proc-root/dev-root's name is that other host's: a miss."""
+    tree, cfg = _host(tmp_path / "a")
+    gpumemo.start_gpus(cfg)
+    other_tree, other = _host(tmp_path / "b", n=2)
+    other = Config(proc_root=other.proc_root, dev_root=other.dev_root, snapshot_dir=cfg.snapshot_dir)
+    Path(gpumemo.memo_path(other)).write_bytes(Path(gpumemo.memo_path(cfg)).read_bytes())
+    host, _looks = gpumemo.start_gpus(other)
+    assert len(host.gpus) == 2 and host == _fresh(other)
+
+
+def test_no_memo_is_written_where_no_start_would_read_it(tmp_path):
+    tree, cfg = _host(tmp_path)
+    os.chmod(cfg.snapshot_dir, 0o777)
+    gpumemo.start_gpus(cfg)
+    assert not os.path.exists(gpumemo.memo_path(cfg))
+    os.chmod(cfg.snapshot_dir, 0o755)

@@ -1,4 +1,4 @@
-"""host/gpus.py: procfs/dev discovery against fixture trees written like the kernel module's."""
+"""host/gpus.py and host/gpuscan.py: the parsers, and discovery against fixture trees written like the kernel module's."""
 
 from __future__ import annotations
 

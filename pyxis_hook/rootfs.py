@@ -120,14 +120,41 @@ def read_regular_path(path: str, limit: int) -> bytes:
 
 
 def _read_capped(fd: int, limit: int) -> bytes:
-    """All of open file `fd` (closed here), or OSError(EFBIG) past `limit` bytes: the cap bounds memory."""
+    """All of open file `fd` (closed here), or OSError(EFBIG) past `limit` bytes: the cap bounds memory.
+
+    A file whose size already says so is refused before anything is read.
+    """
     try:
-        if posix.fstat(fd).st_size > limit:
-            raise OSError(errno.EFBIG, f"larger than {limit} bytes")
+        too_big = posix.fstat(fd).st_size > limit
+    except BaseException:
+        posix.close(fd)
+        raise
+    if too_big:
+        posix.close(fd)
+        raise OSError(errno.EFBIG, f"larger than {limit} bytes")
+    return read_to_end(fd, limit)
+
+
+#: a host procfs file larger than this is not read (a mountinfo of ~300,000 mounts): memory stays bounded
+PROC_LIMIT = 64 << 20
+
+
+def read_to_end(fd: int, limit: int, chunk: int = 1 << 16) -> bytes:
+    """What open file `fd` (closed here) reads to its end, with `posix` calls; OSError(EFBIG) past `limit` bytes.
+
+    `chunk`: the most one read asks for (a file read whole in one read is
+    not copied again to be joined).
+
+    Read to the end, not by its size: procfs and cgroupfs files say 0 and
+    hand out a page or so per read.  No io stack (three objects a file), so
+    the per-GPU and per-start reads of a container start cost one open, the
+    reads and one close.
+    """
+    try:
         chunks, left = [], limit + 1  # one byte more tells a file that grew past the cap
-        while left > 0 and (chunk := posix.read(fd, min(left, 1 << 20))):
-            chunks.append(chunk)
-            left -= len(chunk)
+        while left > 0 and (got := posix.read(fd, chunk if chunk < left else left)):
+            chunks.append(got)
+            left -= len(got)
     finally:
         posix.close(fd)
     data = b"".join(chunks)

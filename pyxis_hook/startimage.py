@@ -337,6 +337,21 @@ def source_signature(origin: str) -> tuple[int, int] | None:
     return (st.st_mtime_ns, st.st_size)
 
 
+def code_signature(origins) -> tuple[tuple[str, int, int], ...]:
+    """(file, mtime in ns, size) of each of `origins` (module files) there is: the code that made what is kept.
+
+    A version string alone would not do: an edited or patched install keeps
+    it, and nothing kept (a decision, the GPU memo) may outlive the code
+    that made it.  `same_code` checks it later.
+    """
+    return tuple(sorted((origin, *sig) for origin in set(origins) if (sig := source_signature(origin)) is not None))
+
+
+def same_code(signature) -> bool:
+    """Whether each file of a `code_signature` is as it was then."""
+    return all(source_signature(origin) == (mtime, size) for origin, mtime, size in signature)
+
+
 def _from_file(module) -> bool:
     """Whether the module was loaded from a file: Python source or an extension module (not frozen or built in)."""
     spec = getattr(module, "__spec__", None)

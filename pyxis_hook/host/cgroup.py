@@ -19,6 +19,7 @@ import posix
 
 from pyxis_hook import pathnames
 from pyxis_hook.record import record
+from pyxis_hook.rootfs import PROC_LIMIT, read_to_end
 
 
 @record
@@ -267,23 +268,13 @@ def slurm_of_lines(lines: tuple[CgroupLine, ...]) -> SlurmCgroup | None:
 def read_text(path: str) -> str | None:
     """A small procfs/cgroupfs text file, None when it cannot be read (a process gone, no controller).
 
-    Read with `posix` to its end (procfs hands out a page or so per read):
-    what `open(path).read()` gives, decoded as UTF-8 with replacement,
-    without the io stack's three objects per file (a GPU start reads five).
+    What `open(path).read()` gives, decoded as UTF-8 with replacement, read
+    with `posix` calls (`rootfs.read_to_end`: a GPU start reads five).
     """
     try:
-        fd = posix.open(path, posix.O_RDONLY | posix.O_CLOEXEC)
+        return read_to_end(posix.open(path, posix.O_RDONLY | posix.O_CLOEXEC), PROC_LIMIT).decode("utf-8", "replace")
     except OSError:
         return None
-    try:
-        chunks = []
-        while chunk := posix.read(fd, 65536):
-            chunks.append(chunk)
-    except OSError:
-        return None
-    finally:
-        posix.close(fd)
-    return b"".join(chunks).decode("utf-8", "replace")
 
 
 def read_devices_cgroup(proc_root: str, pid: int | str, mountinfo_pid: int | str = "self") -> DeviceCgroup | None:

@@ -21,10 +21,8 @@ foreign or stale, is a miss, and the start discovers as it always did.
 from __future__ import annotations
 
 import marshal
-import posix
 import sys
 
-from pyxis_hook import __version__, pathnames
 from pyxis_hook.errors import SnapshotError
 from pyxis_hook.host import gpuscan
 from pyxis_hook.host.gpus import HostGpus
@@ -32,7 +30,6 @@ from pyxis_hook.host.gpus import HostGpus
 FORMAT = b"gpus 2\n"
 _PREFIX = "gpus-"
 _READ_LIMIT = 16 << 20
-_DIGEST_PRIME = (1 << 61) - 1
 #: the modules whose code decides a HostGpus from the looks (a memo made by other code is not used)
 _CODE = ("pyxis_hook.host.gpus", "pyxis_hook.host.gpuscan", "pyxis_hook.host.gpumemo", "pyxis_hook.pathnames",
          "pyxis_hook.record")
@@ -40,42 +37,28 @@ _CODE = ("pyxis_hook.host.gpus", "pyxis_hook.host.gpuscan", "pyxis_hook.host.gpu
 
 def memo_path(config) -> str:
     """The memo file for `config`'s proc-root and dev-root."""
-    key = marshal.dumps((config.proc_root, config.dev_root))
-    return pathnames.join(config.snapshot_dir, f"{_PREFIX}{int.from_bytes(key, 'big') % _DIGEST_PRIME:016x}.bin")
+    from pyxis_hook.host import snapshot
+
+    return snapshot.kept_path(config, _PREFIX, marshal.dumps((config.proc_root, config.dev_root)))
 
 
 def _code() -> tuple:
     from pyxis_hook import startimage
 
-    return (__version__, *(startimage.source_signature(sys.modules[name].__file__) for name in _CODE))
-
-
-def _header() -> bytes:
-    return sys.modules["_frozen_importlib_external"].MAGIC_NUMBER + FORMAT  # marshal's format is the interpreter's
+    return startimage.code_signature(sys.modules[name].__file__ for name in _CODE)
 
 
 def _read(path: str, roots: tuple[str, str]) -> tuple | None:
     """(looks as marshalled, the HostGpus as a dict) of a usable memo at `path` for `roots`, or None."""
+    from pyxis_hook import startimage
     from pyxis_hook.host import snapshot
 
     try:
-        fd = snapshot.open_trusted(path)
-    except SnapshotError:
+        code, kept_roots, looks, host = snapshot.load_kept(path, FORMAT, _READ_LIMIT)
+        ok = kept_roots == roots and type(looks) is bytes and startimage.same_code(code)
+    except (SnapshotError, ValueError, TypeError):
         return None
-    try:
-        data = posix.read(fd, _READ_LIMIT + 1)
-    except OSError:
-        return None
-    finally:
-        posix.close(fd)
-    header = _header()
-    if len(data) > _READ_LIMIT or not data.startswith(header):
-        return None
-    try:
-        code, kept_roots, looks, host = marshal.loads(memoryview(data)[len(header):])
-    except (EOFError, ValueError, TypeError):
-        return None
-    return (looks, host) if code == _code() and kept_roots == roots and type(looks) is bytes else None
+    return (looks, host) if ok else None
 
 
 def start_gpus(config, keep: bool = True) -> tuple[HostGpus, bytes]:
@@ -108,7 +91,6 @@ def _write(path: str, roots: tuple[str, str], looks: bytes, host: HostGpus) -> N
     from pyxis_hook.host import snapshot
 
     try:
-        snapshot.trusted_dir(path)  # a memo no start would read is not written
-        snapshot.write_atomically(path, _header() + marshal.dumps((_code(), roots, looks, host.to_dict())))
+        snapshot.keep(path, FORMAT, (_code(), roots, looks, host.to_dict()))
     except (OSError, ValueError, SnapshotError):
         pass  # a read-only, full or untrusted snapshot dir: the next start discovers again

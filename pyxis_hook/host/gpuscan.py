@@ -20,6 +20,7 @@ import posix
 import stat
 
 from pyxis_hook import pathnames
+from pyxis_hook.rootfs import PROC_LIMIT, read_to_end
 from pyxis_hook.host.gpus import (MODESET_MINOR, NVIDIA_MAJOR, NVIDIACTL_MINOR, DeviceMajors, DeviceNode, Gpu,
                                   HostGpus, MigDevice, cap_node_path, format_bus_id, imex_node_path,
                                   majors_from_devices, numbered, parse_access_minor, parse_bus_id,
@@ -30,20 +31,11 @@ from pyxis_hook.host.gpus import (MODESET_MINOR, NVIDIA_MAJOR, NVIDIACTL_MINOR, 
 def _read_raw(path: str) -> bytes | str | None:
     """The file's bytes; None when it does not exist; the error's text when it cannot be read."""
     try:
-        fd = posix.open(path, posix.O_RDONLY | posix.O_CLOEXEC)
+        return read_to_end(posix.open(path, posix.O_RDONLY | posix.O_CLOEXEC), PROC_LIMIT)
     except FileNotFoundError:
         return None
     except OSError as e:
         return str(e.strerror or e)
-    chunks = []
-    try:
-        while chunk := posix.read(fd, 1 << 16):
-            chunks.append(chunk)
-    except OSError as e:
-        return str(e.strerror or e)
-    finally:
-        posix.close(fd)
-    return b"".join(chunks)
 
 
 def _list_raw(path: str) -> tuple[str, ...] | str | None:
@@ -54,10 +46,6 @@ def _list_raw(path: str) -> tuple[str, ...] | str | None:
         return None
     except OSError as e:
         return str(e.strerror or e)
-
-
-def _isdir_raw(path: str) -> bool:
-    return pathnames.isdir(path)
 
 
 def _stat_raw(path: str) -> tuple[int, int] | str | None:
@@ -72,7 +60,7 @@ def _stat_raw(path: str) -> tuple[int, int] | str | None:
 
 
 #: each kind of look, by the name a `seen` entry gives it
-_LOOKS = {"read": _read_raw, "list": _list_raw, "dir": _isdir_raw, "stat": _stat_raw}
+_LOOKS = {"read": _read_raw, "list": _list_raw, "dir": pathnames.isdir, "stat": _stat_raw}
 
 
 class Reader:

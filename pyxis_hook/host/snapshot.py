@@ -23,11 +23,14 @@ json, pyelftools or jsonschema (tests check sys.modules).
 
 from __future__ import annotations
 
+import marshal
 import posix
 import stat
+import sys
 
 from pyxis_hook import fastjson, log, pathnames
 from pyxis_hook.errors import SnapshotError
+from pyxis_hook.rootfs import read_to_end
 
 #: bumped whenever discovery records something else for the same driver files, so an upgrade
 #: rebuilds the snapshot instead of trusting the old result (2: per-capability DT_NEEDED closure,
@@ -140,6 +143,51 @@ def open_trusted(path: str) -> int:
         posix.close(fd)
         raise
     return fd
+
+
+def kept_path(config, prefix: str, key: bytes) -> str:
+    """`<snapshot-dir>/<prefix><digest of key>.bin`: where a start keeps something beside the snapshot.
+
+    The digest is the snapshot file name's (`snapshot_path`); the key itself
+    is stored inside and compared by the reader.
+    """
+    return pathnames.join(config.snapshot_dir, f"{prefix}{int.from_bytes(key, 'big') % _DIGEST_PRIME:08x}.bin")
+
+
+def _kept_header(fmt: bytes) -> bytes:
+    return sys.modules["_frozen_importlib_external"].MAGIC_NUMBER + fmt  # marshal's format is the interpreter's
+
+
+def load_kept(path: str, fmt: bytes, limit: int):
+    """The value `keep` wrote at `path` in format `fmt`, trusted as the snapshot is; SnapshotError saying why not.
+
+    For what a start keeps beside the snapshot (decisions, the GPU memo):
+    the file must pass `open_trusted`, be at most `limit` bytes, start with
+    this interpreter's bytecode magic (marshal's format is the interpreter's)
+    and `fmt`, and unmarshal; what the value holds is the caller's to check.
+    """
+    fd = open_trusted(path)
+    try:
+        data = read_to_end(fd, limit, limit + 1)  # one read: these files are a few KB to a few hundred
+    except OSError as e:
+        raise SnapshotError(f"{path}: {e.strerror}") from None
+    header = _kept_header(fmt)
+    if not data.startswith(header):
+        raise SnapshotError(f"{path}: written by another version or Python")
+    try:
+        return marshal.loads(memoryview(data)[len(header):])
+    except (EOFError, ValueError, TypeError) as e:
+        raise SnapshotError(f"{path}: corrupt: {e}") from None
+
+
+def keep(path: str, fmt: bytes, value) -> None:
+    """Write `value` (marshal's plain values) at `path` for `load_kept`: only where a start would trust it, atomically.
+
+    Raises SnapshotError (an untrusted directory: what no start would read
+    is not written), OSError or ValueError (a value marshal cannot write).
+    """
+    trusted_dir(path)
+    write_atomically(path, _kept_header(fmt) + marshal.dumps(value))
 
 
 def identity(config) -> tuple[int, int, int, int]:

@@ -60,7 +60,6 @@ VARIANTS = 8
 KEEP_FILES = 64
 #: a decision file larger than this is not read (a plan for 64 GPUs is ~60 KB)
 _READ_LIMIT = 8 << 20
-_DIGEST_PRIME = 4294967291  # 2**32 - 5: stable across runs, no hashlib
 _PREFIX = "decisions-"
 
 #: the records a plan is made of, by name: how a stored plan is rebuilt
@@ -188,31 +187,12 @@ def _decode(value):
 
 
 def _code() -> tuple[tuple[str, int, int], ...]:
-    """(file, mtime in ns, size) of each of this package's modules loaded now: the code a decision was made by.
-
-    The version string alone would not do: an edited or patched install
-    keeps it, and a decision must never outlive the planner that made it.
-    """
+    """The `startimage.code_signature` of this package's modules loaded now: the code a decision was made by."""
     from pyxis_hook import startimage
 
-    out = []
-    for name, module in list(sys.modules.items()):
-        origin = getattr(module, "__file__", None) if name.startswith("pyxis_hook.") else None
-        if origin and origin.endswith(".py"):
-            sig = startimage.source_signature(origin)
-            if sig is not None:
-                out.append((origin, *sig))
-    return tuple(sorted(out))
-
-
-def _same_code(code) -> bool:
-    from pyxis_hook import startimage
-
-    return all(startimage.source_signature(origin) == (mtime, size) for origin, mtime, size in code)
-
-
-def _header() -> bytes:
-    return sys.modules["_frozen_importlib_external"].MAGIC_NUMBER + FORMAT  # marshal's format is the interpreter's
+    files = (getattr(module, "__file__", None) or "" for name, module in list(sys.modules.items())
+             if name.startswith("pyxis_hook."))
+    return startimage.code_signature(f for f in files if f.endswith(".py"))
 
 
 class Lookup:
@@ -247,8 +227,7 @@ class Lookup:
             None if allowed is None else tuple(sorted(allowed)),
             _encode(replace(self.facts, rootfs="")), proc_files,
         ))
-        digest = int.from_bytes(self.key, "big") % _DIGEST_PRIME
-        self.path = pathnames.join(config.snapshot_dir, f"{_PREFIX}{digest:08x}.bin")
+        self.path = snapshot.kept_path(config, _PREFIX, self.key)
         if snap is not None:
             self.variants = self._read()
 
@@ -256,27 +235,15 @@ class Lookup:
         from pyxis_hook.host import snapshot
 
         try:
-            fd = snapshot.open_trusted(self.path)
-        except SnapshotError as e:
-            self.why = str(e)
-            return []
-        try:
-            data = posix.read(fd, _READ_LIMIT + 1)
-        except OSError as e:
-            self.why = f"{self.path}: {e.strerror}"
-            return []
-        finally:
-            posix.close(fd)
-        header = _header()
-        try:
-            if len(data) > _READ_LIMIT or not data.startswith(header):
-                raise ValueError("written by another version or Python")
-            key, variants = marshal.loads(memoryview(data)[len(header):])
+            key, variants = snapshot.load_kept(self.path, FORMAT, _READ_LIMIT)
             if key != self.key:
                 raise ValueError("another start's inputs (a digest collision)")
             if not isinstance(variants, list):
                 raise ValueError("not a list")
-        except (ValueError, EOFError, TypeError) as e:
+        except SnapshotError as e:
+            self.why = str(e)
+            return []
+        except (ValueError, TypeError) as e:
             self.why = f"{self.path}: not used: {e}"
             return []
         return variants
@@ -286,6 +253,7 @@ class Lookup:
 
         The plan names the rootfs of the start that made it: the caller puts its own.
         """
+        from pyxis_hook import startimage
         from pyxis_hook.host import snapshot
         from pyxis_hook.plan.container import link_occupants
 
@@ -295,7 +263,7 @@ class Lookup:
                 observed, code, currency, link_paths, occupants, plan, allocated = variant
                 if not _matches(observed, env):
                     continue
-                if not _same_code(code):  # made by an edited install, or another install of the package
+                if not startimage.same_code(code):  # made by an edited install, or another install of the package
                     self.why = f"{self.path}: made by other code than this package's"
                     continue
                 stale = snapshot.stale_reason(currency, self.config, self.host, self.root)
@@ -326,9 +294,7 @@ class Lookup:
                        build.link_paths(files, facts), facts.link_occupants, _encode(plan), allocated)
             # the newest first; one per env reading and code (two installs sharing a snapshot dir keep theirs)
             variants = [variant] + [v for v in self.variants if v[:2] != variant[:2]][:VARIANTS - 1]
-            data = _header() + marshal.dumps((self.key, variants))
-            snapshot.trusted_dir(self.path)  # a decision no start would read is not written
-            snapshot.write_atomically(self.path, data)
+            snapshot.keep(self.path, FORMAT, (self.key, variants))
         except (OSError, SnapshotError, ValueError) as e:
             return f"decisions: not kept: {getattr(e, 'strerror', None) or e}"
         _prune(pathnames.dirname(self.path))

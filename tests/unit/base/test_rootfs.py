@@ -335,3 +335,23 @@ def test_locate_names_the_resolved_path_and_hides_top_level_dirs(tmp_path):
         with pytest.raises(RootPathError) as e:
             rfs.locate("/loop/x")
         assert e.value.errno == errno.ELOOP
+
+
+def test_read_to_end_reads_past_one_chunk_caps_and_closes(tmp_path):
+    """The one posix read loop of procfs texts, GPU files and kept files: whole, bounded, fd closed either way."""
+    import errno as _errno
+
+    from pyxis_hook.rootfs import read_to_end
+
+    path = tmp_path / "f"
+    path.write_bytes(b"0123456789" * 10)
+    fd = os.open(path, os.O_RDONLY)
+    assert read_to_end(fd, 100, chunk=16) == b"0123456789" * 10
+    with pytest.raises(OSError):
+        os.fstat(fd)  # closed
+    fd = os.open(path, os.O_RDONLY)
+    with pytest.raises(OSError) as e:
+        read_to_end(fd, 99, chunk=16)
+    assert e.value.errno == _errno.EFBIG
+    with pytest.raises(OSError):
+        os.fstat(fd)

@@ -231,7 +231,9 @@ def test_two_installs_sharing_a_snapshot_dir_keep_a_decision_each(tmp_path, monk
     installs = {"one": ((str(tmp_path / "one.py"), 1, 1),), "two": ((str(tmp_path / "two.py"), 2, 2),)}
     current = {"install": "one"}
     monkeypatch.setattr(decisions, "_code", lambda: installs[current["install"]])
-    monkeypatch.setattr(decisions, "_same_code", lambda code: code == installs[current["install"]])
+    from pyxis_hook import startimage
+
+    monkeypatch.setattr(startimage, "same_code", lambda code: code == installs[current["install"]])
     _warm(config, bundle)
     current["install"] = "two"
     assert prepare(config, bundle, check=True, cache=True, confine=False).request is not None  # the other's

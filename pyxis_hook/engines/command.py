@@ -106,13 +106,44 @@ def why_not(script: str, euid: int | None = None, parent: str | None = None) -> 
     file) is written into a command root runs.  An editable install
     (the package in a checkout) keeps pip's form.
     """
+    reason, real, new, dir_fd, _mode = _examine(script, euid, parent)
+    if dir_fd >= 0:
+        os.close(dir_fd)
+    return reason, real, new
+
+
+def _examine(script: str, euid: int | None, parent: str | None) -> tuple[str, str, bytes, int, int]:
+    """`why_not`'s answer, the script directory's fd (when the rewrite may be made, else -1) and the script's mode.
+
+    The directory is opened once, checked through its fd, and the script
+    read and (by `upgrade`) replaced through it: what a swapped directory on
+    the way to it would name is never looked at again.
+    """
     euid = os.geteuid() if euid is None else euid
     parent = os.path.realpath(parent or package_parent())
     real = os.path.realpath(script)
+    directory, name = os.path.split(real)
     try:
-        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as e:
-        return f"{real}: cannot open: {e.strerror}", real, b""
+        return f"{directory}: {e.strerror}", real, b"", -1, 0
+    try:
+        reason, new, mode = _judge(real, dir_fd, name, euid, parent)
+    except BaseException:
+        os.close(dir_fd)
+        raise
+    if reason:
+        os.close(dir_fd)
+        return reason, real, b"", -1, 0
+    return "", real, new, dir_fd, mode
+
+
+def _judge(real: str, dir_fd: int, name: str, euid: int, parent: str) -> tuple[str, bytes, int]:
+    """(the reason not to rewrite, or "", the new text, the script's mode) for `name` in directory `dir_fd`."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError as e:
+        return f"{real}: cannot open: {e.strerror}", b"", 0
     try:
         st = os.fstat(fd)
         data = os.read(fd, 64 * 1024) if stat.S_ISREG(st.st_mode) else b""
@@ -120,41 +151,42 @@ def why_not(script: str, euid: int | None = None, parent: str | None = None) -> 
         os.close(fd)
     first, _, rest = data.partition(b"\n")
     if first.endswith(b" -IS") and rest.startswith(FAST_BODY.partition("\n")[0].encode()):
-        return "fast", real, b""
+        return "fast", b"", 0
     python = first[2:].decode(errors="replace")
     if not stat.S_ISREG(st.st_mode) or not first.startswith(b"#!/") or rest.decode(errors="replace") != SHIPPED_BODY:
-        return f"{real}: not the command as pip installs it", real, b""
+        return f"{real}: not the command as pip installs it", b"", 0
     if any(c.isspace() for c in python) or not os.access(python, os.X_OK):
-        return f"{real}: its interpreter {python!r} is not a plain executable path", real, b""
+        return f"{real}: its interpreter {python!r} is not a plain executable path", b"", 0
     if os.path.realpath(python) != os.path.realpath(sys.executable):
-        return f"{real}: run by {sys.executable}, not by its own interpreter {python}", real, b""
+        return f"{real}: run by {sys.executable}, not by its own interpreter {python}", b"", 0
     prefix = os.path.dirname(os.path.dirname(real))
     if not parent.startswith(os.path.join(prefix, "lib", "")):
-        return f"{real}: this run's package ({parent}) is not the one installed beside it", real, b""
+        return f"{real}: this run's package ({parent}) is not the one installed beside it", b"", 0
     new = fast_text(python, parent).encode()
     if len(new.partition(b"\n")[0]) >= SHEBANG_LIMIT:
-        return f"{real}: its interpreter line would pass the kernel's {SHEBANG_LIMIT}-byte limit", real, b""
+        return f"{real}: its interpreter line would pass the kernel's {SHEBANG_LIMIT}-byte limit", b"", 0
     if _unsafe(st, (euid,)):
-        return f"{real}: not the caller's own file, or writable by group or others", real, b""
-    for d in (os.path.dirname(real), parent, os.path.join(parent, "pyxis_hook")):
+        return f"{real}: not the caller's own file, or writable by group or others", b"", 0
+    for d, dst in ((os.path.dirname(real), os.fstat(dir_fd)), (parent, None), (os.path.join(parent, "pyxis_hook"), None)):
         try:
-            dst = os.stat(d)
+            dst = dst or os.stat(d)
         except OSError as e:
-            return f"{d}: {e.strerror}", real, b""
+            return f"{d}: {e.strerror}", b"", 0
         if _unsafe(dst, (euid, 0)):
-            return f"{d}: not the caller's or root's, or writable by group or others", real, b""
-    return "", real, new
+            return f"{d}: not the caller's or root's, or writable by group or others", b"", 0
+    return "", new, stat.S_IMODE(st.st_mode)
 
 
 def upgrade(script: str, parent: str | None = None) -> bool:
     """Rewrite the installed command `script` into its fast form when `why_not` allows; True if written.
 
-    Never raises: the command this runs in must go on whatever happens here.
+    Written through the directory fd `_examine` checked.  Never raises: the
+    command this runs in must go on whatever happens here.
     """
     if sys.flags.no_site:
         return False
     try:
-        reason, real, new = why_not(script, parent=parent)
+        reason, real, new, dir_fd, mode = _examine(script, None, parent)
     except (OSError, ValueError):
         return False
     if reason:
@@ -162,7 +194,9 @@ def upgrade(script: str, parent: str | None = None) -> bool:
     from pyxis_hook.host.snapshot import write_atomically
 
     try:
-        write_atomically(real, new, stat.S_IMODE(os.stat(real).st_mode))
+        write_atomically(os.path.basename(real), new, mode, dir_fd=dir_fd)
     except OSError:
         return False
+    finally:
+        os.close(dir_fd)
     return True

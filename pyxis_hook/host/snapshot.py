@@ -264,16 +264,19 @@ def save(config, inv, seen: list | None = None) -> str:
     return path
 
 
-def write_atomically(path: str, data: bytes, mode: int = 0o644) -> tuple[int, int, int, int]:
+def write_atomically(path: str, data: bytes, mode: int = 0o644, dir_fd: int | None = None) -> tuple[int, int, int, int]:
     """Put `data` at `path` whole or not at all (a hidden temp file beside it, fsync'ed, renamed); its identity.
 
     `mode` whatever the umask.  The temp name is this process's own and
     made with O_EXCL|O_NOFOLLOW: nothing another user placed is written
-    through.  Raises OSError; the temp file is gone then.
+    through.  With `dir_fd`, `path` is a name in that directory (one the
+    caller opened and checked: nothing on the way to it is looked up
+    again).  Raises OSError; the temp file is gone then.
     """
     directory, name = pathnames.split(path)
     tmp = pathnames.join(directory, f".{name}.{posix.getpid()}.tmp")
-    fd = posix.open(tmp, posix.O_WRONLY | posix.O_CREAT | posix.O_EXCL | posix.O_NOFOLLOW | posix.O_CLOEXEC, mode)
+    fd = posix.open(tmp, posix.O_WRONLY | posix.O_CREAT | posix.O_EXCL | posix.O_NOFOLLOW | posix.O_CLOEXEC, mode,
+                    dir_fd=dir_fd)
     try:
         try:
             posix.fchmod(fd, mode)
@@ -284,10 +287,10 @@ def write_atomically(path: str, data: bytes, mode: int = 0o644) -> tuple[int, in
             written = _identity(posix.fstat(fd))  # the rename keeps the inode, size and mtime
         finally:
             posix.close(fd)
-        posix.rename(tmp, path)
+        posix.rename(tmp, path, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
         try:
-            posix.unlink(tmp)
+            posix.unlink(tmp, dir_fd=dir_fd)
         except OSError:
             pass
         raise

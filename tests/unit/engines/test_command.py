@@ -157,3 +157,25 @@ def test_no_rewrite_when_already_running_without_site(tmp_path):
     r = subprocess.run([PY, "-S", "-c", code], capture_output=True, text=True)
     assert r.stdout.strip() == "False", r.stderr
     assert script.read_text().startswith(f"#!{PY}\n")
+
+
+def test_the_rewrite_goes_to_the_directory_checked_not_to_a_path_swapped_since(tmp_path, prefix, monkeypatch):
+    """The script's directory is checked and written through one fd: a swap of the path in between changes nothing."""
+    bindir, site = prefix
+    script = pip_form(bindir)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o755)
+    decoy = pip_form(elsewhere)
+    judge = command._judge
+
+    def judge_then_swap(*a):
+        answer = judge(*a)
+        bindir.rename(tmp_path / "moved")  # the checked directory, under another name now
+        bindir.symlink_to(elsewhere)       # and its old path leads somewhere else
+        return answer
+
+    monkeypatch.setattr(command, "_judge", judge_then_swap)
+    assert command.upgrade(str(script), parent=str(site)) is True
+    assert (tmp_path / "moved" / "pyxis-hook").read_text() == command.fast_text(PY, str(site))
+    assert decoy.read_text() == f"#!{PY}\n{command.SHIPPED_BODY}"
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["pyxis-hook"]

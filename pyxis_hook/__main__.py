@@ -21,6 +21,11 @@ if not __package__:  # run as a file: find ourselves; `posix`, not `os` (~1 ms o
     elif not _file.startswith("/"):
         _file = posix.getcwd() + "/" + _file
     sys.path.insert(0, _file.rpartition("/")[0].rpartition("/")[0] or "/")
+from pyxis_hook import startimage  # noqa: E402
+
+# what follows (the dispatch, the no-GPU check) from the boot image when it is current: no import search
+startimage.load_boot()
+if not __package__:
     from pyxis_hook import installpaths
 
     installpaths.add()

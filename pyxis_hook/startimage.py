@@ -45,6 +45,14 @@ loads when it gets there (`load_tier`); `save_all` gives each image the
 modules imported while it was the newest loaded.  A start that never
 loads the tier never executes its modules.
 
+The boot image (`start-image-boot...`, `load_boot`): what `__main__` and
+the entry's first steps import before a start knows its kind or whether the
+container asks for a GPU at all (the command's dispatch, the no-GPU check,
+`_json`), loaded right after this module.  It spares every start, the
+no-GPU one too, the import system's search for each of them; it is written
+by a GPU start like the others (`save_all`: the modules imported after it
+and before the entry's image).
+
 Loading imports nothing: `sys`, `posix` and `marshal` are built in, and the
 import system's own classes come from `sys.modules`.
 """
@@ -65,6 +73,8 @@ _REBUILD_MARKER = "elftools"
 #: the kinds of container start that run from an image of their own: the runtime's hook, the
 #: enroot shim's call, a CDI spec's createContainer steps
 ENTRIES = ("prestart", "enroot", "cdi-hook")
+#: the image every run of the command loads first (`load_boot`), before it knows which kind it is
+BOOT = "boot"
 
 
 def image_path(entry: str = "prestart", tier: str = "") -> str:
@@ -210,10 +220,11 @@ class Loaded:
     A plain class: `record` would be one more module to import before the image is read.
     """
 
-    __slots__ = ("path", "status", "names", "before", "sources")
+    __slots__ = ("path", "status", "names", "before", "sources", "boot")
 
     def __init__(self, path: str, status: str, names: frozenset[str], before: frozenset[str],
                  sources: dict | None = None) -> None:
+        self.boot = False  # the boot image (`load_boot`): not an entry's, so no tier is taken beside it
         self.path = path
         self.status = status
         self.names = names  # the modules the image holds (empty: not used)
@@ -239,6 +250,18 @@ def load(path: str = "") -> Loaded:
     return loaded
 
 
+def load_boot(path: str = "") -> Loaded:
+    """Load the boot image (this interpreter's, or `path`): what a run imports before its entry's image.
+
+    `__main__` calls it once, right after importing this module; the
+    entry's image (`load`) then holds what the start imports after these,
+    and its tiers lie beside that one (`load_tier`).
+    """
+    loaded = load(path or image_path(BOOT))
+    loaded.boot = True
+    return loaded
+
+
 def load_tier(tier: str) -> Loaded | None:
     """Load the next tier of this start's image: the modules only some starts need (None outside a start).
 
@@ -249,9 +272,15 @@ def load_tier(tier: str) -> Loaded | None:
     after the tier was loaded (`save_all`); a module both tiers were asked
     for runs once, from the first.
     """
-    if not _started:
+    entry = next((loaded for loaded in _started if not loaded.boot), None)
+    if entry is None:
         return None
-    return load(_tier_path(_started[0].path, tier))
+    return load(_tier_path(entry.path, tier))
+
+
+def loaded_images() -> tuple[Loaded, ...]:
+    """The images this process loaded, in order (the boot image first when `__main__` loaded it): for the debug log."""
+    return tuple(_started)
 
 
 def save_all() -> list[str]:

@@ -65,11 +65,10 @@ def _hook(args, config) -> int:
     start; past the parser, what they import (the apply modules) runs from
     the image as a `prestart` start's does (`commands.prestart.run_started`).
     """
-    from pyxis_hook import log
-    from pyxis_hook.commands.prestart import load_image, save_image
+    from pyxis_hook.commands.prestart import load_image, log_images, save_image
 
-    image = load_image("cdi-hook")
-    log.debug(image.status)
+    load_image("cdi-hook")
+    log_images()
     from pyxis_hook.engines import cdihook
 
     cdihook.run_hook(args.step, sys.stdin.buffer.read(), config, links=args.link, folders=args.folder,

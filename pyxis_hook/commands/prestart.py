@@ -161,7 +161,7 @@ def run_started(entry: str, work, stderr_level: str = "error") -> int:
 
     `work(config)` does the start and returns the exit status.
     """
-    image = load_image(entry)
+    load_image(entry)
     from pyxis_hook import errors, log
 
     try:
@@ -169,12 +169,20 @@ def run_started(entry: str, work, stderr_level: str = "error") -> int:
 
         config = load_config(None)
         log.configure(config.log_file, config.log_level, stderr_level)
-        log.debug(image.status)
+        log_images()
         rc = work(config)
     except Exception as e:  # noqa: BLE001 — one line for the runtime, the traceback in the log
         return errors.report(e, entry)
     save_image()
     return rc
+
+
+def log_images() -> None:
+    """Say in the debug log what each start image this run loaded did (the boot image's, the entry's)."""
+    from pyxis_hook import log, startimage
+
+    for loaded in startimage.loaded_images():
+        log.debug(loaded.status)
 
 
 def load_image(entry: str):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -139,9 +140,10 @@ def test_start_does_what_plan_says_with_the_image_cold_and_warm(host, tmp_path, 
         r = run_cli("plan", "--bundle", str(bundle), "--json", conf=conf)
         assert r.returncode == 0, r.stderr
         plan = json.loads(r.stdout)["plan"]
-        if i == 0:  # cold: no image of either tier
+        if i == 0:  # cold: no image of either tier, nor the boot image every run loads first
             Path(startimage.image_path()).unlink(missing_ok=True)
             Path(startimage.image_path(tier="plan")).unlink(missing_ok=True)
+            Path(startimage.image_path(startimage.BOOT)).unlink(missing_ok=True)
         seen = _start(host, bundle, rootfs)
         want_devices = {d["path"]: (d["major"], d["minor"]) for d in plan["devices"]}
         # a device node is bound from the host's where it can be (apply/mounts.py)
@@ -163,8 +165,9 @@ def test_start_does_what_plan_says_with_the_image_cold_and_warm(host, tmp_path, 
         starts.append((seen, plan))
     if shape != "no-gpu":
         assert all(s["devices"] for s, _ in starts)  # a real request: something was made
-        assert "start image" in starts[0][0]["log"] and "modules loaded" not in starts[0][0]["log"]
-        assert "modules loaded" in starts[2][0]["log"]  # warm: the modules ran from the image
+        entry = re.escape(startimage.image_path())
+        assert re.search(rf"start image {entry}: not used", starts[0][0]["log"])  # cold
+        assert re.search(rf"start image {entry}: \d+ modules loaded", starts[2][0]["log"])  # warm: from the image
         # the third start of a shape takes the decision an earlier one kept (the first may have built
         # the snapshot, whose decisions are kept from the next start on): plan decided afresh each time
         assert "decisions from " in starts[2][0]["log"], starts[2][0]["log"][-2000:]

@@ -18,13 +18,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[3]
 
-# Prints what load and save said, which modules the import system had to find, and the loaded
-# modules' attributes; the test reads them back with literal_eval (no json import after load:
-# it would join the image).
-RUNNER = """
-import sys
-sys.path[:0] = [{repo!r}, {lib!r}]
-from pyxis_hook import startimage
+# Records each module the import system is asked to find (a module run from an image is not).
+SPY = """
 found = []
 
 class Spy:
@@ -34,7 +29,16 @@ class Spy:
         return None
 
 sys.meta_path.insert(0, Spy)
-loaded = startimage.load({image!r})
+"""
+
+# Prints what load and save said, which modules the import system had to find, and the loaded
+# modules' attributes; the test reads them back with literal_eval (no json import after load:
+# it would join the image).
+RUNNER = """
+import sys
+sys.path[:0] = [{repo!r}, {lib!r}]
+from pyxis_hook import startimage
+""" + SPY + """loaded = startimage.load({image!r})
 for name in sys.argv[1:]:
     __import__(name)
 saved = startimage.save(loaded)
@@ -344,3 +348,48 @@ def test_a_later_tier_holds_what_was_imported_after_it_and_runs_only_when_loaded
     planned = run("plan")
     assert planned["status"] == [f"start image {image}: 2 modules loaded", f"start image {tier}: 1 modules loaded"]
     assert planned["mods"] == ["pkgx", "pkgx.a", "pkgx.b"] and planned["saved"] == []
+
+
+BOOT_RUNNER = """
+import sys
+sys.path[:0] = [{repo!r}, {lib!r}]
+from pyxis_hook import startimage
+""" + SPY + """startimage.load_boot({boot!r})
+import pkgx.a  # what a run imports before it knows its kind (the dispatch, the no-GPU check)
+startimage.load({image!r})
+import pkgx.b
+if "plan" in sys.argv:
+    startimage.load_tier("plan")
+    import pkgx.c
+saved = startimage.save_all()
+print(repr(dict(saved=saved, status=[i.status for i in startimage._started],
+                found=[n for n in found if n.startswith("pkgx")])))
+"""
+
+
+def test_the_boot_image_holds_what_was_imported_before_the_entrys_image(pkg):
+    """A run loads the boot image first; a GPU start writes it with what it imported before its own image."""
+    src, image, _start = pkg
+    boot = image.parent / "start-image-boot.bin"
+    script = BOOT_RUNNER.format(repo=str(REPO), lib=str(src.parent), boot=str(boot), image=str(image))
+
+    def run(*args: str) -> dict:
+        r = subprocess.run([sys.executable, "-I", "-S", "-c", script, *args], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        return ast.literal_eval(r.stdout.strip().splitlines()[-1])
+
+    cold = run("plan")
+    assert cold["found"] == ["pkgx", "pkgx.a", "pkgx.b", "pkgx.c"]
+    assert [line.rpartition(": ")[2] for line in cold["saved"]] == ["written, 2 modules", "written, 1 modules",
+                                                                  "written, 1 modules"]
+    # the planning tier lies beside the entry's image, not beside the boot image
+    tier = image.parent / "start-image-plan.bin"
+    assert tier.exists() and not (image.parent / "start-image-boot-plan.bin").exists()
+    warm = run("plan")
+    assert warm["found"] == [] and warm["saved"] == []
+    assert warm["status"] == [f"start image {boot}: 2 modules loaded", f"start image {image}: 1 modules loaded",
+                              f"start image {tier}: 1 modules loaded"]
+    (src / "a.py").write_text("A = 2\n")  # a boot module changed: the boot image is unused and rewritten
+    changed = run()
+    assert changed["found"] == ["pkgx", "pkgx.a"] and changed["saved"][0].endswith("written, 2 modules")
+    assert changed["status"][0].startswith(f"start image {boot}: not used: stale")

@@ -263,7 +263,9 @@ def load_boot(path: str = "") -> Loaded:
 
 
 def load_tier(tier: str) -> Loaded | None:
-    """Load the next tier of this start's image: the modules only some starts need (None outside a start).
+    """Load the next tier of this start's image: the modules only some starts need.
+
+    None outside a start, and when this start loaded that tier already.
 
     A start served by the decision cache (`plan.decisions`) never runs the
     planning modules, so they are a tier of their own (`tier="plan"`),
@@ -275,7 +277,10 @@ def load_tier(tier: str) -> Loaded | None:
     entry = next((loaded for loaded in _started if not loaded.boot), None)
     if entry is None:
         return None
-    return load(_tier_path(entry.path, tier))
+    path = _tier_path(entry.path, tier)
+    if any(loaded.path == path for loaded in _started):
+        return None
+    return load(path)
 
 
 def loaded_images() -> tuple[Loaded, ...]:

@@ -6,7 +6,7 @@ file and building its records is most of what a start spends per GPU.
 Discovery is a pure function of what it looks at (`host/gpuscan.py`), and
 which looks it makes depends only on what the earlier ones found: when a
 start makes the same looks, in the same order, and each finds exactly what
-it found when the memo was kept (`gpuscan.replay`), discovery would decide
+it found when the memo was kept (`gpulooks.replay`), discovery would decide
 the same HostGpus, so the memo's is used.  The looks themselves are made on
 every start: only the parsing is saved.
 
@@ -24,15 +24,15 @@ import marshal
 import sys
 
 from pyxis_hook.errors import SnapshotError
-from pyxis_hook.host import gpuscan
+from pyxis_hook.host import gpulooks
 from pyxis_hook.host.gpus import HostGpus
 
 FORMAT = b"gpus 2\n"
 _PREFIX = "gpus-"
 _READ_LIMIT = 16 << 20
 #: the modules whose code decides a HostGpus from the looks (a memo made by other code is not used)
-_CODE = ("pyxis_hook.host.gpus", "pyxis_hook.host.gpuscan", "pyxis_hook.host.gpumemo", "pyxis_hook.pathnames",
-         "pyxis_hook.record")
+_CODE = ("pyxis_hook.host.gpus", "pyxis_hook.host.gpufiles", "pyxis_hook.host.gpuscan", "pyxis_hook.host.gpulooks",
+         "pyxis_hook.host.gpumemo", "pyxis_hook.pathnames", "pyxis_hook.record")
 
 
 def memo_path(config) -> str:
@@ -61,12 +61,14 @@ def _read(path: str, roots: tuple[str, str]) -> tuple | None:
     return (looks, host) if ok else None
 
 
-def start_gpus(config, keep: bool = True) -> tuple[HostGpus, bytes]:
+def start_gpus(config, keep: bool = True, on_miss=None) -> tuple[HostGpus, bytes]:
     """(the host's GPUs, the looks they were decided from, marshalled) for a container start.
 
     The looks stand for the GPU facts in a decision's key (`plan.decisions`):
     equal looks give an equal HostGpus.  `keep`: write a memo when there was
     none to use (a start that keeps decisions; never raises for it).
+    `on_miss`: called before discovery's modules are imported, when the
+    memo cannot be used (the start then plans: its key is new).
     """
     path = memo_path(config)
     roots = (config.proc_root, config.dev_root)
@@ -74,12 +76,16 @@ def start_gpus(config, keep: bool = True) -> tuple[HostGpus, bytes]:
     if memo is not None:
         looks, host = memo
         try:
-            if gpuscan.replay(marshal.loads(looks)):
+            if gpulooks.replay(marshal.loads(looks)):
                 # the looks' bytes as kept: the key is then the same bytes on every start that uses the memo
                 return HostGpus.from_dict(host), looks
         except (EOFError, KeyError, TypeError, ValueError):
             pass  # a damaged memo: discover
-    reader = gpuscan.Reader()
+    if on_miss is not None:
+        on_miss()
+    from pyxis_hook.host import gpuscan  # discovery and its parsers: a start whose memo replays loads neither
+
+    reader = gpulooks.Reader()
     found = gpuscan.discover_gpus(config.proc_root, config.dev_root, reader)
     looks = marshal.dumps(reader.seen)
     if keep:

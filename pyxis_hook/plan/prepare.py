@@ -142,7 +142,9 @@ def prepare(config: Config, bundle, *, state=None, check: bool = False, confine:
     if cache:  # fresh on every start, never from the snapshot; parsed again only when a look differs
         from pyxis_hook.host.gpumemo import start_gpus
 
-        host, looks = start_gpus(config)
+        # GPUs that must be discovered are a new key: the start plans, so discovery's modules join the
+        # planner's tier (`plan_tier`), not the image every start runs
+        host, looks = start_gpus(config, on_miss=plan_tier)
     else:
         from pyxis_hook.host.gpuscan import discover_gpus
 
@@ -163,11 +165,7 @@ def prepare(config: Config, bundle, *, state=None, check: bool = False, confine:
             plan, allocated = cached
             return _checked(Prepared(None, None, replace(plan, rootfs=bundle.rootfs), allocated), check)
         env = lookup.env  # records what the request reads of it, for the decision kept below
-        from pyxis_hook import startimage
-
-        tier = startimage.load_tier("plan")  # the planning modules: a start served from the cache runs none
-        if tier is not None:
-            log.debug(tier.status)
+        plan_tier()
 
     from pyxis_hook.host import snapshot
     from pyxis_hook.plan.container import container_facts, with_occupants
@@ -198,6 +196,15 @@ def prepare(config: Config, bundle, *, state=None, check: bool = False, confine:
     if lookup is not None:
         log.debug(lookup.save(inventory, files, facts, plan, allocated, seen))
     return _checked(Prepared(request, inventory, plan, allocated), check)
+
+
+def plan_tier() -> None:
+    """Load the start image's planning tier: the modules a start served by the decision cache never runs."""
+    from pyxis_hook import startimage
+
+    tier = startimage.load_tier("plan")
+    if tier is not None:
+        log.debug(tier.status)
 
 
 def _checked(prepared: Prepared, check: bool) -> Prepared:

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from pyxis_hook import asks
 from pyxis_hook.spec import config, oci, require
-from pyxis_hook.host import cgroup, gpus
+from pyxis_hook.host import cgroup, gpufiles, gpus
 from pyxis_hook.engines import cdihook, enroot
 from pyxis_hook.loader import cachelookup, cacheprint, elf, elfhead, ldcache
 from pyxis_hook.errors import PyxisHookError
@@ -169,11 +169,11 @@ def _proc_text(text: str) -> None:
     cgroup.parse_proc_cgroup(text)
     cgroup.parse_mountinfo(text)
     cgroup.parse_devices_list(text)
-    gpus.parse_driver_version(text)
-    gpus.parse_information(text)
-    gpus.parse_proc_devices(text)
-    gpus.parse_mig_minors(text)
-    gpus.parse_access_minor(text)
+    gpufiles.parse_driver_version(text)
+    gpufiles.parse_information(text)
+    gpufiles.parse_proc_devices(text)
+    gpufiles.parse_mig_minors(text)
+    gpufiles.parse_access_minor(text)
     gpus.parse_bus_id(text)
 
 

@@ -322,6 +322,8 @@ import pkgx.a
 if "plan" in sys.argv:
     startimage.load_tier("plan")
     import pkgx.b
+    if startimage.load_tier("plan") is not None:  # asked again (a GPU discovery, then the plan): loaded once
+        raise SystemExit("the tier was loaded twice")
 saved = startimage.save_all()
 print(repr(dict(saved=saved, status=[i.status for i in startimage._started],
                 mods=sorted(n for n in sys.modules if n.startswith("pkgx")))))

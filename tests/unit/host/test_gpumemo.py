@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fixtures.hosttree import fake_gpus, make_host_tree
-from pyxis_hook.host import gpumemo, gpuscan
+from pyxis_hook.host import gpulooks, gpumemo, gpuscan
 from pyxis_hook.spec.config import Config
 
 ROOT = os.geteuid() == 0
@@ -35,20 +35,20 @@ def _no_discovery(monkeypatch):
 
 def test_every_look_is_kept_and_replays_on_an_unchanged_host(tmp_path):
     tree, cfg = _host(tmp_path)
-    r = gpuscan.Reader()
+    r = gpulooks.Reader()
     gpuscan.discover_gpus(cfg.proc_root, cfg.dev_root, r)
     kinds = {k for k, _p, _f in r.seen}
     assert {"read", "list", "dir", "stat"} <= kinds
     infos = [p for k, p, _f in r.seen if k == "read" and p.endswith("/information")]
     assert len(infos) == 4
-    assert gpuscan.replay(r.seen)
-    assert gpuscan.replay(marshal.loads(marshal.dumps(r.seen)))  # as the memo keeps them
+    assert gpulooks.replay(r.seen)
+    assert gpulooks.replay(marshal.loads(marshal.dumps(r.seen)))  # as the memo keeps them
 
 
 @pytest.mark.parametrize("change", ["information", "gpu-gone", "gpu-added", "node", "devices", "version"])
 def test_a_changed_look_does_not_replay(tmp_path, change):
     tree, cfg = _host(tmp_path)
-    r = gpuscan.Reader()
+    r = gpulooks.Reader()
     gpuscan.discover_gpus(cfg.proc_root, cfg.dev_root, r)
     gpus_dir = Path(cfg.proc_root) / "driver/nvidia/gpus"
     first = sorted(gpus_dir.iterdir())[0]
@@ -73,7 +73,7 @@ def test_a_changed_look_does_not_replay(tmp_path, change):
     else:
         version = Path(cfg.proc_root) / "driver/nvidia/version"
         version.write_text(version.read_text().replace("535", "550"))
-    assert not gpuscan.replay(r.seen)
+    assert not gpulooks.replay(r.seen)
 
 
 def test_start_gpus_keeps_a_memo_and_uses_it(tmp_path, monkeypatch):
@@ -136,3 +136,22 @@ def test_no_memo_is_written_where_no_start_would_read_it(tmp_path):
     gpumemo.start_gpus(cfg)
     assert not os.path.exists(gpumemo.memo_path(cfg))
     os.chmod(cfg.snapshot_dir, 0o755)
+
+
+def test_a_start_whose_memo_replays_loads_neither_discovery_nor_the_parsers(tmp_path):
+    """The memo's hit path replays looks (`gpulooks`) and builds records (`gpus`); nothing else of discovery runs."""
+    import subprocess
+    import sys
+
+    tree, cfg = _host(tmp_path)
+    repo = Path(__file__).resolve().parents[3]
+    code = (f"import sys; sys.path.insert(0, {str(repo)!r})\n"
+            "from pyxis_hook.host import gpumemo\nfrom pyxis_hook.spec.config import Config\n"
+            f"host, _ = gpumemo.start_gpus(Config(proc_root={cfg.proc_root!r}, dev_root={cfg.dev_root!r}, "
+            f"snapshot_dir={cfg.snapshot_dir!r}))\n"
+            "print(len(host.gpus), sorted(m for m in sys.modules if m.startswith('pyxis_hook.host.')))")
+    runs = [subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True) for _ in range(2)]
+    assert all(r.returncode == 0 for r in runs), runs[-1].stderr
+    first, second = (r.stdout.split(" ", 1) for r in runs)
+    assert "'pyxis_hook.host.gpuscan'" in first[1] and "'pyxis_hook.host.gpufiles'" in first[1]  # it discovered
+    assert second[0] == "4" and "gpuscan" not in second[1] and "gpufiles" not in second[1], second

@@ -1,4 +1,4 @@
-"""host/gpus.py and host/gpuscan.py: the parsers, and discovery against fixture trees written like the kernel module's."""
+"""host/gpus.py, host/gpufiles.py and host/gpuscan.py: the parsers, and discovery against fixture trees written like the kernel module's."""
 
 from __future__ import annotations
 
@@ -11,19 +11,11 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from fixtures.hosttree import FakeGpu, fake_gpus, fake_uuid, make_host_tree
-from pyxis_hook.host import gpus, gpuscan
+from pyxis_hook.host import gpufiles, gpulooks
 from pyxis_hook.host.gpuscan import discover_gpus
 from schema_check import validate
-from pyxis_hook.host.gpus import (
-    HostGpus,
-    device_nodes_for,
-    normalize_bus_id,
-    parse_bus_id,
-    parse_driver_version,
-    parse_information,
-    parse_mig_minors,
-    parse_proc_devices,
-)
+from pyxis_hook.host.gpus import HostGpus, device_nodes_for, normalize_bus_id, parse_bus_id
+from pyxis_hook.host.gpufiles import parse_driver_version, parse_information, parse_mig_minors, parse_proc_devices
 
 ROOT = os.geteuid() == 0
 
@@ -85,7 +77,7 @@ def test_proc_devices_char_section_only_and_frontend_fallback():
             "Block devices:\n  8 sd\n237 nvidia-caps\n")
     names = parse_proc_devices(text)
     assert names == {"mem": 1, "nvidia": 195, "nvidia-uvm": 236}
-    majors = gpus.majors_from_devices(names)
+    majors = gpufiles.majors_from_devices(names)
     assert (majors.nvidia, majors.uvm, majors.caps, majors.imex) == (195, 236, None, None)
     assert majors.names == (("nvidia", 195), ("nvidia-uvm", 236))
 
@@ -318,5 +310,5 @@ def test_reader_reads_what_a_text_mode_open_reads(tmp_path_factory, data):
     path.write_bytes(data)
     with open(path, encoding="utf-8", errors="replace") as f:
         expected = f.read()
-    r = gpuscan.Reader()
+    r = gpulooks.Reader()
     assert r.read(str(path)) == expected and r.warnings == []

@@ -254,3 +254,26 @@ def test_the_snapshot_dir_keeps_the_newest_decision_files(tmp_path, monkeypatch)
     assert prepare(newest, bundle, check=True, cache=True, confine=False).request is None  # the newest stays
     first = replace(config, default_capabilities=("utility",))
     assert prepare(first, bundle, check=True, cache=True, confine=False).request is not None  # the oldest went
+
+
+def test_gpus_that_must_be_discovered_load_the_planners_tier_first(tmp_path, monkeypatch):
+    """A memo miss means a new key: the planning tier is loaded before discovery, so discovery's modules join it.
+
+    Were it loaded after, discovery's modules would join the image every
+    start runs, and a start served by the memo and the cache would execute them.
+    """
+    from pyxis_hook import startimage
+    from pyxis_hook.host import gpumemo, gpuscan
+
+    config, tree, _gpus = _world(tmp_path)
+    bundle = _bundle(tmp_path / "b", ("NVIDIA_VISIBLE_DEVICES=all",))
+    _warm(config, bundle)
+    order: list[str] = []
+    monkeypatch.setattr(startimage, "load_tier", lambda tier: order.append(f"tier {tier}"))
+    real = gpuscan.discover_gpus
+    monkeypatch.setattr(gpuscan, "discover_gpus", lambda *a: order.append("discover") or real(*a))
+    assert prepare(config, bundle, check=True, cache=True, confine=False).request is None  # memo and cache serve
+    assert order == []
+    Path(gpumemo.memo_path(config)).unlink()
+    prepare(config, bundle, check=True, cache=True, confine=False)
+    assert order[:2] == ["tier plan", "discover"], order

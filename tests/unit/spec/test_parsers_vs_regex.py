@@ -16,7 +16,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from pyxis_hook.apply import procview
-from pyxis_hook.host import cgroup, gpus
+from pyxis_hook.host import cgroup, gpufiles, gpus
 from pyxis_hook.loader import ldconf
 from pyxis_hook.spec import request, require
 
@@ -71,20 +71,20 @@ def _nvrm_lines(draw):
 @example("NVRM version: NVIDIA UNIX Kernel Module for aarch64  550.54.15  Tue Mar  5 22:15:33 UTC 2024")
 def test_parse_driver_version_on_nvrm_lines(line):
     m = re.search(_VERSION_RE, line)
-    assert gpus.parse_driver_version(line + "\nGCC version: gcc 12\n") == (m.group(1) if m else None)
+    assert gpufiles.parse_driver_version(line + "\nGCC version: gcc 12\n") == (m.group(1) if m else None)
 
 
 def test_parse_driver_version_takes_whole_words_only():
     """The regex would cut `535.104.05abc` to `535.104`; the word is no version, so nothing is read."""
     assert re.search(_VERSION_RE, "NVRM version: Kernel Module  535.104.05abc").group(1) == "535.104"
-    assert gpus.parse_driver_version("NVRM version: Kernel Module  535.104.05abc") is None
+    assert gpufiles.parse_driver_version("NVRM version: Kernel Module  535.104.05abc") is None
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.sampled_from(["gi", "ci", "channel"]), st.text(alphabet="gichanel0123456789\u0663x ", max_size=10))
 def test_numbered_names(prefix, name):
     m = re.fullmatch(prefix + r"(\d+)", name)
-    assert gpus.numbered(name, prefix) == (int(m.group(1)) if m else None)
+    assert gpufiles.numbered(name, prefix) == (int(m.group(1)) if m else None)
 
 
 @settings(max_examples=500, deadline=None)

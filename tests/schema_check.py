@@ -12,7 +12,7 @@ import json
 import jsonschema
 from referencing import Registry, Resource
 
-from pyxis_hook.spec.config import load_schema, schema_dir
+from pyxis_hook.spec.schemafiles import load_schema, schema_dir
 
 
 @functools.lru_cache(maxsize=None)

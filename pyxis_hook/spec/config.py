@@ -3,7 +3,10 @@
 The file is TOML.  It is validated against `schemas/pyxis-conf.schema.json`
 by a small interpreter of the schema subset we use (type, enum, pattern,
 items, uniqueItems, additionalProperties) so that the per-container path never
-imports jsonschema; the tests check that jsonschema itself agrees.
+imports jsonschema; the tests check that jsonschema itself agrees.  What the
+interpreter reads of that schema is kept here as code (`SCHEMA`): finding,
+reading and parsing the file was ~40% of loading the configuration, on every
+container start.  A test keeps the two equal, keyword for keyword.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import sys
 
 from pyxis_hook import pathnames
 from pyxis_hook.errors import ConfigError
-from pyxis_hook.record import field, fields, record, replace
+from pyxis_hook.record import field, fields, record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # hints only: typing costs the hook ~3 ms a start
@@ -66,44 +69,6 @@ class Config:
                 return True, real
             return True, path
         return False, value
-
-
-def _schema_dir() -> str:
-    """The source tree's schemas/, else the installed data files.
-
-    An installed copy has them in `<prefix>/share/pyxis-hook/schemas`, where
-    <prefix> is whatever scheme pip used (venv, /usr/local, --user, --prefix):
-    found by walking up from the package rather than from sys.prefix, which
-    under `-I -S` is the base interpreter's.
-    """
-    pkg = pathnames.realpath(__file__)
-    for _ in range(__name__.count(".")):  # up to the package's own dir, wherever this module sits in it
-        pkg = pathnames.dirname(pkg)
-    here = pathnames.join(pathnames.dirname(pkg), "schemas")
-    if pathnames.isfile(pathnames.join(here, "pyxis-conf.schema.json")):
-        return here
-    up = pkg
-    for _ in range(5):
-        up = pathnames.dirname(up)
-        cand = pathnames.join(up, "share", "pyxis-hook", "schemas")
-        if pathnames.isdir(cand):
-            return cand
-    return pathnames.join(sys.prefix, "share", "pyxis-hook", "schemas")
-
-
-def schema_dir():
-    """The directory holding our JSON schemas (source tree or installed data files), as a Path."""
-    from pathlib import Path  # lazily: pathlib costs ~2.5 ms of imports on the hook path
-
-    return Path(_schema_dir())
-
-
-def load_schema(name: str) -> dict:
-    from pyxis_hook import fastjson  # the hook validates pyxis.conf on every start: no json import
-
-    path = pathnames.join(_schema_dir(), name)
-    with open(path, "rb") as f:
-        return fastjson.loads(f.read())
 
 
 def find_config_path(explicit: str | None, environ: Mapping[str, str] | None = None) -> str | None:
@@ -167,17 +132,47 @@ def parse_config(raw: bytes, path: str = "<string>") -> Config:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{path}: not valid TOML: {e}") from None
-    problem = validate(data, load_schema("pyxis-conf.schema.json"))
+    problem = validate(data, SCHEMA)
     if problem:
         raise ConfigError(f"{path}: {problem}")
     for key, value in data.items():  # a NUL would reach open()/exec() as "embedded null byte", naming nothing
         if any(isinstance(v, str) and "\0" in v for v in (value if isinstance(value, list) else [value])):
             raise ConfigError(f"{path}: key '{key}': contains a NUL byte")
-    values = {}
+    values: dict = {}  # key -> TOML value, as Config takes them
     for key, value in data.items():
         name = key.replace("-", "_")
         values[name] = tuple(value) if isinstance(value, list) else value
-    return replace(Config(), source=path, **values)
+    return Config(source=path, **values)
+
+
+#: `schemas/pyxis-conf.schema.json` as `validate` reads it: its validation keywords, without the
+#: descriptions and defaults (tests/unit/spec/test_config.py checks that it equals the file)
+_CAPABILITY = {"type": "string", "enum": ["compute", "compat32", "graphics", "utility", "video", "display", "ngx"]}
+SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "driver-root": {"type": "string", "pattern": "^/"},
+        "dev-root": {"type": "string", "pattern": "^/"},
+        "proc-root": {"type": "string", "pattern": "^/"},
+        "ldconfig": {"type": "string", "pattern": "^@?/"},
+        "ldcache": {"type": "string", "enum": ["merge", "ldconfig"]},
+        "no-cgroups": {"type": "boolean"},
+        "log-file": {"type": "string", "pattern": "^(/.*)?$"},
+        "log-level": {"type": "string", "enum": ["debug", "info", "warning", "error"]},
+        "default-capabilities": {"type": "array", "uniqueItems": True, "items": _CAPABILITY},
+        "supported-capabilities": {"type": "array", "uniqueItems": True, "items": _CAPABILITY},
+        "disable-require": {"type": "boolean"},
+        "slurm-policy": {"type": "string", "enum": ["allocation", "ignore"]},
+        "snapshot-dir": {"type": "string", "pattern": "^/"},
+        "path": {"type": "array", "items": {"type": "string", "pattern": "^/"}},
+        "mps-pipe-dir": {"type": "string", "pattern": "^/"},
+        "graphics-config-files": {"type": "boolean"},
+        "cuda-compat": {"type": "string", "enum": ["ldconfig", "disabled"]},
+        "cdi-kind": {"type": "string", "pattern": "^[a-z0-9][a-z0-9.-]*/[a-zA-Z0-9][a-zA-Z0-9_.-]*$"},
+        "writable-bundle": {"type": "string", "enum": ["warn", "refuse"]},
+    },
+}
 
 
 _TYPES = {
@@ -243,7 +238,7 @@ def _pattern_ok(pattern: str, value: str) -> bool:
     return re.search(pattern, value) is not None
 
 
-def validate(value: object, schema: dict, where: str = "") -> str | None:
+def validate(value: object, schema: dict = SCHEMA, where: str = "") -> str | None:
     """Check `value` against the schema subset we use; return one line or None.
 
     The line names the key (`key 'log-level'`), the bad value and what is

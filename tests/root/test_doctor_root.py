@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 from pyxis_hook import cli
 from pyxis_hook.diag import doctor
-from pyxis_hook.spec.config import load_schema
+from pyxis_hook.spec.schemafiles import load_schema
 from pyxis_hook.host.discovery import discover
 from unit.diag.test_doctor import (  # noqa: F401 - helpers and fixtures shared with the unit tests
     _conf,

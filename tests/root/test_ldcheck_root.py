@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 from fixtures.container import make_rootfs
 from pyxis_hook import cli
-from pyxis_hook.spec.config import load_schema
+from pyxis_hook.spec.schemafiles import load_schema
 from unit.diag.test_ldcheck import (  # noqa: F401 - helpers and fixtures shared with the unit tests
     LIBDIR,
     VERSION,

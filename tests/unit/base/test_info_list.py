@@ -10,7 +10,7 @@ import pytest
 from fixtures import hosttree, realdriver
 from fixtures.cli import run_cli as run_pyxis_hook, write_conf
 from fixtures.synthdriver import LIB, V, make_driver
-from pyxis_hook.spec.config import load_schema
+from pyxis_hook.spec.schemafiles import load_schema
 from schema_check import validate
 
 import jsonschema  # noqa: E402  (install_requires)

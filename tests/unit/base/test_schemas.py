@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pyxis_hook.spec.config import schema_dir
+from pyxis_hook.spec.schemafiles import schema_dir
 from schema_check import lookup, validator
 
 SCHEMAS = sorted(p.name for p in schema_dir().glob("*.json"))

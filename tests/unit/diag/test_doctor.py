@@ -24,7 +24,8 @@ from fixtures.hosttree import make_host_tree
 from fixtures.synth import build_exe
 from pyxis_hook import cli
 from pyxis_hook.diag import doctor, installcheck
-from pyxis_hook.spec.config import Config, load_schema
+from pyxis_hook.spec.config import Config
+from pyxis_hook.spec.schemafiles import load_schema
 from pyxis_hook.diag.findings import Finding
 from pyxis_hook.engines.hookd import hook_document
 from pyxis_hook.host.discovery import discover

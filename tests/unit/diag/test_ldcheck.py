@@ -28,7 +28,8 @@ from fixtures.synth import build_lib
 from pyxis_hook import cli
 from pyxis_hook.diag import cudacheck, ldcheck, ldmodel
 from pyxis_hook.loader import cachelookup
-from pyxis_hook.spec.config import Config, load_schema
+from pyxis_hook.spec.config import Config
+from pyxis_hook.spec.schemafiles import load_schema
 from pyxis_hook.diag.findings import SEVERITIES, Finding, format_finding, worst
 from pyxis_hook.host.discovery import discover
 from pyxis_hook.plan.build import COMPAT_DIR

@@ -12,7 +12,7 @@ import jsonschema
 
 from fixtures.cli import run_cli
 from fixtures.oci_state import state_json
-from pyxis_hook.spec.config import load_schema
+from pyxis_hook.spec.schemafiles import load_schema
 from pyxis_hook.spec.config import Config
 from pyxis_hook.engines.hookd import HOOK_ENV_PATH, hook_document, hook_env
 

@@ -659,7 +659,7 @@ def test_command_text_and_json(tmp_path, capsysbinary):
     assert main(["ldcache", "--cache", str(tmp_path / "etc/ld.so.cache"), "--json"]) == 0
     doc = json.loads(capsysbinary.readouterr().out)
     import jsonschema
-    from pyxis_hook.spec.config import load_schema
+    from pyxis_hook.spec.schemafiles import load_schema
 
     jsonschema.validate(doc, load_schema("ldcache.schema.json"))
     assert doc["cache"] == str(tmp_path / "etc/ld.so.cache") and doc["format"] == "new"

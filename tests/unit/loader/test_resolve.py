@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from fixtures.glibcroot import make_glibc_root
 from fixtures.synth import build_exe, build_lib
 from pyxis_hook import cli
-from pyxis_hook.spec.config import load_schema
+from pyxis_hook.spec.schemafiles import load_schema
 from pyxis_hook.loader.loaderenv import (
     CACHE_LOADER,
     EM_386,

@@ -11,7 +11,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from fixtures.cli import run_cli
-from pyxis_hook.spec.config import Config, config_keys, load_config, load_schema, parse_config, validate
+from pyxis_hook.spec.config import SCHEMA, Config, config_keys, load_config, parse_config, validate
+from pyxis_hook.spec.schemafiles import load_schema
 from pyxis_hook.errors import ConfigError
 
 
@@ -102,9 +103,58 @@ _docs = st.dictionaries(st.sampled_from(list(config_keys()) + ["bogus", "log_lev
 def test_our_validator_agrees_with_jsonschema(doc):
     """The hot-path validator accepts exactly what jsonschema accepts for our schema."""
     schema = load_schema("pyxis-conf.schema.json")
-    ours = validate(doc, schema) is None
+    ours = validate(doc) is None  # the code's copy of the schema, as a start validates
     theirs = jsonschema.Draft7Validator(schema).is_valid(doc)
-    assert ours == theirs, (doc, validate(doc, schema))
+    assert ours == theirs, (doc, validate(doc))
+
+
+#: what `validate` reads of a schema; every other keyword of the file must be one that constrains nothing
+_VALIDATION = {"type", "enum", "pattern", "items", "uniqueItems", "additionalProperties", "properties"}
+_ANNOTATIONS = {"$schema", "$id", "title", "description", "default"}
+
+
+def _as_validated(node, where="schema"):
+    """`node` (a schema) with only what `validate` reads; AssertionError for a keyword it would ignore."""
+    unknown = set(node) - _VALIDATION - _ANNOTATIONS
+    assert not unknown, f"{where}: validate() does not implement {sorted(unknown)}"
+    out = {k: v for k, v in node.items() if k in _VALIDATION}
+    if "items" in out:
+        out["items"] = _as_validated(out["items"], f"{where}.items")
+    if "properties" in out:
+        out["properties"] = {k: _as_validated(v, f"{where}.{k}") for k, v in out["properties"].items()}
+    return out
+
+
+def test_the_code_schema_is_the_file_schema():
+    """A start validates against config.SCHEMA, not the file: an edit to either must be made to both."""
+    assert SCHEMA == _as_validated(load_schema("pyxis-conf.schema.json"))
+
+
+def test_a_changed_schema_file_is_told_apart():
+    """The check above fails for an enum value added to the file, and for a keyword validate() ignores."""
+    import copy
+
+    schema = copy.deepcopy(load_schema("pyxis-conf.schema.json"))
+    schema["properties"]["log-level"]["enum"].append("trace")
+    assert SCHEMA != _as_validated(schema)
+    schema = copy.deepcopy(load_schema("pyxis-conf.schema.json"))
+    schema["properties"]["log-file"]["maxLength"] = 10
+    with pytest.raises(AssertionError, match="maxLength"):
+        _as_validated(schema)
+
+
+def test_a_start_reads_no_schema_file(tmp_path, monkeypatch):
+    """Loading pyxis.conf opens only pyxis.conf: the schema it checks against is code."""
+    import builtins
+
+    conf = tmp_path / "pyxis.conf"
+    conf.write_text('driver-root = "/x"\nlog-level = "loud"\n')
+    opened = []
+    real_open = builtins.open
+    monkeypatch.setattr(builtins, "open", lambda f, *a, **k: opened.append(f) or real_open(f, *a, **k))
+    with pytest.raises(ConfigError, match="log-level"):
+        load_config(str(conf), environ={})
+    assert not any("schema" in str(f) for f in opened)
 
 
 def test_installed_schemas_found_by_walking_up_from_the_package(tmp_path):
@@ -116,7 +166,7 @@ def test_installed_schemas_found_by_walking_up_from_the_package(tmp_path):
     site = tmp_path / "p/lib/python3.11/site-packages"
     shutil.copytree(repo / "pyxis_hook", site / "pyxis_hook", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(repo / "schemas", tmp_path / "p/share/pyxis-hook/schemas")
-    code = f"import sys; sys.path.insert(0, {str(site)!r}); from pyxis_hook.spec.config import schema_dir; print(schema_dir())"
+    code = f"import sys; sys.path.insert(0, {str(site)!r}); from pyxis_hook.spec.schemafiles import schema_dir; print(schema_dir())"
     r = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.strip() == str(tmp_path / "p/share/pyxis-hook/schemas")
 

@@ -11,7 +11,8 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from fixtures.hosttree import fake_gpus, make_host_tree
-from pyxis_hook.spec.config import Config, load_schema
+from pyxis_hook.spec.config import Config
+from pyxis_hook.spec.schemafiles import load_schema
 from pyxis_hook.errors import PyxisHookError, RequestError, RequirementError
 from pyxis_hook.host.gpus import DeviceMajors, Gpu, HostGpus, MigDevice
 from pyxis_hook.host.gpuscan import discover_gpus

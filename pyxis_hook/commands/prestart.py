@@ -21,19 +21,20 @@ def add_arguments(parser) -> None:
     parser.add_argument("--bundle", metavar="DIR", help="bundle directory (default: from the state JSON)")
 
 
-def execute(config, stdin_bytes: bytes, bundle_dir: str | None = None) -> int:
+def execute(config, stdin_bytes: bytes, bundle_dir: str | None = None, docs: tuple | None = None) -> int:
     """The hook's work; raises PyxisHookError for anything the user must fix.
 
-    Once the container asks for a GPU, the bundle's writers are checked
-    (`bundleperm`, the `writable-bundle` key) and its rootfs is pinned in the
-    container's mount namespace (`rootpin`): the image is read and changed
-    through that fd only, whatever `root.path` names by then.
+    `docs`: the state and config.json as the early exit parsed them
+    (`first_look`), used instead of parsing them again when config.json is
+    the file this start would read.  Once the container asks for a GPU, the
+    bundle's writers are checked (`bundleperm`, the `writable-bundle` key)
+    and its rootfs is pinned in the container's mount namespace (`rootpin`):
+    the image is read and changed through that fd only, whatever `root.path`
+    names by then.
     """
     from pyxis_hook import log
-    from pyxis_hook.spec import oci
 
-    state = oci.parse_state(stdin_bytes)
-    bundle = oci.load_bundle(bundle_dir or state.bundle)
+    state, bundle = documents(stdin_bytes, bundle_dir, docs)
     from pyxis_hook.plan.prepare import prepare
 
     pinned = []
@@ -61,6 +62,20 @@ def execute(config, stdin_bytes: bytes, bundle_dir: str | None = None) -> int:
             root.close()
 
 
+def documents(stdin_bytes: bytes, bundle_dir: str | None = None, docs: tuple | None = None):
+    """(oci.State, oci.Bundle) of this start: from `docs` (`first_look`'s) when they are the files it would read."""
+    from pyxis_hook.spec import oci
+
+    if docs is None or bundle_dir is not None:
+        state = oci.parse_state(stdin_bytes)
+        return state, oci.load_bundle(bundle_dir or state.bundle)
+    state_doc, config_path, config_doc = docs
+    state = oci.state_from_doc(state_doc)
+    if oci.config_path_of(state.bundle) != config_path:  # '..', '.' or '//' in the bundle path: read what it normalises to
+        return state, oci.load_bundle(state.bundle)
+    return state, oci.bundle_from_doc(config_doc, config_path[:-len("/config.json")] or "/", config_path)
+
+
 def run(args, config) -> int:
     return execute(config, sys.stdin.buffer.read(), args.bundle)
 
@@ -70,46 +85,60 @@ _FAST_LIMIT = 1 << 20
 
 
 def certainly_void(data: bytes) -> bool:
-    """True when the container certainly asks for no GPU: exit before importing anything else.
+    """True when the container certainly asks for no GPU (`first_look`)."""
+    return first_look(data)[0]
+
+
+def first_look(data: bytes) -> tuple[bool, tuple | None]:
+    """(the container certainly asks for no GPU, what was parsed): exit before importing anything else.
 
     A container that asks for no GPU must cost at most 1.3x a bare
     interpreter start, so this reads the state and config.json with `fastjson`
     and `posix` only (`spec/oci.py`, `spec/config.py`, `spec/request.py`, `log.py` cost ~15 ms
     of imports).  The decision is `asks.void_reason`, the one `request.void_request`
     makes, on the bundle's last-wins env; it needs no configuration.  Anything
-    unexpected (bad JSON, a symlinked or huge config.json, an env entry
-    without '=') returns False: the full path then decides and reports.
+    unexpected (bad JSON, a symlinked, non-regular or huge config.json, an env entry
+    without '=') is (False, None): the full path then decides and reports.
+
+    What was parsed, (state document, config.json's path, its document),
+    goes to the full path (`execute`), which then parses neither again:
+    config.json was opened as `oci.read_config_bytes` opens it (the last
+    component not followed, a regular file, at most `_FAST_LIMIT` bytes, far
+    below `oci.MAX_CONFIG_BYTES`).
     """
     try:
         from pyxis_hook import asks
         from pyxis_hook import fastjson
 
         if len(data) > _FAST_LIMIT:
-            return False
+            return False, None
         state = fastjson.loads(data)
         bundle = state.get("bundle", state.get("bundlePath")) if isinstance(state, dict) else None
         if not isinstance(bundle, str) or not bundle.startswith("/"):
-            return False
+            return False, None
         import posix  # os's builtin core: `os` itself is ~1 ms here, a tenth of this path
 
-        fd = posix.open(bundle.rstrip("/") + "/config.json",
-                        posix.O_RDONLY | posix.O_NOFOLLOW | posix.O_CLOEXEC | posix.O_NONBLOCK)
+        path = bundle.rstrip("/") + "/config.json"
+        fd = posix.open(path, posix.O_RDONLY | posix.O_NOFOLLOW | posix.O_CLOEXEC | posix.O_NONBLOCK)
         try:
+            if posix.fstat(fd).st_mode & 0o170000 != 0o100000:  # a FIFO or device: the full path says so
+                return False, None
             raw = posix.read(fd, _FAST_LIMIT + 1)
         finally:
             posix.close(fd)
         if len(raw) > _FAST_LIMIT:
-            return False
-        env_list = fastjson.loads(raw).get("process", {}).get("env", [])
+            return False, None
+        config = fastjson.loads(raw)
+        env_list = config.get("process", {}).get("env", [])
         env: dict[str, str] = {}
         for entry in env_list:
             name, sep, value = entry.partition("=")
             if not sep:
-                return False
+                return False, None
             env[name] = value
     except Exception:  # noqa: BLE001 — anything odd (incl. RecursionError on deep JSON): the full path decides
-        return False
-    return asks.void_reason(env) is not None
+        return False, None
+    return asks.void_reason(env) is not None, (state, path, config)
 
 
 def dispatch_fast(argv: list[str]) -> int | None:
@@ -151,9 +180,10 @@ def main_fast() -> int:
         data = sys.stdin.buffer.read()
     except OSError:
         data = b""  # the full path reports the missing state
-    if certainly_void(data):
+    void, docs = first_look(data)
+    if void:
         return 0
-    return run_started("prestart", lambda config: execute(config, data))
+    return run_started("prestart", lambda config: execute(config, data, docs=docs))
 
 
 def run_started(entry: str, work, stderr_level: str = "error") -> int:

@@ -104,7 +104,12 @@ def parse_state(data: bytes, *, require_pid: bool = True, allow_zero_pid: bool =
         raise StateError(f"{what}: larger than {MAX_STATE_BYTES} bytes")
     if not data.strip():
         raise StateError(f"{what}: empty (run `pyxis-hook prestart` as a runtime hook, or use `pyxis-hook plan`)")
-    doc = _load_json(data, what, StateError)
+    return state_from_doc(_load_json(data, what, StateError), require_pid=require_pid, allow_zero_pid=allow_zero_pid)
+
+
+def state_from_doc(doc: object, *, require_pid: bool = True, allow_zero_pid: bool = False) -> State:
+    """`parse_state` of the document the state's bytes parse to (the hook's early exit has parsed them)."""
+    what = "OCI state on stdin"
     if not isinstance(doc, dict):
         raise StateError(f"{what}: expected a JSON object, got {type(doc).__name__}")
 
@@ -307,7 +312,12 @@ def parse_config(data: bytes, bundle_dir: str, config_path: str | None = None) -
     """
     bundle_dir = pathnames.normpath(pathnames.abspath(bundle_dir))
     config_path = config_path or pathnames.join(bundle_dir, "config.json")
-    doc = _Fields(_load_json(data, config_path, OciError), "", config_path)
+    return bundle_from_doc(_load_json(data, config_path, OciError), bundle_dir, config_path)
+
+
+def bundle_from_doc(value: object, bundle_dir: str, config_path: str) -> Bundle:
+    """`parse_config` of the document config.json's bytes parse to; `bundle_dir` absolute and normalised."""
+    doc = _Fields(value, "", config_path)
     doc.string("ociVersion")
     root = doc.obj("root", required=True)
     process = doc.obj("process", required=True)
@@ -346,11 +356,15 @@ def parse_config(data: bytes, bundle_dir: str, config_path: str | None = None) -
     )
 
 
+def config_path_of(bundle_dir: str) -> str:
+    """The config.json `load_bundle(bundle_dir)` reads."""
+    return pathnames.join(pathnames.normpath(pathnames.abspath(bundle_dir)), "config.json")
+
+
 def load_bundle(bundle_dir: str) -> Bundle:
     """Open `<bundle_dir>/config.json` safely and parse it (see `parse_config`)."""
-    bundle_dir = pathnames.normpath(pathnames.abspath(bundle_dir))
-    config_path = pathnames.join(bundle_dir, "config.json")
-    return parse_config(read_config_bytes(config_path), bundle_dir, config_path)
+    config_path = config_path_of(bundle_dir)
+    return parse_config(read_config_bytes(config_path), pathnames.dirname(config_path), config_path)
 
 
 def state_annotations(state: State, bundle: Bundle) -> Mapping[str, str]:

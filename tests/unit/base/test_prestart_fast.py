@@ -19,7 +19,7 @@ from fixtures.oci_state import state_json
 import pyxis_hook
 from pyxis_hook import errors
 from pyxis_hook.spec import oci
-from pyxis_hook.commands.prestart import certainly_void
+from pyxis_hook.commands.prestart import certainly_void, documents, first_look
 from pyxis_hook.spec.request import void_request
 
 NAMES = st.sampled_from(["NVIDIA_VISIBLE_DEVICES", "CUDA_VERSION", "NVIDIA_REQUIRE_CUDA", "PATH", "X"])
@@ -49,6 +49,62 @@ def test_unusual_input_takes_the_full_path(tmp_path):
     os.unlink(tmp_path / "config.json")
     os.symlink(real, tmp_path / "config.json")  # never followed, as oci.read_config_bytes
     assert not certainly_void(state_json(tmp_path).encode())
+    os.unlink(tmp_path / "config.json")
+    os.mkfifo(tmp_path / "config.json")  # not a regular file: oci.read_config_bytes refuses it, so no early docs
+    fifo = os.open(tmp_path / "config.json", os.O_RDWR | os.O_NONBLOCK)
+    try:
+        os.write(fifo, b'{"process": {"env": ["PATH=/bin"]}}')  # what a reader would find there now
+        assert first_look(state_json(tmp_path).encode()) == (False, None)
+    finally:
+        os.close(fifo)
+
+
+_GPU_CONFIG = {"ociVersion": "1.0.2", "process": {"env": ["NVIDIA_VISIBLE_DEVICES=0", "PATH=/bin"],
+                                                  "capabilities": {"bounding": ["CAP_CHOWN"]}},
+               "root": {"path": "rootfs"}, "annotations": {"a": "b"},
+               "linux": {"devices": [{"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0}]}}
+
+
+def test_the_full_path_takes_the_early_documents(tmp_path):
+    """A GPU start parses the state and config.json once: what `first_look` read is what the full path reads."""
+    (tmp_path / "config.json").write_text(json.dumps(_GPU_CONFIG))
+    data = state_json(tmp_path, annotations={"x": "y"}).encode()
+    void, docs = first_look(data)
+    assert not void and docs is not None
+    expected = (oci.parse_state(data), oci.load_bundle(str(tmp_path)))
+    os.unlink(tmp_path / "config.json")  # read once only: the full path does not open it again
+    assert documents(data, None, docs) == expected
+
+
+def test_early_documents_of_another_file_are_not_used(tmp_path):
+    """A bundle path through a link and '..' opens one file, normalised another: the full path reads its own."""
+    (tmp_path / "deep/real").mkdir(parents=True)
+    (tmp_path / "deep/b").mkdir()
+    (tmp_path / "b").mkdir()
+    os.symlink(tmp_path / "deep/real", tmp_path / "link")
+    (tmp_path / "deep/b/config.json").write_text(json.dumps(_GPU_CONFIG))
+    theirs = {**_GPU_CONFIG, "process": {"env": ["NVIDIA_VISIBLE_DEVICES=1"]}}
+    (tmp_path / "b/config.json").write_text(json.dumps(theirs))
+    data = state_json(f"{tmp_path}/link/../b").encode()
+    void, docs = first_look(data)  # the kernel follows the link: deep/b
+    assert not void and docs[2] == _GPU_CONFIG
+    state, bundle = documents(data, None, docs)  # normalised, as oci.load_bundle always did: b
+    assert bundle == oci.load_bundle(state.bundle) and bundle.env == (("NVIDIA_VISIBLE_DEVICES", "1"),)
+
+
+def test_bad_early_documents_fail_as_the_full_path_does(tmp_path):
+    """A config.json the early exit parsed but oci refuses is the same one-line error either way."""
+    import pytest
+
+    (tmp_path / "config.json").write_text(json.dumps({"process": {"env": ["NVIDIA_VISIBLE_DEVICES=0"]}}))
+    data = state_json(tmp_path).encode()
+    void, docs = first_look(data)
+    assert not void
+    with pytest.raises(errors.OciError) as early:
+        documents(data, None, docs)
+    with pytest.raises(errors.OciError) as full:
+        documents(data)
+    assert str(early.value) == str(full.value)
 
 
 def _loaded(importtime: bytes) -> set[str]:

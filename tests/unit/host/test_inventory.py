@@ -626,3 +626,15 @@ def test_the_snapshot_file_name_is_stable_and_differs_per_configuration():
               (("mps_pipe_dir", "/elsewhere"), ("dev_root", "/dev2"), ("path", ("/bin",)),
                ("graphics_config_files", not c.graphics_config_files))}
     assert len(others | {snapshot.snapshot_path(c)}) == 5
+
+
+def test_kept_file_names_are_the_same_in_every_interpreter():
+    """What a start keeps beside the snapshot is found by name by the next start: the digest is never salted."""
+    key = bytes(range(256)) * 16  # a decision's key is a few KB
+    code = ("from pyxis_hook.host import snapshot; from pyxis_hook.spec.config import Config; "
+            f"print(snapshot.kept_path(Config(snapshot_dir='/s'), 'decisions-', {key!r}))")
+    names = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                            env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2", "random")}
+    assert len(names) == 1 and names.pop().startswith("/s/decisions-")
+    c = Config(snapshot_dir="/s")
+    assert snapshot.kept_path(c, "d-", key) != snapshot.kept_path(c, "d-", key[:-1] + b"\1")

@@ -97,7 +97,7 @@ def parse_proc_cgroup(text: str) -> tuple[CgroupLine, ...]:
         ctrls, sep2, path = rest.partition(":")
         if not (sep1 and sep2 and hid.isdigit()):
             continue
-        out.append(CgroupLine(int(hid), tuple(c for c in ctrls.split(",") if c), path))
+        out.append(CgroupLine(int(hid), tuple(filter(None, ctrls.split(","))), path))
     return tuple(out)
 
 
@@ -178,16 +178,30 @@ def devices_cgroup(cgroup_text: str, mountinfo_text: str) -> DeviceCgroup | None
     version = cgroup_version(lines)
     if version is None:
         return None
-    mounts = parse_mountinfo(mountinfo_text, _CGROUP_FSTYPES)
     v1 = next((ln for ln in lines if "devices" in ln.controllers), None)
     if v1 is not None:
-        m = next((m for m in mounts if m.fstype == "cgroup" and "devices" in m.super_options), None)
+        m = _first_mount(mountinfo_text, "devices", lambda m: m.fstype == "cgroup" and "devices" in m.super_options)
         return DeviceCgroup(version, "v1", v1.path, _fs_path(m, v1.path) if m else None)
     v2 = next((ln for ln in lines if ln.hierarchy == 0 and not ln.controllers), None)
     if v2 is None:
         return None  # v1 host whose devices controller is not mounted/enabled
-    m = next((m for m in mounts if m.fstype == "cgroup2"), None)
+    m = _first_mount(mountinfo_text, "cgroup2", lambda m: m.fstype == "cgroup2")
     return DeviceCgroup(version, "v2", v2.path, _fs_path(m, v2.path) if m else None)
+
+
+def _first_mount(mountinfo_text: str, word: str, wanted) -> MountInfo | None:
+    """The first cgroup mount of `mountinfo_text` that is `wanted`; only the lines naming `word` are parsed.
+
+    `word` is in the line of every mount `wanted` takes (the hierarchy's
+    controller among its super options, or its type): a start parses the
+    one line it needs, not a record per cgroup mount (a v1 host has a dozen).
+    """
+    for line in mountinfo_text.splitlines():
+        if word in line:
+            for m in parse_mountinfo(line, _CGROUP_FSTYPES):
+                if wanted(m):
+                    return m
+    return None
 
 
 def parse_devices_list(text: str) -> tuple[DeviceRule, ...]:

@@ -12,7 +12,10 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from pyxis_hook.host import cgroup
 from pyxis_hook.host.cgroup import (
     CgroupLine,
     DeviceRule,
@@ -131,6 +134,54 @@ def test_devices_cgroup_without_mount_or_controller():
     assert devices_cgroup(V1_SLURM_CGROUP, "").fs_path is None
     assert devices_cgroup("1:name=systemd:/\n", V1_MOUNTINFO) is None
     assert devices_cgroup("", V1_MOUNTINFO) is None
+
+
+_MOUNT_LINES = [
+    *V1_MOUNTINFO.splitlines(), *V2_MOUNTINFO.splitlines(), *HYBRID_MOUNTINFO.splitlines(),
+    "40 25 0:29 /docker/abc /sys/fs/cgroup/devices rw - cgroup cgroup rw,devices",  # a namespace's own root
+    "41 25 0:30 / /devices rw - ext4 /dev/devices rw",  # names devices, is no cgroup
+    "42 25 0:31 / /sys/fs/cgroup/dev\\040ices rw - cgroup cgroup rw,devices",  # an escaped point
+    "43 25 0:32 / /sys/fs/cgroup/x rw - cgroup cgroup rw,devicesx",  # another option that contains the word
+    "44 25 0:33 / /mnt/cgroup2 rw - tmpfs cgroup2 rw",  # a source named cgroup2
+    "45 25 0:34 / /sys/fs/cgroup/v2 rw - cgroup2 cgroup2 rw",
+    "bad line - cgroup cgroup rw,devices", "",
+]
+
+
+def _devices_cgroup_by_full_parse(cgroup_text: str, mountinfo_text: str):
+    """`devices_cgroup` as it was written first: every cgroup mount parsed into a record, then the first wanted."""
+    lines = parse_proc_cgroup(cgroup_text)
+    version = cgroup_version(lines)
+    if version is None:
+        return None
+    mounts = parse_mountinfo(mountinfo_text, frozenset({"cgroup", "cgroup2"}))
+    v1 = next((ln for ln in lines if "devices" in ln.controllers), None)
+    if v1 is not None:
+        m = next((m for m in mounts if m.fstype == "cgroup" and "devices" in m.super_options), None)
+        return cgroup.DeviceCgroup(version, "v1", v1.path, cgroup._fs_path(m, v1.path) if m else None)
+    v2 = next((ln for ln in lines if ln.hierarchy == 0 and not ln.controllers), None)
+    if v2 is None:
+        return None
+    m = next((m for m in mounts if m.fstype == "cgroup2"), None)
+    return cgroup.DeviceCgroup(version, "v2", v2.path, cgroup._fs_path(m, v2.path) if m else None)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from([V1_SLURM_CGROUP, V2_SLURM_CGROUP, HYBRID_CGROUP, "5:devices:/docker/abc/inner\n", "0::/x\n"]),
+       st.lists(st.sampled_from(_MOUNT_LINES), max_size=8))
+def test_devices_cgroup_parses_only_the_lines_it_needs_and_finds_what_the_full_parse_finds(cgroup_text, lines):
+    """A start parses the one mountinfo line of the devices (or cgroup2) hierarchy: the same mount as parsing all."""
+    mountinfo = "\n".join(lines)
+    assert devices_cgroup(cgroup_text, mountinfo) == _devices_cgroup_by_full_parse(cgroup_text, mountinfo)
+
+
+def test_devices_cgroup_makes_one_mount_record_on_a_v1_host(monkeypatch):
+    """A v1 host's mountinfo has a line per controller: only the devices hierarchy's becomes a record."""
+    made = []
+    real = cgroup.MountInfo
+    monkeypatch.setattr(cgroup, "MountInfo", lambda *a: made.append(a) or real(*a))
+    assert devices_cgroup(HYBRID_CGROUP, V1_MOUNTINFO + HYBRID_MOUNTINFO).fs_path == "/sys/fs/cgroup/devices/docker/abc"
+    assert len(made) == 1
 
 
 def test_devices_list_and_allowed_minors():

@@ -52,7 +52,7 @@ def compat_verdict(rootfs: str, real: str, facts: ContainerFacts | None, driver_
 
     The image's COMPAT_DIR is judged by its libcuda as the hook reads it (`facts`); a copy
     elsewhere (a versioned /usr/local/cuda-X.Y/compat on LD_LIBRARY_PATH) by its own file name
-    and, for a libcuda, its own `.note.cuda.fwd_compatibility` (`container.read_elf_facts`).
+    and, for a libcuda, its own `.note.cuda.fwd_compatibility` (`compat.read_elf_facts`).
     """
     from pyxis_hook.spec.config import Config
 
@@ -73,7 +73,7 @@ def compat_verdict(rootfs: str, real: str, facts: ContainerFacts | None, driver_
 def _note_of(rootfs: str, path: str) -> tuple[int, ...] | None:
     """The driver branches of a library's forward-compat note (None: no note, or unreadable), read
     by the hook's own reader."""
-    from pyxis_hook.plan import container
+    from pyxis_hook.plan import compat
 
     from pyxis_hook.rootfs import RootFS
 
@@ -83,8 +83,8 @@ def _note_of(rootfs: str, path: str) -> tuple[int, ...] | None:
     except (OSError, PathError):
         return None
     try:
-        return container.read_elf_facts(fd, os.fstat(fd).st_size, os.uname().machine, True)[3]
-    except container.ElfFactsError:  # the reader's "cannot make sense of it": as without a note
+        return compat.read_elf_facts(fd, os.fstat(fd).st_size, os.uname().machine, True)[3]
+    except compat.ElfFactsError:  # the reader's "cannot make sense of it": as without a note
         return None
     finally:
         os.close(fd)

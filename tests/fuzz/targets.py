@@ -91,7 +91,7 @@ def _elf_full(data: bytes) -> None:
 
 def _elf_facts(data: bytes) -> None:
     """The stdlib reader the merge uses on an image's files (SONAME, DT_NEEDED, the compat note)."""
-    from pyxis_hook.plan.container import read_elf_facts
+    from pyxis_hook.plan.compat import read_elf_facts
 
     _with_file(data, lambda path, fd, size: read_elf_facts(fd, size, "x86_64", want_note=True))
 

@@ -21,7 +21,7 @@ from hypothesis import given, settings, strategies as st
 from fixtures import tinyelf
 from pyxis_hook.errors import ElfError
 from pyxis_hook.loader import elf, elfhead
-from pyxis_hook.plan import container
+from pyxis_hook.plan import compat
 
 VALID = {"le64.so": (64, "little", 62), "le32.so": (32, "little", 3), "be64.so": (64, "big", 22),
          "be32.so": (32, "big", 20)}
@@ -109,7 +109,7 @@ def test_tiny_files_header_as_pyelftools_reads_it(data, name):
     ours = list(elfhead.iter_notes(section.data(), h.endian, section["sh_addralign"]))
     theirs = [(n["n_name"].encode() + b"\0", n["n_descsz"]) for n in section.iter_notes()]
     assert [(nm, len(desc)) for nm, _t, desc in ours] == theirs
-    assert container._parse_note(section.data(), 4, h.endian) == (550,)
+    assert compat._parse_note(section.data(), 4, h.endian) == (550,)
 
 
 @pytest.mark.parametrize("name", sorted(VALID))
@@ -126,11 +126,11 @@ def test_hot_path_reader_on_tiny_files(data, name, machine):
     fd = os.open(path, os.O_RDONLY)
     try:
         if VALID[name][1] == sys.byteorder:
-            assert container.read_elf_facts(fd, path.stat().st_size, machine, True) == (
+            assert compat.read_elf_facts(fd, path.stat().st_size, machine, True) == (
                 VALID[name][0], "libtiny.so.1", (), (550,))
         else:
-            with pytest.raises(container.ElfFactsError, match=f"a big-endian ELF file on a {sys.byteorder}-endian"):
-                container.read_elf_facts(fd, path.stat().st_size, machine, True)
+            with pytest.raises(compat.ElfFactsError, match=f"a big-endian ELF file on a {sys.byteorder}-endian"):
+                compat.read_elf_facts(fd, path.stat().st_size, machine, True)
     finally:
         os.close(fd)
 
@@ -143,8 +143,8 @@ def test_broken_tiny_files_are_one_error(data, name, message):
         elfhead.parse_header(raw[:64], name)
     fd = os.open(data / name, os.O_RDONLY)
     try:
-        with pytest.raises(container.ElfFactsError, match=message.split(" (")[0]):
-            container.read_elf_facts(fd, len(raw), "x86_64", True)
+        with pytest.raises(compat.ElfFactsError, match=message.split(" (")[0]):
+            compat.read_elf_facts(fd, len(raw), "x86_64", True)
     finally:
         os.close(fd)
 
@@ -157,7 +157,7 @@ def test_bad_class_is_reported_not_guessed(data):
         elf.read_elf(str(data / "badclass.so"))
     fd = os.open(data / "badclass.so", os.O_RDONLY)
     try:
-        with pytest.raises(container.ElfFactsError, match="not an ELF file"):
-            container.read_elf_facts(fd, len(raw), "x86_64", True)
+        with pytest.raises(compat.ElfFactsError, match="not an ELF file"):
+            compat.read_elf_facts(fd, len(raw), "x86_64", True)
     finally:
         os.close(fd)

@@ -54,3 +54,18 @@ def test_container_facts_look_at_the_links_of_the_files_given(tmp_path):
     assert container_facts(str(tmp_path)).link_occupants == ()
     facts = container_facts(str(tmp_path), files=(nvml,))
     assert facts.link_occupants == ((f"{LIB}/libnvidia-ml.so.1", "regular file"),)
+
+
+def test_the_compat_reader_is_loaded_only_for_an_image_with_a_compat_dir(tmp_path):
+    """A start for an image without /usr/local/cuda/compat does not execute the ELF reader's module."""
+    import subprocess
+    import sys
+
+    (tmp_path / "plain/etc").mkdir(parents=True)
+    (tmp_path / "cuda/usr/local/cuda/compat").mkdir(parents=True)
+    code = ("import sys; from pyxis_hook.plan.container import container_facts; "
+            "facts = container_facts(sys.argv[1]); "
+            "print(facts.compat_problem == '', 'pyxis_hook.plan.compat' in sys.modules)")
+    out = [subprocess.run([sys.executable, "-c", code, str(tmp_path / name)], capture_output=True, text=True,
+                          check=True).stdout.split() for name in ("plain", "cuda")]
+    assert out == [["True", "False"], ["True", "True"]]

@@ -1,4 +1,4 @@
-"""container.compat_facts: the image's /usr/local/cuda/compat as glibc's ldconfig would index it.
+"""compat.compat_facts (through container_facts): the image's /usr/local/cuda/compat as glibc's ldconfig would index it.
 
 Libraries are gcc-built; the `.note.cuda.fwd_compatibility` section is added
 with objcopy and its parse compared with pyelftools' (the oracle); the
@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from fixtures.container import make_rootfs
 from fixtures.synth import build_exe, build_lib, m32_toolchain
-from pyxis_hook.plan import container
+from pyxis_hook.plan import compat
 from pyxis_hook.plan.container import container_facts
 from pyxis_hook.plan.build import COMPAT_DIR
 
@@ -180,8 +180,8 @@ def test_elf_reader_on_garbage_raises_only_odd(tmp_path_factory, data, want_note
         path.write_bytes(blob)
         fd = os.open(path, os.O_RDONLY)
         try:
-            container.read_elf_facts(fd, len(blob), "x86_64", want_note)
-        except container.ElfFactsError:
+            compat.read_elf_facts(fd, len(blob), "x86_64", want_note)
+        except compat.ElfFactsError:
             pass
         finally:
             os.close(fd)
@@ -196,7 +196,7 @@ def _valid_header_then(data: bytes) -> bytes:
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=200))
 def test_note_parser_on_garbage(data):
-    r = container._parse_note(data)
+    r = compat._parse_note(data)
     assert r is None or all(isinstance(x, int) for x in r)
 
 

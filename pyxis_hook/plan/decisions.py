@@ -20,7 +20,7 @@ the planning modules (a decision is used only when every one is equal):
   the /proc/driver/nvidia texts the container's view copies;
 - the GPUs the hook's device cgroup allows and the env after the task view
   (`prepare.confinement`), the annotations and the privileged flag;
-- of the container's env, what the request read (`ObservedEnv`): the value
+- of the container's env, what the request read (`decisionkeep.ObservedEnv`): the value
   or absence of each variable it looked up and each family it listed
   (`envreads.prefixed`), so a job's other variables (SLURM_JOB_ID, PATH) do not
   make another decision;
@@ -32,20 +32,18 @@ cached.  `plan` always decides afresh; tests check that a decision from here
 equals a fresh one.
 
 Where: `<snapshot-dir>/decisions-<digest>.bin`, one file per value of every
-input but the env and the code, holding up to VARIANTS decisions that differ
+input but the env and the code, holding up to `decisionkeep.VARIANTS` decisions that differ
 in what the request read of the env or in the code that made them (the
 newest first).  It is trusted as the snapshot
 is (a regular file of root's or ours, not writable by group or others, in
 such a directory) and written atomically (tmp + rename); the directory
-keeps the KEEP_FILES newest.  Anything else (missing, corrupt, written by
+keeps the `decisionkeep.KEEP_FILES` newest.  Anything else (missing, corrupt, written by
 another Python or version) is a miss, never an error.
 """
 
 from __future__ import annotations
 
 import marshal
-import posix
-import sys
 
 from pyxis_hook import __version__, log, pathnames
 from pyxis_hook.errors import SnapshotError
@@ -54,10 +52,6 @@ from pyxis_hook.record import replace
 
 #: the files' own layout: bumped when an entry changes shape
 FORMAT = b"pyxis-hook decisions 3\n"
-#: decisions kept per file (per value of the inputs other than the env)
-VARIANTS = 8
-#: decision files kept in the snapshot dir (the newest)
-KEEP_FILES = 64
 #: a decision file larger than this is not read (a plan for 64 GPUs is ~60 KB)
 _READ_LIMIT = 8 << 20
 _PREFIX = "decisions-"
@@ -65,80 +59,6 @@ _PREFIX = "decisions-"
 #: the records a plan is made of, by name: how a stored plan is rebuilt
 _PLAN_RECORDS = {c.__name__: c for c in (build.Plan, build.DeviceEdit, build.MountEdit, build.SymlinkEdit,
                                           build.CgroupRule, build.ProcDriverView, build.LdcacheUpdate)}
-
-
-class ObservedEnv(dict):
-    """A container env that records what a decision reads of it.
-
-    Each variable looked up (`get`, `[]`, `in`): its value, or None when
-    absent; each family listed (`envreads.prefixed`): its members.  Any other
-    way of reading the whole env (iterating, comparing, copying) marks it
-    `whole`: such a decision then depends on every variable.
-    """
-
-    def __init__(self, env) -> None:
-        super().__init__(env)
-        self.seen: dict[str, str | None] = {}
-        self.families: dict[str, tuple[tuple[str, str], ...]] = {}
-        self.whole = False
-
-    def get(self, name, default=None):
-        value = dict.get(self, name)
-        self.seen[name] = value
-        return default if value is None else value
-
-    def __getitem__(self, name):
-        value = dict.get(self, name)
-        self.seen[name] = value
-        if value is None:
-            raise KeyError(name)
-        return value
-
-    def __contains__(self, name) -> bool:
-        value = dict.get(self, name)
-        self.seen[name] = value
-        return value is not None
-
-    def prefixed(self, prefix: str) -> dict[str, str]:
-        found = {k: v for k, v in dict.items(self) if k.startswith(prefix)}
-        self.families[prefix] = tuple(sorted(found.items()))
-        return found
-
-    def _all(self):
-        self.whole = True
-        return self
-
-    def __iter__(self):
-        return dict.__iter__(self._all())
-
-    def __len__(self) -> int:
-        return dict.__len__(self._all())
-
-    def __eq__(self, other) -> bool:
-        return dict.__eq__(self._all(), other)
-
-    def __ne__(self, other) -> bool:
-        return dict.__ne__(self._all(), other)
-
-    __hash__ = None  # as dict's
-
-    def keys(self):
-        return dict.keys(self._all())
-
-    def items(self):
-        return dict.items(self._all())
-
-    def values(self):
-        return dict.values(self._all())
-
-    def copy(self):
-        return dict(dict.items(self._all()))
-
-    def observed(self) -> tuple:
-        """What was read, as plain values: ("whole", env) or ("read", variables, families)."""
-        if self.whole:
-            return ("whole", tuple(sorted(dict.items(self))))
-        return ("read", tuple(sorted(self.seen.items())), tuple(sorted(self.families.items())))
 
 
 def _matches(observed: tuple, env) -> bool:
@@ -186,17 +106,8 @@ def _decode(value):
                                      for v in value[1:]])
 
 
-def _code() -> tuple[tuple[str, int, int], ...]:
-    """The `startimage.code_signature` of this package's modules loaded now: the code a decision was made by."""
-    from pyxis_hook import startimage
-
-    files = (getattr(module, "__file__", None) or "" for name, module in list(sys.modules.items())
-             if name.startswith("pyxis_hook."))
-    return startimage.code_signature(f for f in files if f.endswith(".py"))
-
-
 class Lookup:
-    """One start's question to the cache: its key, the decision when there is one, and the save after a miss."""
+    """One start's question to the cache: its key and the decision when there is one (`decisionkeep.save` after a miss)."""
 
     def __init__(self, config, host, env, annotations, privileged: bool, allowed, view: str, proc_files,
                  gpu_looks: bytes | None = None) -> None:
@@ -208,7 +119,7 @@ class Lookup:
         self.config = config
         self.host = host
         self.view = view
-        self.env = ObservedEnv(env)
+        self.env = env
         self.why = ""
         self.variants: list = []
         self.facts = container_facts(view)  # without the driver files: the links' occupants are checked per decision
@@ -257,7 +168,7 @@ class Lookup:
         from pyxis_hook.host import snapshot
         from pyxis_hook.plan.container import link_occupants
 
-        env = dict(dict.items(self.env))
+        env = self.env
         for variant in self.variants:
             try:
                 observed, code, currency, link_paths, occupants, plan, allocated = variant
@@ -281,34 +192,3 @@ class Lookup:
         if self.variants and not self.why:
             self.why = f"{self.path}: no decision for this env"
         return None
-
-    def save(self, inventory, files, facts, plan, allocated: bool, snapshot_seen: list) -> str:
-        """Keep this start's decision (after a miss); a line for the debug log, never raises."""
-        from pyxis_hook.host import snapshot
-
-        if not snapshot_seen or snapshot_seen[-1] != self.snap:
-            # built by this start, or replaced since the key was made: the next start keeps it
-            return "decisions: not kept: the inventory is not the snapshot this start's key names"
-        try:
-            variant = (self.env.observed(), _code(), snapshot.currency(inventory),
-                       build.link_paths(files, facts), facts.link_occupants, _encode(plan), allocated)
-            # the newest first; one per env reading and code (two installs sharing a snapshot dir keep theirs)
-            variants = [variant] + [v for v in self.variants if v[:2] != variant[:2]][:VARIANTS - 1]
-            snapshot.keep(self.path, FORMAT, (self.key, variants))
-        except (OSError, SnapshotError, ValueError) as e:
-            return f"decisions: not kept: {getattr(e, 'strerror', None) or e}"
-        _prune(pathnames.dirname(self.path))
-        return f"decisions: kept in {self.path}"
-
-
-def _prune(directory: str) -> None:
-    """Keep the KEEP_FILES newest decision files (each start of a new shape adds one)."""
-    try:
-        names = [n for n in posix.listdir(directory) if n.startswith(_PREFIX) and n.endswith(".bin")]
-        if len(names) <= KEEP_FILES:
-            return
-        dated = sorted((posix.stat(pathnames.join(directory, n)).st_mtime_ns, n) for n in names)
-        for _, name in dated[:len(names) - KEEP_FILES]:
-            posix.unlink(pathnames.join(directory, name))
-    except OSError:
-        pass  # another start pruned first, or the dir went away: the next save tries again

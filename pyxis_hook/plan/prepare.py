@@ -164,8 +164,10 @@ def prepare(config: Config, bundle, *, state=None, check: bool = False, confine:
         if cached is not None:
             plan, allocated = cached
             return _checked(Prepared(None, None, replace(plan, rootfs=bundle.rootfs), allocated), check)
-        env = lookup.env  # records what the request reads of it, for the decision kept below
         plan_tier()
+        from pyxis_hook.plan import decisionkeep
+
+        env = decisionkeep.ObservedEnv(env)  # records what the request reads of it, for the decision kept below
 
     from pyxis_hook.host import snapshot
     from pyxis_hook.plan.container import container_facts, with_occupants
@@ -194,7 +196,7 @@ def prepare(config: Config, bundle, *, state=None, check: bool = False, confine:
     plan = build_plan(request, inventory, facts, config, proc_files=proc_files)
     allocated = request.allocation is not None
     if lookup is not None:
-        log.debug(lookup.save(inventory, files, facts, plan, allocated, seen))
+        log.debug(decisionkeep.save(lookup, env, inventory, files, facts, plan, allocated, seen))
     return _checked(Prepared(request, inventory, plan, allocated), check)
 
 

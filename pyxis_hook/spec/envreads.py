@@ -22,7 +22,7 @@ def prefixed(env, prefix: str) -> dict[str, str]:
 
     The one way the request reads a family of variables (NVIDIA_REQUIRE_*,
     LSF's CUDA_VISIBLE_DEVICES<N>): an env that records what a decision
-    read (`plan.decisions.ObservedEnv`) then records the family, not every
+    read (`plan.decisionkeep.ObservedEnv`) then records the family, not every
     variable of the container.
     """
     own = getattr(env, "prefixed", None)

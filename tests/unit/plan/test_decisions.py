@@ -18,7 +18,7 @@ from fixtures.container import make_bundle
 from fixtures.fakedriver import make_fake_driver
 from fixtures.hosttree import fake_gpus, make_host_tree
 from pyxis_hook.errors import PyxisHookError
-from pyxis_hook.plan import decisions
+from pyxis_hook.plan import decisionkeep, decisions
 from pyxis_hook.plan.prepare import prepare
 from pyxis_hook.record import replace
 from pyxis_hook.spec import oci
@@ -182,7 +182,7 @@ def test_a_mig_device_named_by_uuid_is_never_taken_from_the_cache(tmp_path):
 
 
 def test_the_observed_env_records_what_was_read():
-    env = decisions.ObservedEnv({"A": "1", "NVIDIA_REQUIRE_CUDA": "cuda>=12", "NVIDIA_REQUIRE_X": "", "B": "2"})
+    env = decisionkeep.ObservedEnv({"A": "1", "NVIDIA_REQUIRE_CUDA": "cuda>=12", "NVIDIA_REQUIRE_X": "", "B": "2"})
     from pyxis_hook.spec.envreads import prefixed
 
     assert env.get("A") == "1" and env.get("MISSING", "d") == "d" and "B" in env and env["A"] == "1"
@@ -213,8 +213,8 @@ def test_a_decision_made_by_other_code_is_not_taken(tmp_path, monkeypatch):
     config, _tree, _gpus = _world(tmp_path / "w")
     planner = tmp_path / "planner.py"  # stands for one of the package's modules
     planner.write_text("RULE = 1\n")
-    real_code = decisions._code
-    monkeypatch.setattr(decisions, "_code", lambda: real_code() + (
+    real_code = decisionkeep._code
+    monkeypatch.setattr(decisionkeep, "_code", lambda: real_code() + (
         (str(planner), planner.stat().st_mtime_ns, planner.stat().st_size),))
     bundle = _bundle(tmp_path / "b", ("NVIDIA_VISIBLE_DEVICES=all",))
     _warm(config, bundle)
@@ -230,7 +230,7 @@ def test_two_installs_sharing_a_snapshot_dir_keep_a_decision_each(tmp_path, monk
     bundle = _bundle(tmp_path / "b", ("NVIDIA_VISIBLE_DEVICES=all",))
     installs = {"one": ((str(tmp_path / "one.py"), 1, 1),), "two": ((str(tmp_path / "two.py"), 2, 2),)}
     current = {"install": "one"}
-    monkeypatch.setattr(decisions, "_code", lambda: installs[current["install"]])
+    monkeypatch.setattr(decisionkeep, "_code", lambda: installs[current["install"]])
     from pyxis_hook import startimage
 
     monkeypatch.setattr(startimage, "same_code", lambda code: code == installs[current["install"]])
@@ -244,7 +244,7 @@ def test_two_installs_sharing_a_snapshot_dir_keep_a_decision_each(tmp_path, monk
 
 def test_the_snapshot_dir_keeps_the_newest_decision_files(tmp_path, monkeypatch):
     """Each new shape adds a file; the oldest go (KEEP_FILES)."""
-    monkeypatch.setattr(decisions, "KEEP_FILES", 2)
+    monkeypatch.setattr(decisionkeep, "KEEP_FILES", 2)
     config, _tree, _gpus = _world(tmp_path / "w")
     bundle = _bundle(tmp_path / "b", ("NVIDIA_VISIBLE_DEVICES=all",))
     for caps in (("utility",), ("compute",), ("compute", "utility"), ("graphics",)):
@@ -277,3 +277,15 @@ def test_gpus_that_must_be_discovered_load_the_planners_tier_first(tmp_path, mon
     Path(gpumemo.memo_path(config)).unlink()
     prepare(config, bundle, check=True, cache=True, confine=False)
     assert order[:2] == ["tier plan", "discover"], order
+
+
+def test_a_start_served_from_the_cache_runs_nothing_of_the_keeping(world, tmp_path, monkeypatch):
+    """ObservedEnv and the save are the planner's tier (`decisionkeep`): a cached start never imports them."""
+    import sys
+
+    config, _tree, _gpus = world
+    bundle = _bundle(tmp_path / "b", ("NVIDIA_VISIBLE_DEVICES=1",))
+    warm = _warm(config, bundle)
+    monkeypatch.setitem(sys.modules, "pyxis_hook.plan.decisionkeep", None)  # an import of it now raises
+    cached = prepare(config, bundle, check=True, cache=True, confine=False)
+    assert cached.request is None and cached.plan == warm.plan

@@ -60,7 +60,6 @@ if TYPE_CHECKING:  # typing's names cost ~3 ms of imports on the hook's path: hi
 
 _SPACE = " \t\n\v\f\r"
 _BLANK = " \t"
-_MAGIC = "*?["
 #: we stop at these so a hostile image cannot make the hook or `ldcheck` run for ever
 MAX_INCLUDE_DEPTH = 64
 MAX_FILES = 1024
@@ -70,6 +69,10 @@ CONF_LIMIT = 1 << 20
 MAX_ENTRIES = 10000
 #: wall-clock bound of one read (a slow or hostile filesystem under the rootfs)
 MAX_SECONDS = 5.0
+#: directories a read keeps open to look up entries in them (`_Tree.held`); more are walked to again
+MAX_HELD = 16
+#: what one read(2) of a configuration file asks for after the first (which asks for its size)
+_CHUNK = 1 << 16
 #: top-level directories of the root that do not exist for ldconfig (apply/confined.py masks them)
 HIDDEN = ("proc", "sys")
 
@@ -137,6 +140,8 @@ def read_ld_so_conf(root: str, conf: str = "/etc/ld.so.conf", *, rfs: RootFS | N
         state.parse(conf, 0)
     except _Stop as e:
         return LdSoConf(tuple(state.dirs), tuple(state.unmatched), tuple(state.files), True, (e.reason,), e.kind)
+    finally:
+        state.tree.close()
     if state.tree.unmodelled:
         return LdSoConf(tuple(state.dirs), tuple(state.unmatched), tuple(state.files), True,
                         (state.tree.unmodelled,), UNMODELLED)
@@ -182,16 +187,22 @@ def dir_identity(where: Where, path: str) -> tuple[int, int] | None:
         posix.close(fd)
 
 
-def dirs_by_inode(where: Where, dirs: Iterable[str]) -> dict[tuple[int, int], str]:
+def dirs_by_inode(where: Where, dirs: Iterable[str],
+                  seen: dict[str, tuple[int, int] | None] | None = None) -> dict[tuple[int, int], str]:
     """The existing directories among `dirs`, first name per inode, in order: {(dev, ino): name}.
 
     This is ldconfig's add_dir_1/add_single_dir rule (a missing directory is
     skipped, /lib and /usr/lib on a merged-/usr image count once, under the
-    name listed first) and the one implementation of it in the hook.
+    name listed first) and the one implementation of it in the hook.  A name
+    listed twice is looked up once; `seen`, when given, receives each name's
+    `dir_identity` (the merge asks it again for its libraries' directories).
     """
     out: dict[tuple[int, int], str] = {}
+    seen = {} if seen is None else seen
     for d in dirs:
-        ident = dir_identity(where, d)
+        if d in seen:
+            continue
+        ident = seen[d] = dir_identity(where, d)
         if ident is not None and ident not in out:
             out[ident] = d
     return out
@@ -212,7 +223,14 @@ class _Stop(Exception):
 
 
 class _Tree:
-    """The root as the confined ldconfig sees it, read through one RootFS, within the read's budget."""
+    """The root as the confined ldconfig sees it, read through one RootFS, within the read's budget.
+
+    The directories `dir_path` found stay open (O_PATH, up to MAX_HELD, in
+    `held` by resolved name until `close`): listing one, looking up an entry
+    in it or opening a configuration file in it then starts from that fd
+    instead of walking the path from the root again (`include
+    /etc/ld.so.conf.d/*.conf` would otherwise resolve `/etc` four times).
+    """
 
     def __init__(self, rfs: RootFS) -> None:
         self.rfs = rfs
@@ -221,6 +239,20 @@ class _Tree:
         self.deadline = time.monotonic() + MAX_SECONDS
         #: why some pattern was matched by `_widened` (the read goes on: every file it reaches is checked)
         self.unmodelled = ""
+        self.held: dict[str, int] = {}
+
+    def close(self) -> None:
+        for fd in self.held.values():
+            posix.close(fd)
+        self.held.clear()
+
+    def _dir_fd(self, base: str) -> tuple[int, bool] | None:
+        """(O_PATH fd of the resolved directory `base`, whether the caller closes it); None when unreachable."""
+        fd = self.held.get(base)
+        if fd is not None:
+            return fd, False
+        found = self.locate(base, strict=False)
+        return None if found is None else (found[0], True)
 
     def tick(self) -> None:
         """Count one path resolved or directory entry looked at; LIMIT past the budget or the deadline."""
@@ -253,10 +285,12 @@ class _Tree:
         regular file is opened for reading, as that same inode: a FIFO never
         blocks and a device's driver never sees an open().
         """
-        found = self.locate(path, strict=True)
+        found = self._in_held(path)
         if found is None:
-            return None
-        fd, _real = found
+            found = self.locate(path, strict=True)
+            if found is None:
+                return None
+        fd = found[0]
         try:
             st = posix.fstat(fd)
             if stat.S_ISDIR(st.st_mode):
@@ -272,8 +306,9 @@ class _Tree:
             try:
                 rfd = self.rfs.reopen(fd, posix.O_RDONLY | posix.O_NONBLOCK | posix.O_NOCTTY)
                 try:
-                    data = posix.read(rfd, left + 1)
-                    while len(data) <= left and (more := posix.read(rfd, left + 1 - len(data))):
+                    # asked for by the chunk, not the whole budget: a 1 MiB request is a 1 MiB buffer (mmap, munmap)
+                    data = posix.read(rfd, min(left + 1, st.st_size + 1))
+                    while len(data) <= left and (more := posix.read(rfd, min(left + 1 - len(data), _CHUNK))):
                         data += more
                 finally:
                     posix.close(rfd)
@@ -287,46 +322,76 @@ class _Tree:
         finally:
             posix.close(fd)
 
+    def _in_held(self, path: str) -> tuple[int, str] | None:
+        """`locate(path)` for a plain entry of a held directory: one open, no walk; None: walk instead.
+
+        Only a name that is neither a symlink (opened O_NOFOLLOW, its type
+        read from the fd) nor `.`/`..` nor a masked top-level directory is
+        taken this way; the walk handles everything else.
+        """
+        base, _, name = path.rpartition("/")
+        fd = self.held.get(base or "/")
+        if fd is None or name in ("", ".", "..") or (not base and name in HIDDEN):
+            return None
+        self.tick()
+        try:
+            own = posix.open(name, posix.O_PATH | posix.O_NOFOLLOW | posix.O_CLOEXEC, dir_fd=fd)
+        except OSError:
+            return None  # the walk says what ldconfig would make of it
+        if stat.S_ISLNK(posix.fstat(own).st_mode):
+            posix.close(own)
+            return None
+        return own, path
+
     def dir_path(self, path: str) -> str | None:
-        """The resolved name of directory `path`, None when it is not one ldconfig can reach."""
+        """The resolved name of directory `path`, None when it is not one ldconfig can reach.
+
+        The directory stays open in `held` (while there is room) for what is looked up in it next.
+        """
         found = self.locate(path, strict=False)
         if found is None:
             return None
         fd, real = found
-        try:
-            return real if stat.S_ISDIR(posix.fstat(fd).st_mode) else None
-        finally:
+        if not stat.S_ISDIR(posix.fstat(fd).st_mode):
             posix.close(fd)
+            return None
+        if real in self.held or len(self.held) >= MAX_HELD:
+            posix.close(fd)
+        else:
+            self.held[real] = fd
+        return real
 
     def lexists(self, base: str, name: str) -> bool:
         """Whether directory `base` (resolved) has an entry `name`, a dangling link too (glob's lstat)."""
         if base == "/" and name in HIDDEN:
             return False
-        found = self.locate(base, strict=False)
+        found = self._dir_fd(base)
         if found is None:
             return False
-        fd = found[0]
+        fd, own = found
         try:
             posix.stat(name, dir_fd=fd, follow_symlinks=False)
             return True
         except OSError:
             return False
         finally:
-            posix.close(fd)
+            if own:
+                posix.close(fd)
 
     def matching(self, base: str, pattern: str) -> list[str]:
         """Names in directory `base` (resolved) that `pattern` matches; each entry looked at counts."""
-        found = self.locate(base, strict=False)
+        found = self._dir_fd(base)
         if found is None:
             return []
-        fd = found[0]
+        fd, own = found
         out = []
         try:
             dfd = posix.open(".", posix.O_RDONLY | posix.O_DIRECTORY | posix.O_CLOEXEC, dir_fd=fd)
         except OSError:
             return []
         finally:
-            posix.close(fd)
+            if own:
+                posix.close(fd)
         try:
             with posix.scandir(dfd) as entries:
                 for entry in entries:
@@ -360,6 +425,10 @@ def _file_type(mode: int) -> str:
     if stat.S_ISBLK(mode):
         return "a block device"
     return "not a regular file"
+
+
+def _magic(part: str) -> bool:
+    return "*" in part or "?" in part or "[" in part
 
 
 def _join(base: str, name: str) -> str:
@@ -431,10 +500,15 @@ class _State:
         Errors match nothing, as in glob.
         """
         parts = [p for p in pattern.split("/") if p and p != "."]
+        # a run of components without magic before the last one is one lookup (`/etc/ld.so.conf.d`):
+        # it resolves as those components one after the other would (symlinks, `..`, the masked dirs)
+        i = 0
+        while i < len(parts) - 2 and not _magic(parts[i]) and not _magic(parts[i + 1]):
+            parts[i:i + 2] = [parts[i] + "/" + parts[i + 1]]
         found = [("", "/")]  # (name as spelled, resolved directory or match)
         for i, part in enumerate(parts):
             last = i == len(parts) - 1
-            magic = any(c in part for c in _MAGIC)
+            magic = _magic(part)
             nxt = []
             for spelled, base in found:
                 for name in (self.tree.matching(base, part) if magic else (part,)):

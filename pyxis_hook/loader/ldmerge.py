@@ -72,6 +72,7 @@ BUILTIN_DIRS: dict[str, tuple[str, ...]] = {
 #: a cache larger than this is not read (ldconfig's own for 10,000 libraries is ~1 MiB)
 CACHE_LIMIT = 64 << 20
 CACHE = "/etc/ld.so.cache"
+_CONF = "/etc/ld.so.conf"
 
 
 class CannotMerge(InternalSignal):
@@ -406,16 +407,18 @@ def _check_strings(data: bytes, offsets: list[int], start: int, end: int, name: 
 # ------------------------------------------------------------------ apply side
 
 
-def scan_dirs_in(rfs, conf_dirs: Sequence[str], builtin: Sequence[str]) -> tuple[tuple[str, ...], dict]:
+def scan_dirs_in(rfs, conf_dirs: Sequence[str], builtin: Sequence[str],
+                 seen: dict | None = None) -> tuple[tuple[str, ...], dict]:
     """ldconfig's directory list inside the rootfs: (names in scan order, {(dev, ino): name}).
 
     Like add_dir_1/add_single_dir: a directory that does not exist is
     skipped, one reached twice (same inode) keeps its first name
-    (`ldconf.dirs_by_inode`, the one implementation of that rule).
+    (`ldconf.dirs_by_inode`, the one implementation of that rule; `seen`
+    gets each name's identity).
     """
     from pyxis_hook.loader.ldconf import dirs_by_inode
 
-    ids = dirs_by_inode(rfs, tuple(conf_dirs) + tuple(builtin))
+    ids = dirs_by_inode(rfs, tuple(conf_dirs) + tuple(builtin), seen)
     return tuple(ids.values()), ids
 
 
@@ -453,18 +456,19 @@ def model_image(rfs, libs: Sequence[InjectedLib], *, machine: str | None = None)
 def _model_image(rfs, libs: Sequence[InjectedLib], machine: str | None):
     from pyxis_hook.loader.ldconf import dir_identity, require_safe
 
-    if not rfs.exists("/etc/ld.so.conf"):
+    conf = require_safe(rfs)  # a missing file reads as nothing: asked next, unless it was read
+    if _CONF not in conf.files_read and not rfs.exists(_CONF):
         raise CannotMerge("the image has no /etc/ld.so.conf (musl or distroless?)")
-    machine = machine or posix.uname().machine
-    conf = require_safe(rfs)
     if conf.truncated:
         why = conf.problems[0] if conf.problems else "incomplete"
         raise CannotMerge(f"/etc/ld.so.conf cannot be read as ldconfig reads it: {why}")
+    machine = machine or posix.uname().machine
     first = tuple(dict.fromkeys(lib.dir for lib in libs if lib.first))
-    dirs, ids = scan_dirs_in(rfs, first + tuple(conf.dirs), BUILTIN_DIRS.get(machine, ()))
+    seen: dict = {}  # each name's identity, as the scan found it: the libraries' dirs are among them
+    dirs, ids = scan_dirs_in(rfs, first + tuple(conf.dirs), BUILTIN_DIRS.get(machine, ()), seen)
     mapped = []
     for lib in libs:
-        ident = dir_identity(rfs, lib.dir)
+        ident = seen[lib.dir] if lib.dir in seen else seen.setdefault(lib.dir, dir_identity(rfs, lib.dir))
         if ident is None or ident not in ids:
             raise CannotMerge(f"{lib.dir} is not in the image's ld.so.conf nor a built-in directory")
         if lib.first:

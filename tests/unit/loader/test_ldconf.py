@@ -191,3 +191,75 @@ def test_a_bracket_pattern_where_fnmatch_cannot_load_reads_on_wider(tmp_path, mo
     assert "bracket expression" in conf.problems[0]
     os.mkfifo(tmp_path / "etc/ld.so.conf.d/n.conf")  # outside [a-m]: glibc would not match it; checked anyway
     assert read(tmp_path).stop == NOT_REGULAR
+
+
+def _open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def test_held_directories_serve_their_entries_and_are_closed_after(tmp_path):
+    """`include /etc/ld.so.conf.d/*.conf` walks to the directory once; what it holds open is closed by the end.
+
+    A conf file opened in the held directory is named as the walk would name
+    it; a link among them still goes through the walk (its target's inode,
+    the link's name), and a FIFO there is still refused before it is opened.
+    """
+    write(tmp_path, "/etc/ld.so.conf", "include /etc/ld.so.conf.d/*.conf\ninclude /etc/ld.so.conf.d/z.conf\n")
+    write(tmp_path, "/etc/ld.so.conf.d/a.conf", "/opt/a\n")
+    write(tmp_path, "/opt/real/r.conf", "/opt/r\n")
+    os.symlink("/opt/real/r.conf", tmp_path / "etc/ld.so.conf.d/b.conf")
+    write(tmp_path, "/etc/ld.so.conf.d/z.conf", "/opt/z\n")
+    before = _open_fds()
+    conf = read(tmp_path)
+    assert _open_fds() == before
+    assert conf.stop == "" and conf.dirs == ("/opt/a", "/opt/r", "/opt/z")
+    assert conf.files_read == ("/etc/ld.so.conf", "/etc/ld.so.conf.d/a.conf", "/etc/ld.so.conf.d/b.conf",
+                               "/etc/ld.so.conf.d/z.conf", "/etc/ld.so.conf.d/z.conf")
+    os.mkfifo(tmp_path / "etc/ld.so.conf.d/c.conf")
+    assert read(tmp_path).stop == NOT_REGULAR
+    assert _open_fds() == before
+
+
+def test_held_directories_are_bounded(tmp_path, monkeypatch):
+    """More matched directories than MAX_HELD: the rest are walked to again, the answer is the same."""
+    lines = []
+    for i in range(ldconf.MAX_HELD + 4):
+        write(tmp_path, f"/etc/d{i:02}/x/a.conf", f"/opt/{i}\n")
+    lines.append("include /etc/d*/x/*.conf\n")
+    write(tmp_path, "/etc/ld.so.conf", "".join(lines))
+    before = _open_fds()
+    conf = read(tmp_path)
+    assert _open_fds() == before
+    assert conf.dirs == tuple(f"/opt/{i}" for i in range(ldconf.MAX_HELD + 4))
+    monkeypatch.setattr(ldconf, "MAX_HELD", 0)
+    assert read(tmp_path) == conf
+
+
+def test_a_literal_prefix_is_one_lookup_resolved_as_its_components(tmp_path):
+    """`/etc/ld.so.conf.d` in a pattern is looked up at once: a link, `..` above the root and a masked
+    /proc on the way give what resolving each component would."""
+    write(tmp_path, "/srv/conf.d/a.conf", "/opt/a\n")
+    os.symlink("../srv", tmp_path / "etc-link")
+    write(tmp_path, "/proc/conf.d/p.conf", "/opt/proc\n")
+    write(tmp_path, "/etc/ld.so.conf", "include /etc-link/conf.d/*.conf\ninclude /../../srv/./conf.d/*.conf\n"
+                                       "include /etc/../proc/conf.d/*.conf\ninclude /etc/missing/dir/*.conf\n")
+    conf = read(tmp_path)
+    assert conf.dirs == ("/opt/a",) and conf.stop == ""
+    assert conf.files_read == ("/etc/ld.so.conf", "/srv/conf.d/a.conf", "/srv/conf.d/a.conf")
+    assert [u[2] for u in conf.unmatched_includes] == ["/etc/../proc/conf.d/*.conf", "/etc/missing/dir/*.conf"]
+
+
+def test_a_name_listed_twice_is_looked_up_once(tmp_path, monkeypatch):
+    """dirs_by_inode asks each name once and hands each name's identity to `seen`."""
+    (tmp_path / "usr/lib").mkdir(parents=True)
+    os.symlink("usr/lib", tmp_path / "lib")
+    asked = []
+    real = ldconf.dir_identity
+    monkeypatch.setattr(ldconf, "dir_identity", lambda where, d: asked.append(d) or real(where, d))
+    seen: dict = {}
+    with RootFS(str(tmp_path)) as rfs:
+        got = ldconf.dirs_by_inode(rfs, ("/lib", "/usr/lib", "/lib", "/missing", "/usr/lib"), seen)
+    st = os.stat(tmp_path / "usr/lib")
+    assert got == {(st.st_dev, st.st_ino): "/lib"}
+    assert asked == ["/lib", "/usr/lib", "/missing"]
+    assert seen == {"/lib": (st.st_dev, st.st_ino), "/usr/lib": (st.st_dev, st.st_ino), "/missing": None}

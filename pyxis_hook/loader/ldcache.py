@@ -2,10 +2,11 @@
 
 The per-container hook reads the driver root's cache to find the driver
 libraries and (for `ldcache = "merge"`) writes a container's cache, so this
-module is stdlib-only (`struct`, `posix`) and cheap to import.  Every offset in
-the file is bounds-checked: a corrupt or truncated cache raises
-`LdCacheError` naming the file and what is wrong, never IndexError or
-struct.error.
+module is built-ins only (`posix`, `sys`; no `struct`, whose extension module is
+a dlopen on every start) and cheap to import: words are read with
+`memoryview.cast` or `int.from_bytes` and written with `int.to_bytes`.
+Every offset in the file is bounds-checked: a corrupt or truncated cache
+raises `LdCacheError` naming the file and what is wrong, never IndexError.
 
 Layouts follow glibc's `sysdeps/generic/dl-cache.h` and `elf/cache.c`
 (docs/loader.md, "The ld.so.cache file"):
@@ -28,7 +29,7 @@ actually sees (`loader_hwcap_name`).
 from __future__ import annotations
 
 import posix
-import struct
+import sys
 
 # functools.cmp_to_key is this C function; functools itself costs ~1.5 ms per start and this also
 # runs after setns, where nothing may be imported (apply._NoImports)
@@ -163,6 +164,27 @@ def is_hwcap_extension(hwcap: int) -> bool:
     return ((hwcap >> 32) & ~HWCAP_ISA_LEVEL_MASK) == (HWCAP_EXTENSION >> 32)
 
 
+# --- words -------------------------------------------------------------------
+
+
+def u32_words(data: bytes, offset: int, count: int, order: str = "little") -> list[int]:
+    """`count` unsigned 32-bit words of `data` from `offset` in byte order `order` (the caller checked the bounds).
+
+    One cast of the bytes when the order is this machine's; a big-endian
+    cache on a little-endian machine (inspected, never merged) a word at a time.
+    """
+    view = memoryview(data)[offset:offset + 4 * count]
+    if order == sys.byteorder:
+        return view.cast("I").tolist()
+    big = order == "big"
+    return [int.from_bytes(view[i:i + 4], "big" if big else "little") for i in range(0, 4 * count, 4)]
+
+
+def le_words(*words: int) -> bytes:
+    """Unsigned 32-bit little-endian words, as `struct.pack("<nI")` (OverflowError outside 0..2**32-1)."""
+    return b"".join(w.to_bytes(4, "little") for w in words)
+
+
 # --- reading -----------------------------------------------------------------
 
 
@@ -181,7 +203,7 @@ class _Reader:
         end = offset + 4 * count
         if offset < 0 or end > len(self.data):
             raise self.fail(f"truncated {what} at offset {offset} (file is {len(self.data)} bytes)")
-        return struct.unpack_from(f"{self.bo}{count}I", self.data, offset)
+        return tuple(u32_words(self.data, offset, count, "big" if self.bo == ">" else "little"))
 
     def cstring(self, base: int, offset: int, limit: int, what: str) -> str:
         start = base + offset
@@ -276,10 +298,15 @@ def _parse_new(r: _Reader, base: int) -> tuple[tuple[CacheEntry, ...], str | Non
     if (len(data) - base - NEW_HEADER_SIZE) // NEW_ENTRY_SIZE < nlibs:
         raise r.fail(f"new-format entry table ({nlibs} entries) runs past the end of the file")
     generator, hwcaps = _parse_extensions(r, ext_off)
-    fmt = r.bo + "iIIIQ"
+    # each entry: flags (int32), key, value, osversion, hwcap (uint64: two words, in the file's order)
+    order = "big" if r.bo == ">" else "little"
+    words = u32_words(data, base + NEW_HEADER_SIZE, 6 * nlibs, order)
+    lo, hi = (4, 5) if order == "little" else (5, 4)
     out = []
     for i in range(nlibs):
-        flags, key, value, _osv, hwcap = struct.unpack_from(fmt, data, base + NEW_HEADER_SIZE + i * NEW_ENTRY_SIZE)
+        flags, key, value, _osv = words[6 * i:6 * i + 4]
+        flags = flags - (1 << 32) if flags >= 1 << 31 else flags
+        hwcap = words[6 * i + lo] | words[6 * i + hi] << 32
         name = loader_name = None
         if is_hwcap_extension(hwcap) and hwcaps is not None:
             index = hwcap & 0xFFFFFFFF
@@ -314,7 +341,7 @@ def parse_cache(data: bytes, name: str = "<bytes>") -> LdCache:
     offset = -(-(OLD_HEADER_SIZE + nlibs * OLD_ENTRY_SIZE) // CACHE_ALIGN) * CACHE_ALIGN
     if (len(data) - OLD_HEADER_SIZE) // OLD_ENTRY_SIZE < nlibs:
         # maybe a big-endian compat cache: the count is in the new block's order
-        (nlibs_be,) = struct.unpack_from(">I", data, 12)
+        nlibs_be = int.from_bytes(data[12:16], "big")
         if (len(data) - OLD_HEADER_SIZE) // OLD_ENTRY_SIZE < nlibs_be:
             raise r.fail(f"old-format entry table ({nlibs} entries) runs past the end of the file")
         nlibs, r.bo = nlibs_be, ">"
@@ -487,38 +514,39 @@ def serialize_cache(entries: Iterable[CacheEntry], generator: str | None, fmt: s
         # glibc 2.36 leaves legacy-hwcap entries out of the old table
         old = [e for e in ents if e.is_hwcaps or not e.hwcap]
         n_old = (len(old) + 1) & ~1 if fmt == "compat" else len(old)
-        out += CACHEMAGIC + b"\0" + struct.pack("<I", n_old)
+        out += CACHEMAGIC + b"\0" + le_words(n_old)
         rows = [(e.flags, str_offset + offs[pathnames.fsencode(e.key)], str_offset + offs[pathnames.fsencode(e.value)]) for e in old]
         if n_old > len(rows):
             rows.append(rows[-1])
-        for row in rows:
-            out += struct.pack("<iII", *row)
+        for flags, key, value in rows:
+            out += flags.to_bytes(4, "little", signed=True) + le_words(key, value)
     pad = (-len(out)) % CACHE_ALIGN if fmt == "compat" else 0
     out += b"\0" * pad
     ext_offset = 0
     if fmt != "old":
         ext_offset = len(out) + new_size + len(table)
         ext_offset += (-ext_offset) % 4
-        out += CACHEMAGIC_VERSION_NEW + struct.pack("<IIB3xI12x", n, len(table), ENDIAN_LITTLE, ext_offset)
+        out += CACHEMAGIC_VERSION_NEW + le_words(n, len(table), ENDIAN_LITTLE, ext_offset, 0, 0, 0)
         for e in ents:
             hwcap = e.hwcap
             if e.is_hwcaps:
                 hwcap = HWCAP_EXTENSION | (e.isa_level << 32) | index[pathnames.fsencode(e.hwcap_name)]
-            out += struct.pack("<iIIIQ", e.flags, str_offset + offs[pathnames.fsencode(e.key)],
-                               str_offset + offs[pathnames.fsencode(e.value)], 0, hwcap)
+            out += e.flags.to_bytes(4, "little", signed=True) + le_words(
+                str_offset + offs[pathnames.fsencode(e.key)], str_offset + offs[pathnames.fsencode(e.value)], 0,
+                hwcap & 0xFFFFFFFF, hwcap >> 32)
     out += table
     if fmt != "old":
         out += b"\0" * (ext_offset - len(out))
         gen = pathnames.fsencode(generator) if generator is not None else None
         sections = []
         body_off = ext_offset + 8 + 16 * ((gen is not None) + bool(used))
-        hw_bytes = b"".join(struct.pack("<I", str_offset + offs[nm]) for nm in used)
+        hw_bytes = le_words(*(str_offset + offs[nm] for nm in used))
         if gen is not None:
             sections.append((EXT_TAG_GENERATOR, 0, body_off + len(hw_bytes), len(gen)))
         if used:
             sections.append((EXT_TAG_GLIBC_HWCAPS, 0, body_off, len(hw_bytes)))
-        out += struct.pack("<II", EXTENSION_MAGIC, len(sections))
+        out += le_words(EXTENSION_MAGIC, len(sections))
         for s in sections:
-            out += struct.pack("<IIII", *s)
+            out += le_words(*s)
         out += hw_bytes + (gen or b"")
     return bytes(out)

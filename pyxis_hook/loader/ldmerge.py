@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import errno
 import posix
-import struct
 import sys
 
 from pyxis_hook import pathnames
@@ -223,7 +222,7 @@ def merge_cache(data: bytes, scan_dirs: Sequence[str], libs: Iterable[InjectedLi
             raise
         except LdCacheError as e:  # a corrupt table or string: ldconfig rebuilds it, we cannot
             raise CannotMerge(f"corrupt cache: {e}") from None
-        except struct.error as e:
+        except OverflowError as e:  # a word that does not fit in 32 bits
             raise CannotMerge(f"{name}: corrupt cache: {e}") from None
     try:
         cache = L.parse_cache(data, name)
@@ -253,11 +252,6 @@ def merge_cache(data: bytes, scan_dirs: Sequence[str], libs: Iterable[InjectedLi
     return MergeResult(new, tuple(e for _, _, e in inserts), tuple(present), "compat")
 
 
-_ENTRY = struct.Struct("<iIIIQ")
-#: a new-format entry as six little-endian words: flags, key, value, osversion, hwcap (two words)
-_ROW = struct.Struct("<6I")
-
-
 def _string_offsets(table: bytes) -> list[int]:
     """Every entry's key and value offset (words 1 and 2 of each six-word row of `table`).
 
@@ -268,8 +262,8 @@ def _string_offsets(table: bytes) -> list[int]:
     if sys.byteorder == "little":
         words = memoryview(table).cast("I")
         return words[1::6].tolist() + words[2::6].tolist()
-    rows = struct.unpack(f"<{len(table) // 4}I", table)
-    return list(rows[1::6] + rows[2::6])
+    rows = L.u32_words(table, 0, len(table) // 4)
+    return rows[1::6] + rows[2::6]
 
 
 def _shifted(table: bytes, delta: int) -> bytes:
@@ -281,7 +275,7 @@ def _shifted(table: bytes, delta: int) -> bytes:
     far below 2**32 - delta), so no carry crosses into its neighbour.  It
     replaces unpacking, adding to and packing again ~6 ints per entry.
     """
-    step = _ROW.pack(0, delta, delta, 0, 0, 0) * (len(table) // L.NEW_ENTRY_SIZE)
+    step = L.le_words(0, delta, delta, 0, 0, 0) * (len(table) // L.NEW_ENTRY_SIZE)
     total = int.from_bytes(table, "little") + int.from_bytes(step, "little")
     return total.to_bytes(len(table), "little")
 
@@ -336,7 +330,8 @@ def _merge_new(data: bytes, scan_dirs, libs, name: str) -> MergeResult:
     def get(i: int) -> L.CacheEntry:
         e = cache.get(i)
         if e is None:
-            flags, key, value, _osv, hwcap = _ENTRY.unpack_from(data, L.NEW_HEADER_SIZE + i * L.NEW_ENTRY_SIZE)
+            flags, key, value, _osv, lo, hi = L.u32_words(data, L.NEW_HEADER_SIZE + i * L.NEW_ENTRY_SIZE, 6)
+            flags, hwcap = flags - (1 << 32) if flags >= 1 << 31 else flags, lo | hi << 32
             e = L.CacheEntry(r.cstring(0, key, len(data), f"entry {i} key"),
                              r.cstring(0, value, len(data), f"entry {i} value"), flags, hwcap, hwcap_name(hwcap))
             cache[i] = e
@@ -369,7 +364,7 @@ def _merge_new(data: bytes, scan_dirs, libs, name: str) -> MergeResult:
     prev = 0
     for pos, _rank, e in inserts:
         out_table.append(table[L.NEW_ENTRY_SIZE * prev:L.NEW_ENTRY_SIZE * pos])
-        out_table.append(_ROW.pack(e.flags & 0xFFFFFFFF, intern(e.key), intern(e.value), 0, 0, 0))
+        out_table.append(L.le_words(e.flags & 0xFFFFFFFF, intern(e.key), intern(e.value), 0, 0, 0))
         prev = pos
     out_table.append(table[L.NEW_ENTRY_SIZE * prev:])
     strings_end = new_table_end + len(blob) + len(new_strings)
@@ -379,14 +374,15 @@ def _merge_new(data: bytes, scan_dirs, libs, name: str) -> MergeResult:
         new_ext = strings_end + (-strings_end) % 4
         move = new_ext - ext_off
         tail = bytearray(data[ext_off:])
-        struct.pack_into("<II", tail, 0, L.EXTENSION_MAGIC, len(sections))
+        tail[0:8] = L.le_words(L.EXTENSION_MAGIC, len(sections))
         for i, (tag, flags, off, size) in enumerate(sections):
-            struct.pack_into("<IIII", tail, 8 + 16 * i, tag, flags, off + move, size)
+            tail[8 + 16 * i:24 + 16 * i] = L.le_words(tag, flags, off + move, size)
             if tag == L.EXT_TAG_GLIBC_HWCAPS and hwcaps is not None:
-                struct.pack_into(f"<{len(hwcaps)}I", tail, off - ext_off, *(h + delta for h in hwcaps))
+                at = off - ext_off
+                tail[at:at + 4 * len(hwcaps)] = L.le_words(*(h + delta for h in hwcaps))
     header = bytearray(data[:L.NEW_HEADER_SIZE])
-    struct.pack_into("<II", header, 20, n + k, strings_end - new_table_end)
-    struct.pack_into("<I", header, 32, new_ext)
+    header[20:28] = L.le_words(n + k, strings_end - new_table_end)
+    header[32:36] = L.le_words(new_ext)
     out = b"".join((bytes(header), *out_table, blob, bytes(new_strings),
                     b"\0" * ((new_ext - strings_end) if ext_off else 0), bytes(tail)))
     return MergeResult(out, tuple(e for _, _, e in inserts), tuple(present), "new")

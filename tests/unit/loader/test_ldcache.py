@@ -680,3 +680,33 @@ def test_what_ldconfig_writes_is_what_the_loader_accepts():
     assert L.written_flags(32, (), "x86_64") == L.FLAG_ELF in LK.accepted_flags(32, "x86_64")
     assert LK.accepted_flags(32, "ppc64le") == LK.accepted_flags(64, "mips") == LK.LOADER_FLAGS["generic"]
     assert LK.accepted_flags(64, "s390x") == (0x0403,) and L.written_flags(64, (), "s390x") == 0x0403
+
+
+# --- words without struct: what struct would read and write ------------------------------
+
+_u32 = st.integers(min_value=0, max_value=(1 << 32) - 1)
+
+
+@given(st.lists(_u32, max_size=30), st.integers(min_value=0, max_value=7), st.sampled_from(["little", "big"]))
+def test_u32_words_read_what_struct_unpacks(words, pad, order):
+    fmt = ("<" if order == "little" else ">") + f"{len(words)}I"
+    data = b"\xaa" * pad + struct.pack(fmt, *words) + b"\xbb" * 3
+    assert L.u32_words(data, pad, len(words), order) == words
+
+
+@given(st.lists(_u32, max_size=30))
+def test_le_words_write_what_struct_packs(words):
+    assert L.le_words(*words) == struct.pack(f"<{len(words)}I", *words)
+
+
+@pytest.mark.parametrize("bad", [-1, 1 << 32])
+def test_le_words_refuse_what_struct_refuses(bad):
+    with pytest.raises(OverflowError):
+        L.le_words(1, bad)
+
+
+def test_serialize_refuses_flags_and_hwcaps_out_of_range():
+    """struct.pack("<iIIIQ") refused these; int.to_bytes does too (OverflowError)."""
+    for flags, hwcap in ((1 << 31, 0), (-(1 << 31) - 1, 0), (0x303, 1 << 64), (0x303, -1)):
+        with pytest.raises(OverflowError):
+            L.serialize_cache([L.CacheEntry("liba.so.1", "/lib/liba.so.1", flags, hwcap)], "gen")

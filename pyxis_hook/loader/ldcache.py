@@ -206,13 +206,17 @@ class _Reader:
         return tuple(u32_words(self.data, offset, count, "big" if self.bo == ">" else "little"))
 
     def cstring(self, base: int, offset: int, limit: int, what: str) -> str:
+        return pathnames.fsdecode(self.cbytes(base, offset, limit, what))
+
+    def cbytes(self, base: int, offset: int, limit: int, what: str) -> bytes:
+        """`cstring`'s bytes, not decoded (what `libcmp` compares)."""
         start = base + offset
         if offset < 0 or start >= limit:
             raise self.fail(f"{what} string offset {offset} is outside the string table")
         end = self.data.find(b"\0", start, limit)
         if end < 0:
             raise self.fail(f"{what} string at offset {offset} is not NUL-terminated")
-        return pathnames.fsdecode(self.data[start:end])
+        return self.data[start:end]
 
     def cstring_loose(self, offset: int) -> str | None:
         """A string the way glibc reads hwcaps names: from the file start, up to NUL or EOF."""
@@ -389,9 +393,40 @@ def libcmp(a: str | bytes, b: str | bytes) -> int:
     anything that writes or searches a cache must use it, not strcmp.  C
     details kept: `char` is signed (bytes >= 0x80 are negative) and the
     digit accumulator is a wrapping 32-bit int.
+
+    Most comparisons are settled by the first byte the names differ in,
+    found with one XOR of the two as integers: when that byte is not inside
+    a digit run (the byte before it is no digit) the walk up to it would
+    have met only equal bytes and equal runs.  Anything else is walked as
+    glibc walks it (`_libcmp_walk`).
     """
-    p1 = pathnames.fsencode(a) + b"\0"
-    p2 = pathnames.fsencode(b) + b"\0"
+    p1 = pathnames.fsencode(a)
+    p2 = pathnames.fsencode(b)
+    if p1 == p2:
+        return 0
+    n = min(len(p1), len(p2))
+    x = int.from_bytes(p1[:n], "big") ^ int.from_bytes(p2[:n], "big")
+    i = n - 1 - (x.bit_length() - 1) // 8 if x else n  # the first byte that differs, or the shorter's end
+    if (i and 48 <= p1[i - 1] <= 57) or b"\0" in p1 or b"\0" in p2:
+        return _libcmp_walk(p1, p2)
+    c1 = p1[i] if i < len(p1) else 0
+    c2 = p2[i] if i < len(p2) else 0
+    if c1 == 0:
+        return -_schar(c2)  # `a` ended: glibc's loop stops there, whatever `b` holds
+    d1, d2 = 48 <= c1 <= 57, 48 <= c2 <= 57
+    if d1 and d2:
+        return _libcmp_walk(p1, p2)  # two runs starting here: their values (leading zeros: equal ones) decide
+    if d1:
+        return 1
+    if d2:
+        return -1
+    return _schar(c1) - _schar(c2)
+
+
+def _libcmp_walk(a: bytes, b: bytes) -> int:
+    """`_dl_cache_libcmp` byte by byte, as glibc's loop runs."""
+    p1 = a + b"\0"
+    p2 = b + b"\0"
     i = j = 0
     while p1[i] != 0:
         c1, c2 = p1[i], p2[j]

@@ -114,28 +114,49 @@ class MergeResult:
 
 
 class _View:
-    """Lazy, bounds-checked access to the entries of a parsed or raw cache."""
+    """Lazy, bounds-checked access to the entries of a parsed or raw cache: `key(i)` (bytes) and `get(i)`."""
 
-    def __init__(self, n: int, get) -> None:
+    def __init__(self, n: int, key, get) -> None:
         self.n = n
+        self.key = key
         self.get = get
 
 
-def _position(view: _View, new: L.CacheEntry, dir_rank: dict[str, int], rank: int, where: str) -> int | None:
-    """Index at which ldconfig would have inserted `new`; None when the same entry is there."""
+def _place(view: _View, new: L.CacheEntry, lib_name: str, dir_rank: dict[str, int], rank: int,
+           where: str) -> int | None:
+    """Index at which ldconfig would have inserted `new`; None when the same entry is there.
+
+    One binary search by key (keys descend in `libcmp` order) finds the run
+    of entries with `new`'s key; the rest of ldconfig's order (flags,
+    glibc-hwcaps, hwcap) and the scan order are read in that run, a few
+    entries at most.  CannotMerge for an entry of `new`'s directory with
+    other flags (ldconfig would keep only one), or a run not in scan order.
+    """
+    want = pathnames.fsencode(new.key)
     lo, hi = 0, view.n
-    while lo < hi:  # first index whose entry is not before `new`
+    while lo < hi:
         mid = (lo + hi) // 2
-        if L.entry_sort_key_cmp(view.get(mid), new) < 0:
+        if L.libcmp(view.key(mid), want) > 0:
             lo = mid + 1
         else:
             hi = mid
-    pos = end = lo
+    end = lo
+    while end < view.n and L.libcmp(view.key(end), want) == 0:
+        end += 1
+    run = [view.get(i) for i in range(lo, end)]
+    for e in run:
+        if e.value == new.value and e.flags != new.flags and not e.is_hwcaps:
+            raise CannotMerge(f"{where}: {e.value} is listed with flags {e.flags:#x}, "
+                              f"the injected {lib_name} has {new.flags:#x}")
+    pos = lo
     last_rank = -1
     present = False
-    while end < view.n:
-        e = view.get(end)
-        if L.entry_sort_key_cmp(e, new) != 0:
+    for i, e in enumerate(run, lo):
+        c = L.entry_sort_key_cmp(e, new)
+        if c < 0:  # before `new` in ldconfig's order
+            pos = i + 1
+            continue
+        if c > 0:
             break
         # the same entry already listed: kept, once the run it sits in is checked to be in scan
         # order (an image that lists a first dir, e.g. compat, later in its ld.so.conf is not)
@@ -148,29 +169,8 @@ def _position(view: _View, new: L.CacheEntry, dir_rank: dict[str, int], rank: in
             raise CannotMerge(f"{where}: entries for {e.key} are not in directory scan order")
         last_rank = r
         if r < rank:
-            pos = end + 1
-        end += 1
+            pos = i + 1
     return None if present else pos
-
-
-def _same_dir_other_flags(view: _View, new: L.CacheEntry) -> L.CacheEntry | None:
-    """An entry with the same key and directory but other flags (ldconfig would keep only one)."""
-    lo, hi = 0, view.n
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if L.libcmp(view.get(mid).key, new.key) > 0:
-            lo = mid + 1
-        else:
-            hi = mid
-    i = lo
-    while i < view.n:
-        e = view.get(i)
-        if L.libcmp(e.key, new.key) != 0:
-            break
-        if e.value == new.value and e.flags != new.flags and not e.is_hwcaps:
-            return e
-        i += 1
-    return None
 
 
 def _plan_inserts(view: _View, scan_dirs: Sequence[str], libs: Iterable[InjectedLib], where: str):
@@ -188,11 +188,7 @@ def _plan_inserts(view: _View, scan_dirs: Sequence[str], libs: Iterable[Injected
         if (new.key, new.flags, new.value) in seen:
             continue
         seen.add((new.key, new.flags, new.value))
-        other = _same_dir_other_flags(view, new)
-        if other is not None:
-            raise CannotMerge(f"{where}: {other.value} is listed with flags {other.flags:#x}, "
-                              f"the injected {lib.name} has {lib.flags:#x}")
-        pos = _position(view, new, dir_rank, rank, where)
+        pos = _place(view, new, lib.name, dir_rank, rank, where)
         if pos is None:
             present.append(new)
         else:
@@ -237,7 +233,7 @@ def merge_cache(data: bytes, scan_dirs: Sequence[str], libs: Iterable[InjectedLi
     entries = cache.entries
     if any(L.entry_sort_key_cmp(a, b) > 0 for a, b in zip(entries, entries[1:])):
         raise CannotMerge(f"{name}: entries are not in ldconfig's order (the rewrite would reorder them)")
-    view = _View(len(entries), entries.__getitem__)
+    view = _View(len(entries), lambda i: pathnames.fsencode(entries[i].key), entries.__getitem__)
     inserts, present = _plan_inserts(view, scan_dirs, libs, name)
     if not inserts:
         return MergeResult(data, (), tuple(present), "compat")
@@ -337,7 +333,14 @@ def _merge_new(data: bytes, scan_dirs, libs, name: str) -> MergeResult:
             cache[i] = e
         return e
 
-    inserts, present = _plan_inserts(_View(n, get), scan_dirs, libs, name)
+    def key(i: int) -> bytes:
+        e = cache.get(i)
+        if e is not None:
+            return pathnames.fsencode(e.key)
+        at = L.NEW_HEADER_SIZE + i * L.NEW_ENTRY_SIZE + 4
+        return r.cbytes(0, int.from_bytes(data[at:at + 4], "little"), len(data), f"entry {i} key")
+
+    inserts, present = _plan_inserts(_View(n, key, get), scan_dirs, libs, name)
     if not inserts:
         return MergeResult(data, (), tuple(present), "new")
 

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pyxis_hook import pathnames
 from pyxis_hook.loader import ldcache as L
 from pyxis_hook.loader import cachelookup as LK
 from pyxis_hook.loader import cacheprint as LP
@@ -710,3 +711,16 @@ def test_serialize_refuses_flags_and_hwcaps_out_of_range():
     for flags, hwcap in ((1 << 31, 0), (-(1 << 31) - 1, 0), (0x303, 1 << 64), (0x303, -1)):
         with pytest.raises(OverflowError):
             L.serialize_cache([L.CacheEntry("liba.so.1", "/lib/liba.so.1", flags, hwcap)], "gen")
+
+
+_name_bytes = st.binary(max_size=12).map(lambda b: b.replace(b"\0", b"")) | st.lists(
+    st.sampled_from([b"lib", b"a", b"b", b".so.", b"0", b"00", b"1", b"9", b"10", b"4294967296", b"-", b"\xff", b"."]),
+    max_size=6).map(b"".join)
+
+
+@given(_name_bytes, _name_bytes)
+def test_libcmp_is_the_walk(a, b):
+    """The first-difference shortcut answers what glibc's byte-by-byte loop answers, sign and value."""
+    assert L.libcmp(a, b) == L._libcmp_walk(a, b)
+    sa, sb = a.decode("latin-1"), b.decode("latin-1")  # str names go through fsencode first
+    assert L.libcmp(sa, sb) == L._libcmp_walk(pathnames.fsencode(sa), pathnames.fsencode(sb))

@@ -43,3 +43,45 @@ def test_shifted_adds_delta_to_keys_and_values_only(rs, delta):
     shifted = ldmerge._shifted(_table(rs), delta)
     want = _table([(a, b + delta, c + delta, d, e, f) for a, b, c, d, e, f in rs])
     assert shifted == want
+
+
+def _cache(*entries) -> bytes:
+    from pyxis_hook.loader import ldcache as L
+
+    return L.serialize_cache([L.CacheEntry(*e) for e in entries], "test")
+
+
+def test_same_directory_other_flags_is_refused_naming_the_injected_file():
+    data = _cache(("libcuda.so.1", "/usr/lib/x86_64-linux-gnu/libcuda.so.1", 0x0003),
+                  ("libz.so.1", "/usr/lib/x86_64-linux-gnu/libz.so.1", 0x0303))
+    lib = ldmerge.InjectedLib("/usr/lib/x86_64-linux-gnu", "libcuda.so.535.1", "libcuda.so.1", 0x0303)
+    try:
+        ldmerge.merge_cache(data, ("/usr/lib/x86_64-linux-gnu",), (lib,))
+    except ldmerge.CannotMerge as e:
+        assert str(e) == ("<bytes>: /usr/lib/x86_64-linux-gnu/libcuda.so.1 is listed with flags 0x3, "
+                          "the injected libcuda.so.535.1 has 0x303")
+    else:
+        raise AssertionError("merged")
+
+
+@given(st.lists(st.sampled_from(["liba.so.1", "libb.so.2", "libcuda.so.1", "libcuda.so.10", "libz.so.1",
+                                 "libnvidia-ml.so.1", "lib01.so", "lib1.so"]), max_size=12),
+       st.sampled_from(["libcuda.so.1", "libnvidia-ml.so.1", "lib1.so", "libzz.so.3", "liba.so.1"]),
+       st.integers(min_value=0, max_value=2))
+def test_one_search_places_as_a_full_sort_would(keys, soname, where):
+    """The key search plus the run's scan puts the entry where ldconfig's sort (stable: scan order) puts it."""
+    from pyxis_hook.loader import ldcache as L
+
+    dirs = ("/a", "/b", "/c")
+    entries = [L.CacheEntry(k, f"{dirs[i % 3]}/{k}", 0x0303) for i, k in enumerate(keys)]
+    entries = list(L.sort_entries(sorted(entries, key=lambda e: dirs.index(e.value.rpartition("/")[0]))))
+    data = L.serialize_cache(entries, "test")
+    lib = ldmerge.InjectedLib(dirs[where], soname, soname, 0x0303)
+    try:
+        got = L.parse_cache(ldmerge.merge_cache(data, dirs, (lib,)).data).entries
+    except ldmerge.CannotMerge:
+        return  # an equal run out of scan order (lib01.so, lib1.so): refused, not guessed
+    new = L.CacheEntry(soname, f"{dirs[where]}/{soname}", 0x0303)
+    want = entries if new in entries else list(L.sort_entries(
+        sorted([*entries, new], key=lambda e: dirs.index(e.value.rpartition("/")[0]))))
+    assert list(got) == want

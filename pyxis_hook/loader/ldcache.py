@@ -167,7 +167,7 @@ def is_hwcap_extension(hwcap: int) -> bool:
 # --- words -------------------------------------------------------------------
 
 
-def u32_words(data: bytes, offset: int, count: int, order: str = "little") -> list[int]:
+def u32_words(data: bytes | memoryview, offset: int, count: int, order: str = "little") -> list[int]:
     """`count` unsigned 32-bit words of `data` from `offset` in byte order `order` (the caller checked the bounds).
 
     One cast of the bytes when the order is this machine's; a big-endian

@@ -248,7 +248,7 @@ def merge_cache(data: bytes, scan_dirs: Sequence[str], libs: Iterable[InjectedLi
     return MergeResult(new, tuple(e for _, _, e in inserts), tuple(present), "compat")
 
 
-def _string_offsets(table: bytes) -> list[int]:
+def _string_offsets(table: bytes | memoryview) -> list[int]:
     """Every entry's key and value offset (words 1 and 2 of each six-word row of `table`).
 
     A strided view of the words when this machine is little-endian, as the
@@ -262,7 +262,7 @@ def _string_offsets(table: bytes) -> list[int]:
     return rows[1::6] + rows[2::6]
 
 
-def _shifted(table: bytes, delta: int) -> bytes:
+def _shifted(table: bytes | memoryview, delta: int) -> bytes:
     """`table` with `delta` added to every row's key and value offset, as one big-integer addition.
 
     The rows are little-endian words; adding `delta` to words 1 and 2 of every
@@ -348,7 +348,7 @@ def _merge_new(data: bytes, scan_dirs, libs, name: str) -> MergeResult:
     delta = k * L.NEW_ENTRY_SIZE
     if len(data) + delta >= 1 << 32:  # `_shifted` needs every moved offset to stay a 32-bit word
         raise CannotMerge(f"{name}: too large to grow ({len(data)} bytes)")
-    blob = data[table_end:tail_start]  # strings (and any padding) up to the extension directory
+    blob = memoryview(data)[table_end:tail_start]  # strings (and any padding) up to the extension directory
     new_table_end = table_end + delta
     new_strings = bytearray()
     offsets: dict[str, int] = {}
@@ -360,10 +360,15 @@ def _merge_new(data: bytes, scan_dirs, libs, name: str) -> MergeResult:
             new_strings.extend(pathnames.fsencode(s) + b"\0")
         return off
 
-    table = data[L.NEW_HEADER_SIZE:table_end]
-    _check_strings(data, _string_offsets(table) + list(hwcaps or ()), table_end, tail_start, name)
-    table = _shifted(table, delta)
-    out_table: list[bytes] = []
+    table = memoryview(data)[L.NEW_HEADER_SIZE:table_end]
+    moved = _moved(table, delta, table_end, tail_start) if sys.byteorder == "little" else None
+    if moved is None or data[tail_start - 1] != 0:  # an offset out of place, or strings that may run on
+        _check_strings(data, _string_offsets(table) + list(hwcaps or ()), table_end, tail_start, name)
+    else:  # every row's strings start in the table, which ends with a NUL: only the section's names are left
+        _check_strings(data, list(hwcaps or ()), table_end, tail_start, name)
+    # slices of it are joined below without a copy each
+    table = memoryview(_shifted(table, delta) if moved is None else moved)
+    out_table: list[bytes | memoryview] = []
     prev = 0
     for pos, _rank, e in inserts:
         out_table.append(table[L.NEW_ENTRY_SIZE * prev:L.NEW_ENTRY_SIZE * pos])
@@ -389,6 +394,34 @@ def _merge_new(data: bytes, scan_dirs, libs, name: str) -> MergeResult:
     out = b"".join((bytes(header), *out_table, blob, bytes(new_strings),
                     b"\0" * ((new_ext - strings_end) if ext_off else 0), bytes(tail)))
     return MergeResult(out, tuple(e for _, _, e in inserts), tuple(present), "new")
+
+
+def _moved(table: bytes | memoryview, delta: int, start: int, end: int) -> bytearray | None:
+    """`table` with `delta` added to every row's key and value offset; None when one lies outside [start, end).
+
+    On a little-endian machine (the cache's order): each of the two words
+    is copied into a 64-bit lane of one integer (a strided memoryview
+    copy), so both the bounds check and the addition are a few big-integer
+    operations over a third of the table, not a Python int per word: lane
+    + (2**32 - start) has bit 32 set exactly when the word is >= start, and
+    likewise for `end`; no lane carries into the next.  `end` + `delta`
+    < 2**32 (the caller's check), so a word in range moves within its lane.
+    """
+    n = len(table) // L.NEW_ENTRY_SIZE
+    out = bytearray(table)
+    words = memoryview(out).cast("I")
+    ones = int.from_bytes(b"\1\0\0\0\0\0\0\0" * n, "little")  # 1 in every 64-bit lane
+    high = ones << 32  # bit 32 of every lane
+    above_start, above_end, step = ((1 << 32) - start) * ones, ((1 << 32) - end) * ones, delta * ones
+    lanes = bytearray(8 * n)
+    lane_words = memoryview(lanes).cast("I")
+    for col in (1, 2):
+        lane_words[0::2] = words[col::6]
+        w = int.from_bytes(lanes, "little")
+        if (w + above_start) & high != high or (w + above_end) & high:
+            return None
+        words[col::6] = memoryview((w + step).to_bytes(8 * n, "little")).cast("I")[0::2]
+    return out
 
 
 def _check_strings(data: bytes, offsets: list[int], start: int, end: int, name: str) -> None:

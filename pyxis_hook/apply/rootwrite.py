@@ -4,6 +4,17 @@ Creation uses the component walk for missing parents, mkdirat/openat(O_CREAT|O_E
 relative to the verified parent fd and an fstat afterwards (the CVE-2024-0132/0133/0134 class:
 a name the image swaps between a check and a use never leads out of the rootfs), and remembers
 what it created so `rollback` removes exactly that.  Only apply's child writes into a container.
+
+A start puts many entries into few directories (a 4-GPU start: 14 mount points and 5 links
+into /dev, usr/lib/<triplet>, usr/bin and a firmware dir), so each parent directory is
+resolved once (IN_ROOT, as every lookup) and its O_PATH fd kept in a table by the path that
+named it (`_parent`): the next entry there is made relative to the same verified fd, and
+`check_dir`'s verdict on that fd (an fd keeps its mount) is asked once.  What could make a kept
+fd name another directory than its path does now is a mount over a directory on the way, or a
+link replaced on the way: the table is forgotten whenever a directory entry is handed out (the
+only place a directory mount goes, `ensure_entry`) and whenever a link of the image is replaced
+(`symlink`).  A forgotten fd stays open while a record of what was created in it may need it;
+every kept fd is closed once, by `rollback` or `close`.
 """
 
 from __future__ import annotations
@@ -39,8 +50,8 @@ class Entry:
     """A mount target: an fd of it plus its parent fd and name (to reopen it after mounting).
 
     The fd is O_PATH, or for a file made here the read-only fd that made it.
-    `owns_parent` False: the parent fd is the one the WritableRoot keeps to
-    remove the file on rollback, and it closes it; the entry only borrows it.
+    `owns_parent` False: the parent fd is one the WritableRoot keeps (its
+    table of directories, `_parent`) and closes; the entry only borrows it.
     """
 
     __slots__ = ("parent_fd", "name", "fd", "created", "path", "owns_parent")
@@ -86,6 +97,12 @@ class WritableRoot(RootFS):
         self.created: list[_Created] = []
         #: asked before anything is created in a directory (`check_dir`); None: no host dir is bound in
         self.host_dirs = host_dirs
+        #: a parent directory's path (its components joined) -> the O_PATH fd it named when resolved
+        self._dirs: dict[str, int] = {}
+        #: every directory fd this root keeps (the table's, forgotten ones, records' copies): closed once
+        self._kept: set[int] = set()
+        #: `check_dir`'s answer per kept fd (an fd stays on its mount: the answer cannot change)
+        self._verdicts: dict[int, str | None] = {}
 
     def check_dir(self, dir_fd: int, path: str) -> None:
         """Raise HostDirError when `path`'s directory, open as `dir_fd`, is a host directory bound in.
@@ -97,21 +114,48 @@ class WritableRoot(RootFS):
         """
         if self.host_dirs is None:
             return
-        try:
-            why = self.host_dirs.why(dir_fd, self.fd)
-        except OSError as e:
-            raise path_error(path, self.path, e, "cannot tell whose directory holds ") from None
+        if dir_fd in self._verdicts:
+            why = self._verdicts[dir_fd]
+        else:
+            try:
+                why = self.host_dirs.why(dir_fd, self.fd)
+            except OSError as e:
+                raise path_error(path, self.path, e, "cannot tell whose directory holds ") from None
+            if dir_fd in self._kept:  # only a kept fd's number cannot stand for another directory later
+                self._verdicts[dir_fd] = why
         if why:
             raise HostDirError(f"{path} (in {self.path}): not created: {why}", errno.EXDEV)
 
     def close(self) -> None:
-        for c in self.created:
+        self.created = []
+        self._release()
+        super().close()
+
+    def _keep(self, fd: int) -> int:
+        """`fd` (a directory of this root) kept until `rollback`/`close`; a copy when it is not ours to keep."""
+        if fd not in self._kept:
+            fd = posix.dup(fd)
+            self._kept.add(fd)
+        return fd
+
+    def forget_dirs(self) -> None:
+        """Resolve every parent directory again from now on: a mount or a link may have changed what paths name.
+
+        The fds stay open (a record of what was created may name one) until
+        `rollback` or `close`.
+        """
+        self._dirs.clear()
+
+    def _release(self) -> None:
+        """Close every kept directory fd, once."""
+        self._dirs.clear()
+        self._verdicts.clear()
+        kept, self._kept = self._kept, set()
+        for fd in kept:
             try:
-                posix.close(c.parent_fd)
+                posix.close(fd)
             except OSError:
                 pass
-        self.created = []
-        super().close()
 
     def __enter__(self) -> "WritableRoot":
         return self
@@ -128,32 +172,29 @@ class WritableRoot(RootFS):
         self._record(parent, name, "dir", path)
         return True
     def _record(self, parent: int, name: str, kind: str, path: str, old_target: str | None = None,
-                at: str | None = None, keep_parent: bool = False) -> posix.stat_result:
+                at: str | None = None, made_fd: int | None = None) -> posix.stat_result:
         """Remember what was just created at `at` (default `name`), then give it to the rootfs owner.
 
         Recorded *before* the chown, so a chown that fails still leaves the
         entry for rollback to remove.  `at` is a temporary name that the
         caller is about to rename to `name`.  Returns its stat (before the chown: the
-        inode, type and device, which a chown does not change).  The record
-        holds a copy of `parent`, or with `keep_parent` that fd itself, which
-        the caller then no longer closes (`_holds`).
+        inode, type and device, which a chown does not change).  `made_fd`:
+        the fd that created it (a file), asked by fd rather than by name.  The
+        record names `parent` as kept (`_keep`: the very fd when it is one of
+        the table's, else a copy).
         """
         at = at or name
         try:
-            st = posix.stat(at, dir_fd=parent, follow_symlinks=False)
-            self.created.append(_Created(parent if keep_parent else posix.dup(parent), name, kind, st, old_target))
+            st = posix.fstat(made_fd) if made_fd is not None else posix.stat(at, dir_fd=parent, follow_symlinks=False)
+            self.created.append(_Created(self._keep(parent), name, kind, st, old_target))
             if self.owner and (st.st_uid, st.st_gid) != self.owner:
-                posix.chown(at, self.owner[0], self.owner[1], dir_fd=parent, follow_symlinks=False)
+                if made_fd is not None:
+                    posix.fchown(made_fd, self.owner[0], self.owner[1])
+                else:
+                    posix.chown(at, self.owner[0], self.owner[1], dir_fd=parent, follow_symlinks=False)
         except OSError as e:
             raise path_error(path, self.path, e, "cannot record or chown created ") from None
         return st
-    def _holds(self, fd: int) -> bool:
-        """Whether a record of what was created holds `fd` itself (`keep_parent`): closed by `close`/`rollback`.
-
-        Open fds are distinct numbers, so a record's fd equal to `fd` is that
-        very fd, never a copy of it.
-        """
-        return any(c.parent_fd == fd for c in self.created)
 
     def _may_create(self, parent: int, path: str) -> bool:
         """Whether `check_dir` lets a mount point be made in `parent` (any error there: False, the caller looks first).
@@ -169,15 +210,35 @@ class WritableRoot(RootFS):
         return True
 
     def _parent(self, path: str, create_mode: int | None) -> tuple[int, str | None]:
-        """Parent fd + last name: openat2 for an existing parent, else the creating walk."""
+        """A kept parent fd + last name: the table's, else openat2 for an existing parent, else the creating walk.
+
+        The fd is the root's (`_kept`): callers borrow it and never close it.
+        """
         parts = [c for c in path.split("/") if c not in ("", ".")]
-        if self.use_openat2 and parts and parts[-1] != "..":
+        if not parts or parts[-1] == "..":
+            fd, name = self._walk(path, follow_last=False, create_mode=create_mode)
+            self._kept.add(fd)
+            return fd, name
+        name = parts.pop()
+        where = "/".join(parts)
+        fd = self._dirs.get(where)
+        if fd is not None:
+            return fd, name
+        if self.use_openat2:
             try:
-                return self.open("/".join(parts[:-1]) or "/", posix.O_PATH | posix.O_DIRECTORY), parts[-1]
+                fd = self.open(where or "/", posix.O_PATH | posix.O_DIRECTORY)
             except RootPathError as e:
                 if e.errno not in (errno.ENOENT,):
                     raise path_error(path, self.path, e.errno) from None  # name the whole path
-        return self._walk(path, follow_last=False, create_mode=create_mode)
+        if fd is None:
+            fd, last = self._walk(path, follow_last=False, create_mode=create_mode)
+            self._kept.add(fd)
+            if last != name:  # (the walk ends on the path's own last name; anything else is not kept by path)
+                return fd, last
+        else:
+            self._kept.add(fd)
+        self._dirs[where] = fd
+        return fd, name
     # -- creation ---------------------------------------------------------
     def ensure_entry(self, path: str, kind: str = "file", mode: int | None = None) -> Entry:
         """Make sure a mount point of `kind` ("file" or "dir") exists at `path`; return it as an Entry.
@@ -192,74 +253,72 @@ class WritableRoot(RootFS):
         whether it could create one, on a read-only or full filesystem too)
         goes the way it always went, stat first; a host directory is never
         created in, and what already stands in one is still reused.
+
+        The entry borrows its parent fd from the root's table (`_parent`).  A
+        directory entry is where a directory mount goes, which changes what
+        every path through it names: handing one out forgets the table
+        (`forget_dirs`), and the caller mounts on it before it asks for
+        another path.
         """
         if mode is None:
             mode = 0o755 if kind == "dir" else 0o644
         parent, name = self._parent(path, create_mode=0o755)
-        try:
-            if name is None:
-                if kind != "dir":
-                    raise RootPathError(f"{path} (in {self.path}): is a directory", errno.EISDIR)
-                return Entry(parent, ".", posix.open(".", posix.O_PATH | posix.O_CLOEXEC, dir_fd=parent), False, path)
-            outright = self._may_create(parent, path)
-            for _ in range(RACE_RETRIES):
-                created = False
-                made = None
-                if outright:
-                    outright = False  # once: from then on what is there is looked at first, as always
-                    made = self._create(parent, name, kind, mode, path, checked=True)
-                if made is None:
-                    try:
-                        st = posix.stat(name, dir_fd=parent, follow_symlinks=False)
-                    except FileNotFoundError:
-                        made = self._create(parent, name, kind, mode, path)
-                        if made is None:
-                            continue
-                    except OSError as e:
-                        raise path_error(path, self.path, e) from None
-                if made is not None:
-                    st, made_fd = made
-                    if made_fd is not None:  # a file made here: the fd that made it is the mount point
-                        return Entry(parent, name, made_fd, True, path, owns_parent=False)
-                    created = True  # a directory: the open below must find the inode just made
-                self._check_type(st, kind, path)
+        if kind == "dir":
+            self.forget_dirs()
+        if name is None:
+            if kind != "dir":
+                raise RootPathError(f"{path} (in {self.path}): is a directory", errno.EISDIR)
+            return Entry(parent, ".", posix.open(".", posix.O_PATH | posix.O_CLOEXEC, dir_fd=parent), False, path,
+                         owns_parent=False)
+        outright = self._may_create(parent, path)
+        for _ in range(RACE_RETRIES):
+            created = False
+            made = None
+            if outright:
+                outright = False  # once: from then on what is there is looked at first, as always
+                made = self._create(parent, name, kind, mode, path, checked=True)
+            if made is None:
                 try:
-                    fd = posix.open(name, posix.O_PATH | posix.O_NOFOLLOW | posix.O_CLOEXEC, dir_fd=parent)
+                    st = posix.stat(name, dir_fd=parent, follow_symlinks=False)
                 except FileNotFoundError:
-                    continue  # removed between stat and open: look again
+                    made = self._create(parent, name, kind, mode, path)
+                    if made is None:
+                        continue
                 except OSError as e:
                     raise path_error(path, self.path, e) from None
-                fst = posix.fstat(fd)
-                if (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino):
-                    posix.close(fd)  # replaced between stat and open: look again
-                    continue
-                return Entry(parent, name, fd, created, path)
-            raise path_error(path, self.path, errno.ELOOP, "changed while resolving: ")
-        except BaseException:
-            if not self._holds(parent):
-                posix.close(parent)
-            raise
+            if made is not None:
+                st, made_fd = made
+                if made_fd is not None:  # a file made here: the fd that made it is the mount point
+                    return Entry(parent, name, made_fd, True, path, owns_parent=False)
+                created = True  # a directory: the open below must find the inode just made
+            self._check_type(st, kind, path)
+            try:
+                fd = posix.open(name, posix.O_PATH | posix.O_NOFOLLOW | posix.O_CLOEXEC, dir_fd=parent)
+            except FileNotFoundError:
+                continue  # removed between stat and open: look again
+            except OSError as e:
+                raise path_error(path, self.path, e) from None
+            fst = posix.fstat(fd)
+            if (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino):
+                posix.close(fd)  # replaced between stat and open: look again
+                continue
+            return Entry(parent, name, fd, created, path, owns_parent=False)
+        raise path_error(path, self.path, errno.ELOOP, "changed while resolving: ")
     def ensure_file(self, path: str, mode: int = 0o644) -> int:
         """An O_PATH fd of a file mount point at `path`, created (empty) if missing."""
-        e = self.ensure_entry(path, "file", mode)
-        if e.owns_parent:
-            posix.close(e.parent_fd)
-        return e.fd
+        return self.ensure_entry(path, "file", mode).fd
     def ensure_dir(self, path: str, mode: int = 0o755) -> int:
         """An O_PATH fd of a directory at `path`, created (with missing parents) if missing."""
-        e = self.ensure_entry(path, "dir", mode)
-        if e.owns_parent:
-            posix.close(e.parent_fd)
-        return e.fd
+        return self.ensure_entry(path, "dir", mode).fd
     def _create(self, parent: int, name: str, kind: str, mode: int,
                 path: str, checked: bool = False) -> tuple[posix.stat_result, int | None] | None:
         """Make the mount point: its stat and, for a file, the read-only fd that created it.
 
         None when someone else made one there first.  The file's own fd is
         the mount target (no reopen by name: nothing can swap the inode
-        under it); a directory has none (mkdirat returns no fd).  A file's
-        record keeps `parent` itself (`keep_parent`: ensure_entry's entry
-        borrows it).  `checked`: `check_dir` was asked already.
+        under it), and what its record is taken from (fstat, not a stat by
+        name); a directory has none (mkdirat returns no fd).  `checked`:
+        `check_dir` was asked already.
         """
         if not checked:
             self.check_dir(parent, path)
@@ -276,7 +335,7 @@ class WritableRoot(RootFS):
             raise path_error(path, self.path, e, "cannot create mount point ") from None
         try:
             # first: whatever fails next, rollback removes it
-            st = self._record(parent, name, kind, path, keep_parent=fd is not None)
+            st = self._record(parent, name, kind, path, made_fd=fd)
         except BaseException:
             if fd is not None:
                 posix.close(fd)
@@ -295,58 +354,58 @@ class WritableRoot(RootFS):
 
         A link that already points at `target` is kept; a link pointing elsewhere
         is replaced (and restored by rollback); any other existing file is an
-        EEXIST RootPathError the caller may choose to ignore.
+        EEXIST RootPathError the caller may choose to ignore.  Replacing a
+        link forgets the root's table of directories (`forget_dirs`): a path
+        through the old link named another directory.
         """
         parent, name = self._parent(path, create_mode=0o755)
+        if name is None:
+            raise RootPathError(f"{path} (in {self.path}): is a directory", errno.EISDIR)
+        old = None
         try:
-            if name is None:
-                raise RootPathError(f"{path} (in {self.path}): is a directory", errno.EISDIR)
-            old = None
+            old = posix.readlink(name, dir_fd=parent)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            if e.errno == errno.EINVAL:
+                raise RootPathError(f"{path} (in {self.path}): exists and is not a symlink", errno.EEXIST) from None
+            raise path_error(path, self.path, e) from None
+        if old == target:
+            return False
+        self.check_dir(parent, path)  # a new link, or the image's replaced: both write the directory
+        if old is None:
             try:
-                old = posix.readlink(name, dir_fd=parent)
-            except FileNotFoundError:
-                pass
-            except OSError as e:
-                if e.errno == errno.EINVAL:
-                    raise RootPathError(f"{path} (in {self.path}): exists and is not a symlink", errno.EEXIST) from None
-                raise path_error(path, self.path, e) from None
-            if old == target:
-                return False
-            self.check_dir(parent, path)  # a new link, or the image's replaced: both write the directory
-            if old is None:
-                try:
-                    posix.symlink(target, name, dir_fd=parent)
-                except OSError as e:
-                    raise path_error(path, self.path, e, "cannot create symlink ") from None
-                self._record(parent, name, "symlink", path)
-                return True
-            # replace atomically: the image's link stays in place until the new one is complete
-            try:
-                tmp = _temp_symlink(parent, name, target)
+                posix.symlink(target, name, dir_fd=parent)
             except OSError as e:
                 raise path_error(path, self.path, e, "cannot create symlink ") from None
-            recorded = len(self.created)
-            try:
-                self._record(parent, name, "symlink", path, old, at=tmp)
-                posix.replace(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
-            except BaseException as e:
-                try:
-                    posix.unlink(tmp, dir_fd=parent)
-                except OSError:
-                    pass
-                while len(self.created) > recorded:  # nothing of ours is at `name`: forget it
-                    posix.close(self.created.pop().parent_fd)
-                if isinstance(e, OSError):
-                    raise path_error(path, self.path, e, "cannot replace symlink ") from None
-                raise
+            self._record(parent, name, "symlink", path)
             return True
-        finally:
-            posix.close(parent)
+        # replace atomically: the image's link stays in place until the new one is complete
+        try:
+            tmp = _temp_symlink(parent, name, target)
+        except OSError as e:
+            raise path_error(path, self.path, e, "cannot create symlink ") from None
+        recorded = len(self.created)
+        try:
+            self._record(parent, name, "symlink", path, old, at=tmp)
+            posix.replace(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
+        except BaseException as e:
+            try:
+                posix.unlink(tmp, dir_fd=parent)
+            except OSError:
+                pass
+            del self.created[recorded:]  # nothing of ours is at `name`: forget it (its fd is kept)
+            if isinstance(e, OSError):
+                raise path_error(path, self.path, e, "cannot replace symlink ") from None
+            raise
+        self.forget_dirs()
+        return True
     def rollback(self) -> list[str]:
         """Remove what this RootFS created, newest first; return one line per thing it could not undo.
 
         Each entry is removed only if the same inode is still there, so a file
-        someone else put in its place is left alone.
+        someone else put in its place is left alone.  Then every directory fd
+        the root kept is closed, once (records share them).
         """
         problems = []
         while self.created:
@@ -367,6 +426,5 @@ class WritableRoot(RootFS):
                         posix.unlink(c.name, dir_fd=c.parent_fd)
             except OSError as e:
                 problems.append(f"cannot remove {c.name} created in {self.path}: {e.strerror}")
-            finally:
-                posix.close(c.parent_fd)
+        self._release()
         return problems

@@ -19,6 +19,7 @@ from _ctypes import (  # noqa: F401 - re-exported: kernel's vocabulary
     byref,
     dlopen,
     get_errno,
+    resize,
     set_errno,
     sizeof,
 )

@@ -19,9 +19,10 @@ The rule compares mounts, not paths: a directory is the container's when
 Any other directory is on a filesystem the host has mounted (mountinfo's
 major:minor, the superblock; not `st_dev`, which btrfs gives per subvolume):
 a bind of a host directory, which the hook never writes.  The container's
-mounts are read in its namespace (mount ids are global: `mnt_id` of
-`/proc/self/fdinfo`), the host's from a mountinfo opened before the child
-entered it (the file keeps the namespace it was opened in).
+mounts are read in its namespace (mount ids are global: statx's
+`stx_mnt_id`, or `mnt_id` of `/proc/self/fdinfo` before Linux 5.8), the
+host's from a mountinfo opened before the child entered it (the file keeps
+the namespace it was opened in).
 
 "Outside the rootfs": enroot hooks (and CDI createContainer hooks) run in
 the container's own namespace before it switches root, so the hook's
@@ -119,7 +120,6 @@ class HostDirs:
         self._theirs: dict[int, str] | None = None
         self._root_mount: int | None = None
         self._verdicts: dict[int, str | None] = {}
-        self._dirs: dict[tuple[int, int], str | None] = {}
 
     def close(self) -> None:
         if self._ours >= 0:
@@ -142,18 +142,12 @@ class HostDirs:
         container's mount table does not list (it went away meanwhile) is
         not judged the container's.
         """
-        st = posix.fstat(dir_fd)
-        here = (st.st_dev, st.st_ino)  # the same directory again (/dev for every GPU): no fdinfo read
-        if here in self._dirs:
-            return self._dirs[here]
+        mid = kernel.mount_id(dir_fd)  # one statx (or an fdinfo read before Linux 5.8)
         if self._root_mount is None:
             self._root_mount = kernel.mount_id(root_fd)
-        mid = kernel.mount_id(dir_fd)
         if mid == self._root_mount:
-            self._dirs[here] = None
             return None
         if mid in self._verdicts:
-            self._dirs[here] = self._verdicts[mid]
             return self._verdicts[mid]
         if self._theirs is None or mid not in self._theirs:  # read again for a mount made since (a dir bind)
             with open(kernel.proc_self_path("mountinfo"), "rb") as f:  # now: the container's namespace
@@ -165,5 +159,5 @@ class HostDirs:
             where = self._host_map().get(dev)
             verdict = None if where is None else \
                 f"it is a host directory bound into the container (its filesystem, {dev}, is mounted at {where} on the host)"
-        self._verdicts[mid] = self._dirs[here] = verdict
+        self._verdicts[mid] = verdict
         return verdict

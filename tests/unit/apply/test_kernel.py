@@ -125,13 +125,61 @@ def test_arch_syscall_numbers_match_kernel_headers(arch, header):
 
 def test_every_arch_table_is_complete(monkeypatch):
     """ppc64le (arch/powerpc syscall.tbl) and the others name every per-arch syscall the wrappers use."""
-    names = {"unshare", "setns", "mount", "umount2"}
+    names = {"unshare", "setns", "mount", "umount2", "statx"}
     assert {"x86_64", "aarch64", "ppc64le"} <= set(kernel._ARCH_NR)
     for arch, table in kernel._ARCH_NR.items():
         assert set(table) == names, arch
     real = os.uname()
     monkeypatch.setattr(posix, "uname", lambda: os.uname_result(real[:4] + ("ppc64le",)))
     assert kernel._nr("setns") == 350 and kernel._nr("mount") == 21 and kernel._nr("open_tree") == 428
+    assert kernel._nr("statx") == 383
     monkeypatch.setattr(posix, "uname", lambda: os.uname_result(real[:4] + ("s390x",)))
     with pytest.raises(ApplyError, match="unsupported architecture s390x"):
         kernel._nr("setns")
+
+
+def _fdinfo_mount_id(fd: int) -> int:
+    with open(f"/proc/self/fdinfo/{fd}") as f:
+        return int(next(line for line in f if line.startswith("mnt_id:")).split()[1])
+
+
+@pytest.mark.parametrize("path", ["/", "/proc", "/dev", "/proc/self/fdinfo", "/sys"])
+def test_mount_id_by_statx_is_the_fdinfo_one(path):
+    """One statx where the kernel tells the mount id (Linux >= 5.8): the very id mountinfo and fdinfo show."""
+    fd = os.open(path, os.O_PATH)
+    try:
+        got = kernel.mount_id(fd)
+        assert got == _fdinfo_mount_id(fd) == kernel.mount_id(fd, "/proc/self")
+        assert kernel.HAVE_STATX_MNT_ID in (True, False)
+        if kernel.HAVE_STATX_MNT_ID:
+            assert kernel._statx_mount_id(fd) == got
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("how", ["ENOSYS", "no mask bit"])
+def test_mount_id_without_statx_reads_fdinfo(monkeypatch, how):
+    """statx missing (before 4.11, a seccomp filter) or without STATX_MNT_ID (before 5.8): the fdinfo read, once
+    decided for the process."""
+    calls = []
+    real = kernel._call
+
+    def call(name, *args):
+        if name != "statx":
+            return real(name, *args)
+        calls.append(name)
+        if how == "ENOSYS":
+            kernel.cabi.set_errno(errno.ENOSYS)
+            return -1
+        r = real(name, *args)
+        kernel._STATX_ARGS[4][0] &= ~kernel.STATX_MNT_ID  # as a 5.7 kernel leaves stx_mask
+        return r
+
+    monkeypatch.setattr(kernel, "_call", call)
+    monkeypatch.setattr(kernel, "HAVE_STATX_MNT_ID", None)
+    fd = os.open("/proc", os.O_PATH)
+    try:
+        assert kernel.mount_id(fd) == kernel.mount_id(fd) == _fdinfo_mount_id(fd)
+    finally:
+        os.close(fd)
+    assert calls == ["statx"] and kernel.HAVE_STATX_MNT_ID is False

@@ -35,6 +35,8 @@ _S_IFLNK = 0o120000
 # os.fsencode/os.fsdecode: the interpreter's filesystem encoding and its error handler
 _FS_ENCODING = sys.getfilesystemencoding()
 _FS_ERRORS = sys.getfilesystemencodeerrors()
+#: (encoding, errors) as `fsencode` uses them, for a caller that encodes a str itself (no call per path)
+FS_CODEC = (_FS_ENCODING, _FS_ERRORS)
 
 
 def fsencode(filename: str | bytes | PathLike[str] | PathLike[bytes]) -> bytes:

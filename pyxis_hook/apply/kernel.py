@@ -129,8 +129,23 @@ def _fail(what: str, path: str | None = None) -> SyscallError:
     return SyscallError(f"{what}{where}: {posix.strerror(err)}", err)
 
 
+_ENCODING, _ERRORS = pathnames.FS_CODEC
+
+
 def _path(p: str | None) -> bytes | None:
-    return None if p is None else pathnames.fsencode(p)
+    """A path argument in the filesystem encoding (`pathnames.fsencode`, without its call for a str)."""
+    if p is None:
+        return None
+    return p.encode(_ENCODING, _ERRORS) if p.__class__ is str else pathnames.fsencode(p)
+
+
+#: the empty path of the *_EMPTY_PATH / AT_EMPTY_PATH calls (every bind's move_mount passes two)
+_EMPTY = cabi.c_char_p(b"")
+
+
+def _path_arg(p: str):
+    """`p` as a C string argument; the empty one made once."""
+    return _EMPTY if p == "" else cabi.c_char_p(_path(p))
 
 
 #: each syscall's number as the C argument `_call` passes, made once (a 64-GPU start makes ~300 calls)
@@ -170,7 +185,7 @@ def umount2(target: str, flags: int = MNT_DETACH, what: str = "") -> None:
 
 
 def open_tree(dirfd: int, path: str, flags: int, what: str = "") -> int:
-    r = _call("open_tree", cabi.c_int(dirfd), cabi.c_char_p(_path(path)), cabi.c_uint(flags))
+    r = _call("open_tree", cabi.c_int(dirfd), _path_arg(path), cabi.c_uint(flags))
     if r < 0:
         raise _fail("open_tree", what or path)
     return r
@@ -178,8 +193,8 @@ def open_tree(dirfd: int, path: str, flags: int, what: str = "") -> int:
 
 def move_mount(from_dirfd: int, from_path: str, to_dirfd: int, to_path: str, flags: int,
                what: str = "") -> None:
-    r = _call("move_mount", cabi.c_int(from_dirfd), cabi.c_char_p(_path(from_path)),
-              cabi.c_int(to_dirfd), cabi.c_char_p(_path(to_path)), cabi.c_uint(flags))
+    r = _call("move_mount", cabi.c_int(from_dirfd), _path_arg(from_path),
+              cabi.c_int(to_dirfd), _path_arg(to_path), cabi.c_uint(flags))
     if r != 0:
         raise _fail("move_mount", what or to_path)
 
@@ -192,7 +207,7 @@ class _MountAttr(cabi.Structure):
 def mount_setattr(dirfd: int, path: str, flags: int, attr_set: int = 0, attr_clr: int = 0,
                   propagation: int = 0, what: str = "") -> None:
     attr = _MountAttr(attr_set, attr_clr, propagation, 0)
-    r = _call("mount_setattr", cabi.c_int(dirfd), cabi.c_char_p(_path(path)), cabi.c_uint(flags),
+    r = _call("mount_setattr", cabi.c_int(dirfd), _path_arg(path), cabi.c_uint(flags),
               cabi.byref(attr), cabi.c_size_t(cabi.sizeof(attr)))
     if r != 0:
         raise _fail("mount_setattr", what or path)
@@ -215,7 +230,7 @@ OPENAT2_TRIES = 64
 def openat2(dirfd: int, path: str, flags: int, mode: int = 0, resolve: int = 0) -> int:
     """openat2(2), retried on EAGAIN (`OPENAT2_TRIES`); raises SyscallError (ENOSYS on kernels < 5.6)."""
     how = _OpenHow(flags | posix.O_CLOEXEC, mode, resolve)
-    arg_path = cabi.c_char_p(_path(path))
+    arg_path = _path_arg(path)
     for _ in range(OPENAT2_TRIES):
         r = _call("openat2", cabi.c_int(dirfd), arg_path, cabi.byref(how), cabi.c_size_t(cabi.sizeof(how)))
         if r >= 0:
@@ -457,7 +472,7 @@ def _statx_mount_id(fd: int) -> int | None:
     if _STATX_ARGS is None:
         buf = cabi.c_uint64()
         cabi.resize(buf, 256)
-        _STATX_ARGS = (cabi.c_char_p(b""), cabi.c_int(AT_EMPTY_PATH), cabi.c_uint(STATX_MNT_ID), cabi.byref(buf),
+        _STATX_ARGS = (_EMPTY, cabi.c_int(AT_EMPTY_PATH), cabi.c_uint(STATX_MNT_ID), cabi.byref(buf),
                        memoryview(buf).cast("B").cast("Q"))
     empty, flags, mask, ref, words = _STATX_ARGS
     if _call("statx", cabi.c_int(fd), empty, flags, mask, ref) != 0:

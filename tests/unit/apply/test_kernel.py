@@ -183,3 +183,14 @@ def test_mount_id_without_statx_reads_fdinfo(monkeypatch, how):
     finally:
         os.close(fd)
     assert calls == ["statx"] and kernel.HAVE_STATX_MNT_ID is False
+
+
+def test_path_arguments_are_fsencode(tmp_path):
+    """A str encoded in place is what `fsencode` gives (undecodable bytes kept); bytes and PathLike too."""
+    from pyxis_hook import pathnames
+
+    for p in ("/dev/nvidia0", "/x/\udcff\u00e9", "", b"/raw\xff", tmp_path):
+        assert kernel._path(p) == pathnames.fsencode(p)
+    assert kernel._path(None) is None
+    assert kernel._path_arg("") is kernel._path_arg("") and kernel._path_arg("").value == b""
+    assert kernel._path_arg("/a").value == b"/a"

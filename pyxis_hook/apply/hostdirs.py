@@ -38,6 +38,7 @@ import posix
 
 from pyxis_hook import pathnames
 from pyxis_hook.apply import kernel
+from pyxis_hook.rootfs import PROC_LIMIT, read_to_end
 
 #: what mountinfo escapes in a mount point (fs/proc_namespace.c: seq_path_root(..., " \t\n\\"))
 _ESCAPED = " \t\n\\"
@@ -94,15 +95,10 @@ def rootfs_point(rootfs: str, want: posix.stat_result) -> str | None:
     return escape(real)
 
 
-def _read_all(fd: int) -> str:
-    chunks = []
-    posix.lseek(fd, 0, 0)  # SEEK_SET
-    while True:
-        chunk = posix.read(fd, 1 << 16)
-        if not chunk:
-            break
-        chunks.append(chunk)
-    return b"".join(chunks).decode("utf-8", "surrogateescape")
+def _read_text(fd: int) -> str:
+    """A mountinfo's text, read to its end with `posix` calls (no io stack; in the container's namespace too),
+    at most `rootfs.PROC_LIMIT` bytes; `fd` is closed."""
+    return read_to_end(fd, PROC_LIMIT).decode("utf-8", "surrogateescape")
 
 
 class HostDirs:
@@ -128,7 +124,8 @@ class HostDirs:
 
     def _host_map(self) -> dict[str, str]:
         if self._host is None:
-            self._host = host_filesystems(_read_all(self._ours), self._point)
+            fd, self._ours = self._ours, -1  # read once: the map is kept
+            self._host = host_filesystems(_read_text(fd), self._point)
         return self._host
 
     def host_devices(self) -> frozenset[str]:
@@ -150,8 +147,9 @@ class HostDirs:
         if mid in self._verdicts:
             return self._verdicts[mid]
         if self._theirs is None or mid not in self._theirs:  # read again for a mount made since (a dir bind)
-            with open(kernel.proc_self_path("mountinfo"), "rb") as f:  # now: the container's namespace
-                self._theirs = mount_devices(f.read().decode("utf-8", "surrogateescape"))
+            # now: the container's namespace
+            fd = posix.open(kernel.proc_self_path("mountinfo"), posix.O_RDONLY | posix.O_CLOEXEC)
+            self._theirs = mount_devices(_read_text(fd))
         dev = self._theirs.get(mid)
         if dev is None:
             verdict: str | None = f"its mount ({mid}) is not in the container's mount table"

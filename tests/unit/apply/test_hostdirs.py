@@ -68,3 +68,33 @@ def test_rootfs_point_only_when_it_is_the_directory_written_in(tmp_path):
     # the name leads elsewhere now than where the child writes: no point, nothing left out
     assert hostdirs.rootfs_point(str(tmp_path / "link"), os.stat(tmp_path)) is None
     assert hostdirs.rootfs_point(str(tmp_path / "gone"), st) is None
+
+
+def test_the_mount_tables_are_read_once_and_the_hosts_fd_released():
+    """The host's mountinfo fd, opened at construction, is read once (the map is kept) and closed by that read;
+    the rootfs's own mount is the container's, another mount of this namespace is judged by the table."""
+    import errno
+    import fcntl
+
+    import pytest
+
+    with open("/proc/self/mountinfo") as f:
+        want = hostdirs.host_filesystems(f.read(), None)
+    h = hostdirs.HostDirs(None)
+    fd = h._ours
+    try:
+        assert h.host_devices() == frozenset(want) == h.host_devices()
+        with pytest.raises(OSError) as e:
+            fcntl.fcntl(fd, fcntl.F_GETFD)
+        assert e.value.errno == errno.EBADF
+        root = os.open("/", os.O_PATH | os.O_DIRECTORY)
+        proc = os.open("/proc", os.O_PATH | os.O_DIRECTORY)
+        try:
+            assert h.why(root, root) is None
+            assert "host directory" in (h.why(proc, root) or "")  # /proc is a mount of this (the hook's) namespace
+        finally:
+            os.close(root)
+            os.close(proc)
+    finally:
+        h.close()
+    h.close()

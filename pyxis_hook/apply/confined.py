@@ -66,7 +66,7 @@ from pyxis_hook.errors import ApplyError
 #: open_by_handle_at, the "shocker" way out of a container), CAP_CHOWN (ldconfig chowns nothing), and
 #: everything else (SYS_ADMIN, SYS_CHROOT, MKNOD, SETUID, NET_*, ...).  tests/root/test_confined.py
 #: shows each kept one is needed.
-KEEP_CAPS = 1 << kernel.CAP_DAC_OVERRIDE | 1 << kernel.CAP_FOWNER
+KEEP_CAPS = 1 << runnercalls.CAP_DAC_OVERRIDE | 1 << runnercalls.CAP_FOWNER
 
 #: (resource, limit) applied to ldconfig; FSIZE leaves room for large images' caches
 RLIMITS = (
@@ -416,14 +416,14 @@ def _drop_bounding_and_ambient(keep: int) -> None:  # pragma: no cover - child
     set is already small enough still works.  The last cap comes from the
     kernel (PR_CAPBSET_READ), not /proc: procfs is masked in here.
     """
-    last = kernel.cap_last_cap()
-    drop = [c for c in range(last + 1) if not keep >> c & 1 and kernel.capbset_has(c)]
-    if kernel.CAP_SETPCAP in drop:
-        drop.remove(kernel.CAP_SETPCAP)
-        drop.append(kernel.CAP_SETPCAP)
+    last = runnercalls.cap_last_cap()
+    drop = [c for c in range(last + 1) if not keep >> c & 1 and runnercalls.capbset_has(c)]
+    if runnercalls.CAP_SETPCAP in drop:
+        drop.remove(runnercalls.CAP_SETPCAP)
+        drop.append(runnercalls.CAP_SETPCAP)
     for cap in drop:
-        kernel.capbset_drop(cap)
-    kernel.clear_ambient()
+        runnercalls.capbset_drop(cap)
+    runnercalls.clear_ambient()
 
 
 def _exec_ldconfig(root_fd, exe_fd, argv, owner) -> None:  # pragma: no cover - child
@@ -451,10 +451,10 @@ def _exec_ldconfig(root_fd, exe_fd, argv, owner) -> None:  # pragma: no cover - 
         posix.setuid(owner[0])  # clears the permitted and effective sets (no SECBIT_KEEP_CAPS)
     # what is left of the kept set (none once no longer root); inheritable empty: after exec as
     # root the permitted set is inheritable | bounding, so nothing outside KEEP_CAPS comes back
-    keep = KEEP_CAPS & kernel.capget()[1] if posix.getuid() == 0 else 0
-    kernel.capset(keep, keep, 0)
+    keep = KEEP_CAPS & runnercalls.capget()[1] if posix.getuid() == 0 else 0
+    runnercalls.capset(keep, keep, 0)
     kernel.prctl(kernel.PR_SET_PDEATHSIG, SIGKILL)
-    kernel.no_new_privs()
+    runnercalls.no_new_privs()
     posix.closerange(3, exe_fd)
     posix.closerange(exe_fd + 1, 65536)
     try:

@@ -67,19 +67,6 @@ RESOLVE_BENEATH = 0x08
 RESOLVE_IN_ROOT = 0x10
 
 PR_SET_PDEATHSIG = 1
-PR_CAPBSET_READ = 23
-PR_CAPBSET_DROP = 24
-PR_SET_NO_NEW_PRIVS = 38
-PR_CAP_AMBIENT = 47
-PR_CAP_AMBIENT_CLEAR_ALL = 4
-
-# linux/capability.h: the bits apply/confined.py keeps, and the one needed to drop the others
-CAP_CHOWN = 0
-CAP_DAC_OVERRIDE = 1
-CAP_DAC_READ_SEARCH = 2
-CAP_FOWNER = 3
-CAP_SETPCAP = 8
-_LINUX_CAPABILITY_VERSION_3 = 0x20080522
 
 #: syscall numbers that differ per architecture (the 4xx ones are generic)
 _ARCH_NR = {
@@ -273,6 +260,10 @@ def fsmount(fsfd: int, attr_flags: int) -> int:
     return r
 
 
+#: glibc's wrapper, looked up now: a child that calls it may be chrooted into an image
+_prctl = cabi.libc_function("prctl", cabi.c_int)
+
+
 def prctl(option: int, arg: int = 0, arg3: int = 0) -> int:
     """prctl(2) with up to two arguments; returns its (non-negative) result."""
     cabi.set_errno(0)
@@ -280,90 +271,6 @@ def prctl(option: int, arg: int = 0, arg3: int = 0) -> int:
     if r < 0:
         raise _fail("prctl", str(option))
     return r
-
-
-def no_new_privs() -> None:
-    """PR_SET_NO_NEW_PRIVS: nothing exec'd after this can gain privileges (setuid, file caps)."""
-    prctl(PR_SET_NO_NEW_PRIVS, 1)
-
-
-def _cap_structs() -> tuple:
-    """capget/capset's header and data structures, made on first use (`cabi.made`): only the confined ldconfig run needs them."""
-    return (cabi.made("_CapHeader", [("version", cabi.c_uint32), ("pid", cabi.c_int)]),
-            cabi.made("_CapData", [("effective", cabi.c_uint32), ("permitted", cabi.c_uint32),
-                                   ("inheritable", cabi.c_uint32)]))
-
-
-#: glibc's wrappers (same on every architecture), looked up now: the child that calls them may
-#: be chrooted into an image, where nothing should need resolving
-_capget = cabi.libc_function("capget", cabi.c_int)
-_capset = cabi.libc_function("capset", cabi.c_int)
-_prctl = cabi.libc_function("prctl", cabi.c_int)
-
-
-def capget(pid: int = 0) -> tuple[int, int, int]:
-    """(effective, permitted, inheritable) of `pid` (0: this thread) as 64-bit masks (v3 header)."""
-    header, cap_data = _cap_structs()
-    head = header(_LINUX_CAPABILITY_VERSION_3, pid)
-    data = (cap_data * 2)()
-    cabi.set_errno(0)
-    if _capget(cabi.byref(head), data) != 0:
-        raise _fail("capget", str(pid))
-    lo, hi = data[0], data[1]
-    return (lo.effective | hi.effective << 32, lo.permitted | hi.permitted << 32,
-            lo.inheritable | hi.inheritable << 32)
-
-
-def capset(effective: int, permitted: int, inheritable: int) -> None:
-    """Set this thread's capability sets (64-bit masks, v3 header); raising any is EPERM."""
-    header, cap_data = _cap_structs()
-    head = header(_LINUX_CAPABILITY_VERSION_3, 0)
-    data = (cap_data * 2)()
-    for i in (0, 1):
-        shift = 32 * i
-        data[i].effective = (effective >> shift) & 0xFFFFFFFF
-        data[i].permitted = (permitted >> shift) & 0xFFFFFFFF
-        data[i].inheritable = (inheritable >> shift) & 0xFFFFFFFF
-    cabi.set_errno(0)
-    if _capset(cabi.byref(head), data) != 0:
-        raise _fail("capset", f"effective={effective:#x} permitted={permitted:#x}")
-
-
-def cap_last_cap() -> int:
-    """The highest capability this kernel knows (/proc/sys/kernel/cap_last_cap), without /proc.
-
-    PR_CAPBSET_READ fails with EINVAL past the last one, as libcap probes
-    it: the chrooted child that asks has no procfs to read.
-    """
-    cap = 0
-    while cap < 63:
-        try:
-            prctl(PR_CAPBSET_READ, cap + 1)
-        except SyscallError as e:
-            if e.errno != _errno.EINVAL:
-                raise
-            break
-        cap += 1
-    return cap
-
-
-def capbset_has(cap: int) -> bool:
-    """Whether `cap` is in this thread's bounding set."""
-    return prctl(PR_CAPBSET_READ, cap) == 1
-
-
-def capbset_drop(cap: int) -> None:
-    """Remove `cap` from the bounding set for good (needs CAP_SETPCAP in the effective set)."""
-    prctl(PR_CAPBSET_DROP, cap)
-
-
-def clear_ambient() -> None:
-    """Empty the ambient set (EINVAL before Linux 4.3, which has none: nothing to clear)."""
-    try:
-        prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
-    except SyscallError as e:
-        if e.errno != _errno.EINVAL:
-            raise
 
 
 #: set by `enter_mount_ns`: the working directory is then this process's own procfs (the host's),

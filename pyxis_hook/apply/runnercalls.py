@@ -1,4 +1,4 @@
-"""The three libc calls the confined ldconfig runner needs beyond `posix`: memfd seals, rlimits, poll.
+"""The libc calls the confined ldconfig runner needs beyond `posix`: memfd seals, rlimits, poll, capabilities.
 
 Why not the stdlib's `fcntl`, `resource` and `select`: each is an extension
 module, a shared library the loader maps and relocates, ~0.6 ms of every GPU
@@ -12,14 +12,18 @@ The constants are the kernel's ABI for every architecture the hook supports
 include/uapi/asm-generic): <linux/fcntl.h> F_ADD_SEALS and the F_SEAL_*
 bits, asm-generic/resource.h's RLIMIT_* numbers and RLIM_INFINITY,
 asm-generic/poll.h's POLL* bits.  tests/unit/apply/test_runnercalls.py
-checks each against the stdlib module that names it.
+checks each against the stdlib module that names it.  The capability calls
+(capget/capset, the bounding and ambient sets through prctl, no_new_privs:
+linux/capability.h, linux/prctl.h) drop what the runner must not keep; they
+raise `kernel.SyscallError`, as the namespace's other syscalls do.
 """
 
 from __future__ import annotations
 
+import errno as _errno
 import posix
 
-from pyxis_hook.apply import cabi
+from pyxis_hook.apply import cabi, kernel
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # hints only
@@ -39,6 +43,20 @@ RLIMIT_AS = 9
 RLIM_INFINITY = (1 << 64) - 1  # (rlim_t)~0UL on LP64
 
 POLLIN = 0x0001
+
+PR_CAPBSET_READ = 23
+PR_CAPBSET_DROP = 24
+PR_SET_NO_NEW_PRIVS = 38
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+
+# linux/capability.h: the bits apply/confined.py keeps, and the one needed to drop the others
+CAP_CHOWN = 0
+CAP_DAC_OVERRIDE = 1
+CAP_DAC_READ_SEARCH = 2
+CAP_FOWNER = 3
+CAP_SETPCAP = 8
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
 
 _EINTR = 4
 
@@ -108,3 +126,94 @@ def poll(fds: list[int], timeout_ms: int) -> list[tuple[int, int]]:
             return []
         raise _error("poll")
     return [(slot.fd, slot.revents) for slot in array if slot.revents]
+
+
+# ------------------------------------------------------------------ capabilities
+
+
+def _cap_fail(what: str, detail: str) -> kernel.SyscallError:
+    err = cabi.get_errno()
+    return kernel.SyscallError(f"{what} {detail}: {posix.strerror(err)}", err)
+
+
+def no_new_privs() -> None:
+    """PR_SET_NO_NEW_PRIVS: nothing exec'd after this can gain privileges (setuid, file caps)."""
+    kernel.prctl(PR_SET_NO_NEW_PRIVS, 1)
+
+
+def _cap_structs() -> tuple:
+    """capget/capset's header and data structures, made on first use (`cabi.made`): only the confined ldconfig run needs them."""
+    return (cabi.made("_CapHeader", [("version", cabi.c_uint32), ("pid", cabi.c_int)]),
+            cabi.made("_CapData", [("effective", cabi.c_uint32), ("permitted", cabi.c_uint32),
+                                   ("inheritable", cabi.c_uint32)]))
+
+
+#: glibc's wrappers (same on every architecture), looked up now: the child that calls them may
+#: be chrooted into an image, where nothing should need resolving
+_capget = cabi.libc_function("capget", cabi.c_int)
+_capset = cabi.libc_function("capset", cabi.c_int)
+
+
+def capget(pid: int = 0) -> tuple[int, int, int]:
+    """(effective, permitted, inheritable) of `pid` (0: this thread) as 64-bit masks (v3 header)."""
+    header, cap_data = _cap_structs()
+    head = header(_LINUX_CAPABILITY_VERSION_3, pid)
+    data = (cap_data * 2)()
+    cabi.set_errno(0)
+    if _capget(cabi.byref(head), data) != 0:
+        raise _cap_fail("capget", str(pid))
+    lo, hi = data[0], data[1]
+    return (lo.effective | hi.effective << 32, lo.permitted | hi.permitted << 32,
+            lo.inheritable | hi.inheritable << 32)
+
+
+def capset(effective: int, permitted: int, inheritable: int) -> None:
+    """Set this thread's capability sets (64-bit masks, v3 header); raising any is EPERM."""
+    header, cap_data = _cap_structs()
+    head = header(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (cap_data * 2)()
+    for i in (0, 1):
+        shift = 32 * i
+        data[i].effective = (effective >> shift) & 0xFFFFFFFF
+        data[i].permitted = (permitted >> shift) & 0xFFFFFFFF
+        data[i].inheritable = (inheritable >> shift) & 0xFFFFFFFF
+    cabi.set_errno(0)
+    if _capset(cabi.byref(head), data) != 0:
+        raise _cap_fail("capset", f"effective={effective:#x} permitted={permitted:#x}")
+
+
+def cap_last_cap() -> int:
+    """The highest capability this kernel knows (/proc/sys/kernel/cap_last_cap), without /proc.
+
+    PR_CAPBSET_READ fails with EINVAL past the last one, as libcap probes
+    it: the chrooted child that asks has no procfs to read.
+    """
+    cap = 0
+    while cap < 63:
+        try:
+            kernel.prctl(PR_CAPBSET_READ, cap + 1)
+        except kernel.SyscallError as e:
+            if e.errno != _errno.EINVAL:
+                raise
+            break
+        cap += 1
+    return cap
+
+
+def capbset_has(cap: int) -> bool:
+    """Whether `cap` is in this thread's bounding set."""
+    return kernel.prctl(PR_CAPBSET_READ, cap) == 1
+
+
+def capbset_drop(cap: int) -> None:
+    """Remove `cap` from the bounding set for good (needs CAP_SETPCAP in the effective set)."""
+    kernel.prctl(PR_CAPBSET_DROP, cap)
+
+
+def clear_ambient() -> None:
+    """Empty the ambient set (EINVAL before Linux 4.3, which has none: nothing to clear)."""
+    try:
+        kernel.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
+    except kernel.SyscallError as e:
+        if e.errno != _errno.EINVAL:
+            raise

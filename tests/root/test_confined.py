@@ -18,7 +18,7 @@ import pytest
 
 from fixtures.forked import run_forked
 from fixtures.synth import build_lib
-from pyxis_hook.apply import confined, kernel
+from pyxis_hook.apply import confined, kernel, runnercalls
 from pyxis_hook.apply.child import _NoImports
 from pyxis_hook.errors import ApplyError
 
@@ -262,7 +262,7 @@ int main(void) {
 
 CAP_NET_RAW = 13
 PR_CAP_AMBIENT_RAISE = 2
-DAC, FOWNER = 1 << kernel.CAP_DAC_OVERRIDE, 1 << kernel.CAP_FOWNER
+DAC, FOWNER = 1 << runnercalls.CAP_DAC_OVERRIDE, 1 << runnercalls.CAP_FOWNER
 
 
 def _probe_fields(text: str) -> dict[str, int]:
@@ -281,11 +281,11 @@ def test_exec_holds_only_the_kept_caps(rootfs, tmp_path):
     first: neither may reach ldconfig.
     """
     probe = _static(tmp_path, "capprobe", _CAP_PROBE)
-    eff, prm, _inh = kernel.capget()
+    eff, prm, _inh = runnercalls.capget()
 
     def run() -> str:
-        kernel.capset(eff, prm, prm)
-        kernel.prctl(kernel.PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, CAP_NET_RAW)
+        runnercalls.capset(eff, prm, prm)
+        kernel.prctl(runnercalls.PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, CAP_NET_RAW)
         exe = confined.sealed_copy(str(probe))
         try:
             return confined.run_ldconfig(str(rootfs), exe, ["/" + LIBDIR])
@@ -293,7 +293,7 @@ def test_exec_holds_only_the_kept_caps(rootfs, tmp_path):
             os.close(exe)
 
     got = _probe_fields(run_forked(run))
-    bounding = sum(1 << c for c in range(kernel.cap_last_cap() + 1) if kernel.capbset_has(c))
+    bounding = sum(1 << c for c in range(runnercalls.cap_last_cap() + 1) if runnercalls.capbset_has(c))
     keep = confined.KEEP_CAPS & prm & bounding
     assert keep == DAC | FOWNER  # this test machine's root has both
     assert got == {"eff": keep, "prm": keep, "inh": 0, "bnd": keep, "amb": 0, "nnp": 1, "uid": 0}

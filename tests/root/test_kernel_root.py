@@ -11,7 +11,7 @@ import os
 import threading
 import pytest
 from fixtures.forked import run_forked
-from pyxis_hook.apply import kernel
+from pyxis_hook.apply import kernel, runnercalls
 from unit.apply.test_kernel import (  # noqa: F401 - helpers and fixtures shared with the unit tests
     _bind_case,
     _options,
@@ -127,27 +127,27 @@ def test_capset_bounding_drop_and_ambient_clear():
     CAP_NET_RAW, PR_CAP_AMBIENT_RAISE = 13, 2
 
     def child():
-        eff, prm, _inh = kernel.capget()
-        assert prm >> CAP_NET_RAW & 1 and prm >> kernel.CAP_SETPCAP & 1
-        kernel.capset(eff, prm, 1 << CAP_NET_RAW)
-        kernel.prctl(kernel.PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, CAP_NET_RAW)
+        eff, prm, _inh = runnercalls.capget()
+        assert prm >> CAP_NET_RAW & 1 and prm >> runnercalls.CAP_SETPCAP & 1
+        runnercalls.capset(eff, prm, 1 << CAP_NET_RAW)
+        kernel.prctl(runnercalls.PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, CAP_NET_RAW)
         assert _status_caps()["CapAmb"] == 1 << CAP_NET_RAW
-        kernel.clear_ambient()
+        runnercalls.clear_ambient()
         assert _status_caps()["CapAmb"] == 0
-        kernel.capbset_drop(CAP_NET_RAW)
-        assert not kernel.capbset_has(CAP_NET_RAW)
+        runnercalls.capbset_drop(CAP_NET_RAW)
+        assert not runnercalls.capbset_has(CAP_NET_RAW)
         assert _status_caps()["CapBnd"] >> CAP_NET_RAW & 1 == 0
-        keep = 1 << kernel.CAP_DAC_OVERRIDE | 1 << kernel.CAP_FOWNER
-        kernel.capset(keep, keep, 0)
+        keep = 1 << runnercalls.CAP_DAC_OVERRIDE | 1 << runnercalls.CAP_FOWNER
+        runnercalls.capset(keep, keep, 0)
         caps = _status_caps()
         assert (caps["CapEff"], caps["CapPrm"], caps["CapInh"]) == (keep, keep, 0)
-        assert kernel.capget() == (keep, keep, 0)
+        assert runnercalls.capget() == (keep, keep, 0)
         with pytest.raises(kernel.SyscallError, match=r"^capset effective=0x3 permitted=0x3: Operation not "
                                                       r"permitted$") as e:
-            kernel.capset(0b11, 0b11, 0)  # CAP_CHOWN was never kept: raising it is refused
+            runnercalls.capset(0b11, 0b11, 0)  # CAP_CHOWN was never kept: raising it is refused
         assert e.value.errno == errno.EPERM
         with pytest.raises(kernel.SyscallError) as e:  # CAP_SETPCAP is gone
-            kernel.capbset_drop(kernel.CAP_CHOWN)
+            runnercalls.capbset_drop(runnercalls.CAP_CHOWN)
         assert e.value.errno == errno.EPERM
 
     run_forked(child)

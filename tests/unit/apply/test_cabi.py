@@ -62,8 +62,8 @@ def test_the_rare_types_are_made_once_when_first_asked_for():
     """Importing the syscall modules (every GPU start does) makes none; each is made once, then the same class."""
     code = ("from pyxis_hook.apply import cabi, kernel, runnercalls\n"
             "before = sorted(cabi._MADE)\n"
-            "caps = kernel.capget()\n"
-            "again = kernel.capget()\n"
+            "caps = runnercalls.capget()\n"
+            "again = runnercalls.capget()\n"
             "short = cabi.made('c_short')\n"
             "print(before, sorted(cabi._MADE), caps == again, short is cabi.made('c_short'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -13,7 +13,7 @@ import posix  # what the modules under test call (they do not import os)
 import pytest
 
 from fixtures.forked import run_forked
-from pyxis_hook.apply import kernel
+from pyxis_hook.apply import kernel, runnercalls
 from pyxis_hook.errors import ApplyError, InternalSignal
 
 
@@ -77,7 +77,7 @@ def _options(tgt) -> set[str]:
 
 def test_no_new_privs():
     def child():
-        kernel.no_new_privs()
+        runnercalls.no_new_privs()
         status = open("/proc/self/status").read()
         assert "NoNewPrivs:\t1" in status
 
@@ -93,13 +93,13 @@ def _status_caps() -> dict[str, int]:
 
 def test_cap_last_cap_is_procfs_without_procfs():
     with open("/proc/sys/kernel/cap_last_cap") as f:
-        assert kernel.cap_last_cap() == int(f.read())
+        assert runnercalls.cap_last_cap() == int(f.read())
 
 
 def test_capget_matches_proc_status():
     caps = _status_caps()
-    assert kernel.capget() == (caps["CapEff"], caps["CapPrm"], caps["CapInh"])
-    bounding = {c for c in range(kernel.cap_last_cap() + 1) if kernel.capbset_has(c)}
+    assert runnercalls.capget() == (caps["CapEff"], caps["CapPrm"], caps["CapInh"])
+    bounding = {c for c in range(runnercalls.cap_last_cap() + 1) if runnercalls.capbset_has(c)}
     assert sum(1 << c for c in bounding) == caps["CapBnd"]
 
 

@@ -19,21 +19,20 @@ from glibc 2.36:
 
 One reader for the hook (a `RootFS` of the container, inside its mount
 namespace) and for `ldcheck`/`libscan` (a `RootFS` opened on the directory):
-every path is resolved by `RootFS.locate`'s fd walk, so a symlink in an image
-never leads out of it, `..` at the root stays there (as in the kernel), and
-the name of each directory is the resolved one (a relative include of an
-included file does not grow `../../..` at every level).  The root's `/proc`
-and `/sys` are absent, as in the confined ldconfig's view (they are empty
-tmpfs there): the reader never opens `/proc/kmsg` nor walks `/sys`.
+the files are reached through `conftree.Tree`, which keeps a symlink in an
+image from leading out of it, hides the root's `/proc` and `/sys` as the
+confined ldconfig's view does, and never opens what is not a regular file.
+The name of each directory is the resolved one (a relative include of an
+included file does not grow `../../..` at every level).
 
 glibc's ldconfig has no limits: an include loop recurses until it runs out of
 descriptors or CPU, a FIFO blocks `fopen`, a device node runs its driver's
 open() and `/dev/zero` never ends.  The reader stops at the first thing it
-cannot read as ldconfig would, and says why in `LdSoConf.stop`, one of the
-kinds below; the kinds in `UNSAFE` are the ones where ldconfig must not run
-either (`require_safe`: the hook refuses the start).  The work is bounded:
-MAX_INCLUDE_DEPTH, MAX_FILES, CONF_LIMIT bytes in all, MAX_ENTRIES paths and
-directory entries looked at, MAX_SECONDS.
+cannot read as ldconfig would, and says why in `LdSoConf.stop`, one of
+`conftree`'s kinds; the kinds in `UNSAFE` are the ones where ldconfig must
+not run either (`require_safe`: the hook refuses the start).  The work is
+bounded: MAX_INCLUDE_DEPTH and MAX_FILES here, the bytes, entries and time
+in `conftree`.
 
 `dirs_by_inode` / `existing_dirs` are the hook's one implementation of
 ldconfig's "one directory per inode, first name wins" rule (ldmerge uses it).
@@ -44,10 +43,10 @@ from __future__ import annotations
 import errno
 import posix
 import stat
-import time
 
 from pyxis_hook import pathnames
 from pyxis_hook.errors import LdCacheError, PathError
+from pyxis_hook.loader.conftree import LIMIT, LOOP, UNMODELLED, UNREADABLE, UNSAFE, Stop, Tree
 from pyxis_hook.record import record
 from pyxis_hook.rootfs import RootFS, RootPathError, resolve_in_root
 
@@ -60,31 +59,10 @@ if TYPE_CHECKING:  # typing's names cost ~3 ms of imports on the hook's path: hi
 
 _SPACE = " \t\n\v\f\r"
 _BLANK = " \t"
-#: we stop at these so a hostile image cannot make the hook or `ldcheck` run for ever
+#: we stop at these so a hostile image cannot make the hook or `ldcheck` run for ever (the bytes,
+#: entries and time a read may take are `conftree`'s bounds)
 MAX_INCLUDE_DEPTH = 64
 MAX_FILES = 1024
-#: the configuration files' bytes, all together (Debian's whole tree is < 1 KiB)
-CONF_LIMIT = 1 << 20
-#: paths resolved plus directory entries listed by include patterns, all together
-MAX_ENTRIES = 10000
-#: wall-clock bound of one read (a slow or hostile filesystem under the rootfs)
-MAX_SECONDS = 5.0
-#: directories a read keeps open to look up entries in them (`_Tree.held`); more are walked to again
-MAX_HELD = 16
-#: what one read(2) of a configuration file asks for after the first (which asks for its size)
-_CHUNK = 1 << 16
-#: top-level directories of the root that do not exist for ldconfig (apply/confined.py masks them)
-HIDDEN = ("proc", "sys")
-
-#: why a read stopped (`LdSoConf.stop`; "" when it did not)
-NOT_REGULAR = "not-regular"  # a FIFO or socket: ldconfig's fopen blocks (FIFO) or fails
-DEVICE = "device"  # a character or block device: ldconfig's open() would run its driver as root
-LOOP = "include-loop"  # a file includes itself: ldconfig recurses until it runs out of fds or CPU
-LIMIT = "limit"  # more than one of the limits above allows
-UNREADABLE = "unreadable"  # a symlink loop, a name too long, an error: ldconfig warns and skips it
-UNMODELLED = "unmodelled"  # a `[...]` pattern in apply's child: read on with a wider match, not stopped
-#: the kinds after which glibc's ldconfig must not run on the image either
-UNSAFE = frozenset((NOT_REGULAR, DEVICE, LOOP, LIMIT))
 
 
 @record
@@ -135,16 +113,16 @@ def read_ld_so_conf(root: str, conf: str = "/etc/ld.so.conf", *, rfs: RootFS | N
             if e.errno in (errno.ENOENT, errno.ENOTDIR):
                 return LdSoConf((), (), ())
             return LdSoConf((), (), (), True, (str(e),), UNREADABLE)
-    state = _State(_Tree(rfs))
+    state = _State(Tree(rfs))
     try:
         state.parse(conf, 0)
-    except _Stop as e:
+    except Stop as e:
         return LdSoConf(tuple(state.dirs), tuple(state.unmatched), tuple(state.files), True, (e.reason,), e.kind)
     finally:
         state.tree.close()
-    if state.tree.unmodelled:
+    if state.unmodelled:
         return LdSoConf(tuple(state.dirs), tuple(state.unmatched), tuple(state.files), True,
-                        (state.tree.unmodelled,), UNMODELLED)
+                        (state.unmodelled,), UNMODELLED)
     return LdSoConf(tuple(state.dirs), tuple(state.unmatched), tuple(state.files))
 
 
@@ -213,220 +191,6 @@ def existing_dirs(where: Where, dirs: Iterable[str]) -> tuple[str, ...]:
     return tuple(dirs_by_inode(where, dirs).values())
 
 
-class _Stop(Exception):
-    """The read ends here: `kind` is one of the constants above, `reason` one line naming the file."""
-
-    def __init__(self, kind: str, reason: str) -> None:
-        super().__init__(reason)
-        self.kind = kind
-        self.reason = reason
-
-
-class _Tree:
-    """The root as the confined ldconfig sees it, read through one RootFS, within the read's budget.
-
-    The directories `dir_path` found stay open (O_PATH, up to MAX_HELD, in
-    `held` by resolved name until `close`): listing one, looking up an entry
-    in it or opening a configuration file in it then starts from that fd
-    instead of walking the path from the root again (`include
-    /etc/ld.so.conf.d/*.conf` would otherwise resolve `/etc` four times).
-    """
-
-    def __init__(self, rfs: RootFS) -> None:
-        self.rfs = rfs
-        self.steps = 0
-        self.bytes = 0
-        self.deadline = time.monotonic() + MAX_SECONDS
-        #: why some pattern was matched by `_widened` (the read goes on: every file it reaches is checked)
-        self.unmodelled = ""
-        self.held: dict[str, int] = {}
-
-    def close(self) -> None:
-        for fd in self.held.values():
-            posix.close(fd)
-        self.held.clear()
-
-    def _dir_fd(self, base: str) -> tuple[int, bool] | None:
-        """(O_PATH fd of the resolved directory `base`, whether the caller closes it); None when unreachable."""
-        fd = self.held.get(base)
-        if fd is not None:
-            return fd, False
-        found = self.locate(base, strict=False)
-        return None if found is None else (found[0], True)
-
-    def tick(self) -> None:
-        """Count one path resolved or directory entry looked at; LIMIT past the budget or the deadline."""
-        self.steps += 1
-        if self.steps > MAX_ENTRIES:
-            raise _Stop(LIMIT, f"include patterns in {self.rfs.path} look at more than {MAX_ENTRIES} paths "
-                               "and directory entries")
-        if time.monotonic() > self.deadline:
-            raise _Stop(LIMIT, f"reading the loader configuration in {self.rfs.path} took more than "
-                               f"{MAX_SECONDS:g} s")
-
-    def locate(self, path: str, *, strict: bool) -> tuple[int, str] | None:
-        """(O_PATH fd, resolved path), None where ldconfig finds nothing (missing, under /proc or /sys).
-
-        Any other error is a stop when `strict` (a file ldconfig would fail
-        to open), no match otherwise (glob ignores what it cannot read).
-        """
-        self.tick()
-        try:
-            return self.rfs.locate(path, hidden=HIDDEN)
-        except RootPathError as e:
-            if strict and e.errno not in (errno.ENOENT, errno.ENOTDIR):
-                raise _Stop(UNREADABLE, str(e)) from None
-            return None
-
-    def read(self, path: str, via: str) -> tuple[tuple[int, int], bytes] | None:
-        """((st_dev, st_ino), bytes) of the configuration file `path`; None when missing or a directory.
-
-        The type is taken from the fd the walk opened (O_PATH), and only a
-        regular file is opened for reading, as that same inode: a FIFO never
-        blocks and a device's driver never sees an open().
-        """
-        found = self._in_held(path)
-        if found is None:
-            found = self.locate(path, strict=True)
-            if found is None:
-                return None
-        fd = found[0]
-        try:
-            st = posix.fstat(fd)
-            if stat.S_ISDIR(st.st_mode):
-                return None
-            if not stat.S_ISREG(st.st_mode):
-                kind = DEVICE if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else NOT_REGULAR
-                raise _Stop(kind, f"{path} (in {self.rfs.path}){via}: {_file_type(st.st_mode)}, "
-                                  "not a configuration file")
-            left = CONF_LIMIT - self.bytes
-            if st.st_size > left:
-                raise _Stop(LIMIT, f"{path} (in {self.rfs.path}){via}: the configuration files are larger "
-                                   f"than {CONF_LIMIT} bytes in all")
-            try:
-                rfd = self.rfs.reopen(fd, posix.O_RDONLY | posix.O_NONBLOCK | posix.O_NOCTTY)
-                try:
-                    # asked for by the chunk, not the whole budget: a 1 MiB request is a 1 MiB buffer (mmap, munmap)
-                    data = posix.read(rfd, min(left + 1, st.st_size + 1))
-                    while len(data) <= left and (more := posix.read(rfd, min(left + 1 - len(data), _CHUNK))):
-                        data += more
-                finally:
-                    posix.close(rfd)
-            except OSError as e:
-                raise _Stop(UNREADABLE, f"{path} (in {self.rfs.path}){via}: {e.strerror}") from None
-            if len(data) > left:
-                raise _Stop(LIMIT, f"{path} (in {self.rfs.path}){via}: the configuration files are larger "
-                                   f"than {CONF_LIMIT} bytes in all")
-            self.bytes += len(data)
-            return (st.st_dev, st.st_ino), data
-        finally:
-            posix.close(fd)
-
-    def _in_held(self, path: str) -> tuple[int, str] | None:
-        """`locate(path)` for a plain entry of a held directory: one open, no walk; None: walk instead.
-
-        Only a name that is neither a symlink (opened O_NOFOLLOW, its type
-        read from the fd) nor `.`/`..` nor a masked top-level directory is
-        taken this way; the walk handles everything else.
-        """
-        base, _, name = path.rpartition("/")
-        fd = self.held.get(base or "/")
-        if fd is None or name in ("", ".", "..") or (not base and name in HIDDEN):
-            return None
-        self.tick()
-        try:
-            own = posix.open(name, posix.O_PATH | posix.O_NOFOLLOW | posix.O_CLOEXEC, dir_fd=fd)
-        except OSError:
-            return None  # the walk says what ldconfig would make of it
-        if stat.S_ISLNK(posix.fstat(own).st_mode):
-            posix.close(own)
-            return None
-        return own, path
-
-    def dir_path(self, path: str) -> str | None:
-        """The resolved name of directory `path`, None when it is not one ldconfig can reach.
-
-        The directory stays open in `held` (while there is room) for what is looked up in it next.
-        """
-        found = self.locate(path, strict=False)
-        if found is None:
-            return None
-        fd, real = found
-        if not stat.S_ISDIR(posix.fstat(fd).st_mode):
-            posix.close(fd)
-            return None
-        if real in self.held or len(self.held) >= MAX_HELD:
-            posix.close(fd)
-        else:
-            self.held[real] = fd
-        return real
-
-    def lexists(self, base: str, name: str) -> bool:
-        """Whether directory `base` (resolved) has an entry `name`, a dangling link too (glob's lstat)."""
-        if base == "/" and name in HIDDEN:
-            return False
-        found = self._dir_fd(base)
-        if found is None:
-            return False
-        fd, own = found
-        try:
-            posix.stat(name, dir_fd=fd, follow_symlinks=False)
-            return True
-        except OSError:
-            return False
-        finally:
-            if own:
-                posix.close(fd)
-
-    def matching(self, base: str, pattern: str) -> list[str]:
-        """Names in directory `base` (resolved) that `pattern` matches; each entry looked at counts."""
-        found = self._dir_fd(base)
-        if found is None:
-            return []
-        fd, own = found
-        out = []
-        try:
-            dfd = posix.open(".", posix.O_RDONLY | posix.O_DIRECTORY | posix.O_CLOEXEC, dir_fd=fd)
-        except OSError:
-            return []
-        finally:
-            if own:
-                posix.close(fd)
-        try:
-            with posix.scandir(dfd) as entries:
-                for entry in entries:
-                    self.tick()
-                    name = entry.name
-                    if base == "/" and name in HIDDEN:
-                        continue
-                    if name.startswith(".") and not pattern.startswith("."):
-                        continue
-                    try:
-                        matched = name_matches(name, pattern)
-                    except _Unmodelled as e:
-                        self.unmodelled = self.unmodelled or str(e)
-                        matched = name_matches(name, _widened(pattern))
-                    if matched:
-                        out.append(name)
-        except OSError:
-            return []
-        finally:
-            posix.close(dfd)
-        return out
-
-
-def _file_type(mode: int) -> str:
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISCHR(mode):
-        return "a character device"
-    if stat.S_ISBLK(mode):
-        return "a block device"
-    return "not a regular file"
-
-
 def _magic(part: str) -> bool:
     return "*" in part or "?" in part or "[" in part
 
@@ -436,8 +200,10 @@ def _join(base: str, name: str) -> str:
 
 
 class _State:
-    def __init__(self, tree: _Tree) -> None:
+    def __init__(self, tree: Tree) -> None:
         self.tree = tree
+        #: why some pattern was matched by `_widened` (the read goes on: every file it reaches is checked)
+        self.unmodelled = ""
         self.dirs: list[str] = []
         self.seen: set[str] = set()
         self.unmatched: list[tuple[str, int, str]] = []
@@ -449,17 +215,17 @@ class _State:
     def parse(self, filename: str, depth: int, via: str = "") -> None:
         self.attempts += 1
         if depth > MAX_INCLUDE_DEPTH:
-            raise _Stop(LIMIT, f"{filename} (in {self.tree.rfs.path}){via}: includes nested more than "
+            raise Stop(LIMIT, f"{filename} (in {self.tree.rfs.path}){via}: includes nested more than "
                                f"{MAX_INCLUDE_DEPTH} deep")
         if self.attempts > MAX_FILES:
-            raise _Stop(LIMIT, f"{filename} (in {self.tree.rfs.path}){via}: more than {MAX_FILES} "
+            raise Stop(LIMIT, f"{filename} (in {self.tree.rfs.path}){via}: more than {MAX_FILES} "
                                "configuration files included")
         got = self.tree.read(filename, via)
         if got is None:
             return  # missing (silent in ldconfig) or a directory (read as empty)
         ident, raw = got
         if ident in self.active:
-            raise _Stop(LOOP, f"{filename} (in {self.tree.rfs.path}){via}: includes itself (an include loop)")
+            raise Stop(LOOP, f"{filename} (in {self.tree.rfs.path}){via}: includes itself (an include loop)")
         self.files.append(filename)
         self.active.append(ident)
         for lineno, line in enumerate(raw.split(b"\n"), 1):
@@ -511,7 +277,7 @@ class _State:
             magic = _magic(part)
             nxt = []
             for spelled, base in found:
-                for name in (self.tree.matching(base, part) if magic else (part,)):
+                for name in (self.matching(base, part) if magic else (part,)):
                     if last:
                         if magic or self.tree.lexists(base, name):
                             nxt.append((spelled + "/" + name, _join(base, name)))
@@ -522,6 +288,26 @@ class _State:
             found = nxt
         found.sort(key=lambda f: pathnames.fsencode(f[0]))
         return [real for _spelled, real in found]
+
+    def matching(self, base: str, pattern: str) -> list[str]:
+        """Names in directory `base` (resolved) that `pattern` matches, as glob(3) matches them.
+
+        A leading dot is matched only by a pattern that starts with one; a
+        bracket expression that cannot be evaluated here is matched wider
+        (`_widened`) and noted in `unmodelled`.
+        """
+        out = []
+        for name in self.tree.entries(base):
+            if name.startswith(".") and not pattern.startswith("."):
+                continue
+            try:
+                matched = name_matches(name, pattern)
+            except _Unmodelled as e:
+                self.unmodelled = self.unmodelled or str(e)
+                matched = name_matches(name, _widened(pattern))
+            if matched:
+                out.append(name)
+        return out
 
 
 def name_matches(name: str, pattern: str) -> bool:

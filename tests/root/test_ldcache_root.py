@@ -20,7 +20,7 @@ from unit.loader.test_ldcache import (  # noqa: F401 - helpers and fixtures shar
 def test_ld_so_conf_fifo_device_and_huge_file_are_not_read(tmp_path, conf_mode, no_hang, kind):
     import stat as S
 
-    from pyxis_hook.loader.ldconf import CONF_LIMIT, DEVICE, LIMIT, NOT_REGULAR
+    from pyxis_hook.loader.conftree import CONF_LIMIT, DEVICE, LIMIT, NOT_REGULAR
 
     write(tmp_path, "/etc/ld.so.conf", "/opt/a\ninclude /etc/ld.so.conf.d/*.conf\n/opt/b\n")
     d = tmp_path / "etc/ld.so.conf.d"

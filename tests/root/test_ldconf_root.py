@@ -10,7 +10,7 @@ import os
 import stat
 import pytest
 
-from pyxis_hook.loader.ldconf import DEVICE
+from pyxis_hook.loader.conftree import DEVICE
 from unit.loader.test_ldconf import (  # noqa: F401 - helpers and fixtures shared with the unit tests
     live_proc_and_sys,
     read,

@@ -533,7 +533,7 @@ def test_ld_so_conf_rfs_mode_never_opens_by_name(tmp_path, monkeypatch):
 def test_ld_so_conf_symlink_loops_are_reported_not_raised(tmp_path, conf_mode):
     """A looping link as a conf file stops the read (ldconfig warns and skips it: a merge falls back to it);
     a looping directory in an include pattern matches nothing, as in glob."""
-    from pyxis_hook.loader.ldconf import UNREADABLE
+    from pyxis_hook.loader.conftree import UNREADABLE
 
     write(tmp_path, "/etc/ld.so.conf", "/opt/first\ninclude /etc/loop/x.conf\ninclude /etc/ld.so.conf.d/*.conf\n"
                                        "/opt/last\n")
@@ -629,7 +629,7 @@ def _model(files, name, stack, acc):
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(tree=conf_trees())
 def test_ld_so_conf_against_model(tmp_path_factory, tree):
-    from pyxis_hook.loader.ldconf import LOOP
+    from pyxis_hook.loader.conftree import LOOP
 
     files, ws = tree
     root = tmp_path_factory.mktemp("conf")

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from pyxis_hook.loader import ldconf
-from pyxis_hook.loader.ldconf import (LIMIT, LOOP, MAX_ENTRIES, MAX_FILES, MAX_INCLUDE_DEPTH, NOT_REGULAR,
-                               UnsafeLoaderConfig, read_ld_so_conf, require_safe)
+from pyxis_hook.loader import conftree, ldconf
+from pyxis_hook.loader.conftree import LIMIT, LOOP, MAX_ENTRIES, NOT_REGULAR
+from pyxis_hook.loader.ldconf import MAX_FILES, MAX_INCLUDE_DEPTH, UnsafeLoaderConfig, read_ld_so_conf, require_safe
 from pyxis_hook.rootfs import RootFS
 
 
@@ -108,7 +108,7 @@ def test_glob_work_is_bounded(tmp_path, no_hang):
 def test_time_is_bounded(tmp_path, monkeypatch):
     write(tmp_path, "/etc/ld.so.conf", "include /etc/ld.so.conf.d/*.conf\n")
     write(tmp_path, "/etc/ld.so.conf.d/a.conf", "/opt/a\n")
-    monkeypatch.setattr(ldconf, "MAX_SECONDS", -1.0)  # a read whose deadline has already passed
+    monkeypatch.setattr(conftree, "MAX_SECONDS", -1.0)  # a read whose deadline has already passed
     conf = read(tmp_path)
     assert conf.stop == LIMIT and "took more than" in conf.problems[0]
 
@@ -187,7 +187,7 @@ def test_a_bracket_pattern_where_fnmatch_cannot_load_reads_on_wider(tmp_path, mo
     write(tmp_path, "/etc/ld.so.conf", "include /etc/ld.so.conf.d/[a-m]*.conf\n/opt/after\n")
     write(tmp_path, "/etc/ld.so.conf.d/a.conf", "/opt/a\n")
     conf = read(tmp_path)
-    assert conf.stop == ldconf.UNMODELLED and not conf.unsafe and conf.dirs == ("/opt/a", "/opt/after")
+    assert conf.stop == conftree.UNMODELLED and not conf.unsafe and conf.dirs == ("/opt/a", "/opt/after")
     assert "bracket expression" in conf.problems[0]
     os.mkfifo(tmp_path / "etc/ld.so.conf.d/n.conf")  # outside [a-m]: glibc would not match it; checked anyway
     assert read(tmp_path).stop == NOT_REGULAR
@@ -223,15 +223,15 @@ def test_held_directories_serve_their_entries_and_are_closed_after(tmp_path):
 def test_held_directories_are_bounded(tmp_path, monkeypatch):
     """More matched directories than MAX_HELD: the rest are walked to again, the answer is the same."""
     lines = []
-    for i in range(ldconf.MAX_HELD + 4):
+    for i in range(conftree.MAX_HELD + 4):
         write(tmp_path, f"/etc/d{i:02}/x/a.conf", f"/opt/{i}\n")
     lines.append("include /etc/d*/x/*.conf\n")
     write(tmp_path, "/etc/ld.so.conf", "".join(lines))
     before = _open_fds()
     conf = read(tmp_path)
     assert _open_fds() == before
-    assert conf.dirs == tuple(f"/opt/{i}" for i in range(ldconf.MAX_HELD + 4))
-    monkeypatch.setattr(ldconf, "MAX_HELD", 0)
+    assert conf.dirs == tuple(f"/opt/{i}" for i in range(conftree.MAX_HELD + 4))
+    monkeypatch.setattr(conftree, "MAX_HELD", 0)
     assert read(tmp_path) == conf
 
 

@@ -131,7 +131,7 @@ def _preload_ldcache_modules() -> None:
     An internal error there is logged with `log.frames`, which needs no
     module and reads no file.
     """
-    from pyxis_hook.loader import cachefile, conftree, ldconf, ldmerge  # noqa: F401
+    from pyxis_hook.loader import cachefile, cachewrite, conftree, ldconf, ldmerge  # noqa: F401
     from pyxis_hook.apply import confined  # noqa: F401
 
 

@@ -147,7 +147,7 @@ def cache_after_injection(image_cache, libs: tuple[InjectedFile, ...], first: tu
     injected one (CUDA forward compat, `LdcacheUpdate.first_dirs`): in the real cache both
     entries are listed and the first wins, so here the first dir's entry takes the slot.
     """
-    from pyxis_hook.loader import ldcache
+    from pyxis_hook.loader import cachewrite, ldcache
 
     added = [ldcache.CacheEntry(lib.soname, f"{os.path.dirname(lib.container_path)}/{lib.soname}",
                                 ldcache.written_flags(lib.elfclass, lib.needed)) for lib in libs]
@@ -156,7 +156,7 @@ def cache_after_injection(image_cache, libs: tuple[InjectedFile, ...], first: tu
         taken = {(e.key, e.flags) for e in ahead}
         added = ahead + [e for e in added if (e.key, e.flags) not in taken]
     existing = image_cache.entries if image_cache is not None else ()
-    merged = ldcache.merge_entries(existing, added)
+    merged = cachewrite.merge_entries(existing, added)
     return ldcache.LdCache(merged, image_cache.generator if image_cache is not None else None, "new",
                            name="/etc/ld.so.cache (after injection)")
 

@@ -86,7 +86,7 @@ def discover(config, *, strict: bool = True, host: HostGpus | None = None) -> In
     unusable (no driver, half-installed driver, libnvidia-tls without its
     ABI note); otherwise return what could be found, problems in `errors`.
     """
-    from pyxis_hook.loader import cachelookup, ldcache
+    from pyxis_hook.loader import cachelookup, cachewrite, ldcache
 
     if host is None:
         host = discover_gpus(config.proc_root, config.dev_root)
@@ -121,7 +121,7 @@ def discover(config, *, strict: bool = True, host: HostGpus | None = None) -> In
                     f"driver libraries by scanning {len(dirs)} directories as ldconfig would "
                     "(run `ldconfig -r` there to use a real cache)")
             cache = scanned if cache is None else replace(
-                cache, entries=ldcache.merge_entries(cache.entries, scanned.entries))
+                cache, entries=cachewrite.merge_entries(cache.entries, scanned.entries))
 
     if cache is not None:
         entries64 = cachelookup.entries_for_arch(cache, abi64)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 
 from pyxis_hook.host import capabilities as caps
-from pyxis_hook.loader import ldcache
+from pyxis_hook.loader import cachewrite, ldcache
 from pyxis_hook import log
 from pyxis_hook.errors import ElfError, PathError
 from pyxis_hook.rootfs import resolve_in_root
@@ -109,6 +109,6 @@ def scan_root(root: str, machine: str | None = None) -> tuple[ldcache.LdCache, t
             except PathError:  # a looping SONAME link: the file itself is the entry
                 value = f"{d}/{name}"
             entries.append(ldcache.CacheEntry(key, value, flags))
-    cache = ldcache.LdCache(entries=ldcache.sort_entries(entries), generator=GENERATOR, fmt="scan",
+    cache = ldcache.LdCache(entries=cachewrite.sort_entries(entries), generator=GENERATOR, fmt="scan",
                             name=os.path.join(root, "etc/ld.so.cache"))
     return cache, tuple(dirs_read)

@@ -42,7 +42,7 @@ install.  A stale cache stays exactly as stale as it was.
 spliced at the byte level (entries shifted, strings appended, extension
 sections moved) so a 5,000-entry cache costs O(k log n) comparisons rather
 than a parse and re-sort; a compat cache is parsed, merged and re-written by
-`ldcache.serialize_cache`.  `update_container_cache` is the apply side.
+`cachewrite.serialize_cache`.  `update_container_cache` is the apply side.
 """
 
 from __future__ import annotations
@@ -51,8 +51,12 @@ import errno
 import posix
 import sys
 
+# functools.cmp_to_key is this C function (functools costs ~1.5 ms per start, and nothing may be imported after setns)
+from _functools import cmp_to_key
+
 from pyxis_hook import pathnames
 from pyxis_hook.loader import ldcache as L
+from pyxis_hook.loader.cachewrite import entry_sort_key_cmp, serialize_cache
 from pyxis_hook.loader.cachefile import write_cache
 from pyxis_hook.errors import InternalSignal, LdCacheError, PathError, PyxisHookError
 from pyxis_hook.loader.machines import MACHINES
@@ -152,7 +156,7 @@ def _place(view: _View, new: L.CacheEntry, lib_name: str, dir_rank: dict[str, in
     last_rank = -1
     present = False
     for i, e in enumerate(run, lo):
-        c = L.entry_sort_key_cmp(e, new)
+        c = entry_sort_key_cmp(e, new)
         if c < 0:  # before `new` in ldconfig's order
             pos = i + 1
             continue
@@ -195,8 +199,8 @@ def _plan_inserts(view: _View, scan_dirs: Sequence[str], libs: Iterable[Injected
             inserts.append((pos, rank, new))
     # several new entries at one index: ldconfig's order among themselves
     inserts.sort(key=lambda t: t[1])  # scan order first (stable sort keeps it among equals)
-    inserts.sort(key=L.cmp_to_key(lambda a, b: (a[0] > b[0]) - (a[0] < b[0])
-                                          or L.entry_sort_key_cmp(a[2], b[2])))
+    inserts.sort(key=cmp_to_key(lambda a, b: (a[0] > b[0]) - (a[0] < b[0])
+                                          or entry_sort_key_cmp(a[2], b[2])))
     return inserts, present
 
 
@@ -231,7 +235,7 @@ def merge_cache(data: bytes, scan_dirs: Sequence[str], libs: Iterable[InjectedLi
     if any(e.is_hwcaps and e.hwcap_name != e.loader_hwcap_name for e in cache.entries):
         raise CannotMerge(f"{name}: compat cache with glibc-hwcaps entries (glibc misreads their names)")
     entries = cache.entries
-    if any(L.entry_sort_key_cmp(a, b) > 0 for a, b in zip(entries, entries[1:])):
+    if any(entry_sort_key_cmp(a, b) > 0 for a, b in zip(entries, entries[1:])):
         raise CannotMerge(f"{name}: entries are not in ldconfig's order (the rewrite would reorder them)")
     view = _View(len(entries), lambda i: pathnames.fsencode(entries[i].key), entries.__getitem__)
     inserts, present = _plan_inserts(view, scan_dirs, libs, name)
@@ -244,7 +248,7 @@ def merge_cache(data: bytes, scan_dirs: Sequence[str], libs: Iterable[InjectedLi
         out.append(entry)
         prev = pos
     out.extend(entries[prev:])
-    new = L.serialize_cache(out, cache.generator, "compat")
+    new = serialize_cache(out, cache.generator, "compat")
     return MergeResult(new, tuple(e for _, _, e in inserts), tuple(present), "compat")
 
 

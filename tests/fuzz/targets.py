@@ -18,7 +18,7 @@ from pyxis_hook import asks
 from pyxis_hook.spec import config, oci, require
 from pyxis_hook.host import cgroup, gpufiles, gpus
 from pyxis_hook.engines import cdihook, enroot
-from pyxis_hook.loader import cachelookup, cacheprint, elf, elfhead, ldcache
+from pyxis_hook.loader import cachelookup, cacheprint, cachewrite, elf, elfhead, ldcache
 from pyxis_hook.errors import PyxisHookError
 
 
@@ -51,7 +51,7 @@ def _cache_seeds() -> list[bytes]:
                e("libcuda.so.1", "/usr/lib/x86_64-linux-gnu/libcuda.so.1", x64, 0, 0),
                e("libz.so.1", "/usr/lib32/libz.so.1", 3, 0, 0))
     gen = "ldconfig (Debian GLIBC 2.36-9+deb12u10) stable release version 2.36"
-    return [ldcache.serialize_cache(entries, gen, fmt) for fmt in ("new", "compat", "old")]
+    return [cachewrite.serialize_cache(entries, gen, fmt) for fmt in ("new", "compat", "old")]
 
 
 def _elf_seed() -> bytes:

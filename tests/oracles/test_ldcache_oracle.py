@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fixtures.synth import build_exe, build_lib, m32_toolchain
+from pyxis_hook.loader import cachewrite as W
 from pyxis_hook.loader import ldcache as L
 from pyxis_hook.loader import cachelookup as LK
 from pyxis_hook.loader import cacheprint as LP
@@ -99,7 +100,7 @@ def test_host_cache_prints_like_ldconfig(tmp_path):
     assert ours_p("/etc/ld.so.cache") == ldconfig_p("/etc/ld.so.cache")
     c = L.read_cache("/etc/ld.so.cache")
     again = tmp_path / "again.cache"
-    again.write_bytes(L.serialize_cache(c.entries, c.generator, c.fmt if c.fmt != "empty" else "new"))
+    again.write_bytes(W.serialize_cache(c.entries, c.generator, c.fmt if c.fmt != "empty" else "new"))
     assert ldconfig_p(str(again)).replace(str(again).encode(), b"X") == \
         ldconfig_p("/etc/ld.so.cache").replace(b"/etc/ld.so.cache", b"X")
 
@@ -126,7 +127,7 @@ def test_fixture_caches_print_and_serialize_like_ldconfig(tmp_path, fmt):
     original = Path(cache_file).read_bytes()
     # ldconfig interns the glibc-hwcaps subdirectory names even where the format cannot use them
     extra = ("x86-64-v2", "x86-64-v3", "x86-64-v4") if fmt == "old" else ()
-    ours = L.serialize_cache(c.entries, c.generator, fmt, extra_hwcaps_names=extra)
+    ours = W.serialize_cache(c.entries, c.generator, fmt, extra_hwcaps_names=extra)
     assert ours == original
     written = tmp_path / "ours.cache"
     written.write_bytes(ours)
@@ -141,16 +142,16 @@ def test_hundreds_of_libs(tmp_path, fmt):
     assert ours_p(cache_file) == ldconfig_p(cache_file)
     c = L.read_cache(cache_file)
     assert len(c.entries) > 500
-    assert L.serialize_cache(c.entries, c.generator, fmt) == Path(cache_file).read_bytes()
+    assert W.serialize_cache(c.entries, c.generator, fmt) == Path(cache_file).read_bytes()
     shuffled = list(c.entries)
     random.Random(1).shuffle(shuffled)
-    assert [e.key for e in L.sort_entries(shuffled)] == [e.key for e in c.entries]
+    assert [e.key for e in W.sort_entries(shuffled)] == [e.key for e in c.entries]
 
 
 @pytest.mark.parametrize("fmt", ["new", "compat"])
 def test_header_flags_byte_accepted_exactly_as_ldconfig_accepts_it(tmp_path, fmt):
     """Every value of the new header's flags byte: we print a cache exactly when `ldconfig -p` does."""
-    data = bytearray(L.serialize_cache(L.read_cache(make_cache(build_root(tmp_path / "root", m32=False), fmt)).entries,
+    data = bytearray(W.serialize_cache(L.read_cache(make_cache(build_root(tmp_path / "root", m32=False), fmt)).entries,
                                        "gen", fmt))
     at = data.find(L.CACHEMAGIC_VERSION_NEW) + 28
     cache_file = tmp_path / "flags.cache"
@@ -175,7 +176,7 @@ def test_merge_then_ldconfig_reads_it(tmp_path):
                           L.FLAG_X8664_LIB64_LIBC6),
              L.CacheEntry("libcuda.so.1", "/usr/local/nvidia/lib64/libcuda.so.1", L.FLAG_X8664_LIB64_LIBC6))
     merged = tmp_path / "merged.cache"
-    merged.write_bytes(L.serialize_cache(L.merge_entries(c.entries, added), c.generator))
+    merged.write_bytes(W.serialize_cache(W.merge_entries(c.entries, added), c.generator))
     text = ldconfig_p(str(merged)).decode()
     assert "\tlibcuda.so.1 (libc6,x86-64) => /usr/local/nvidia/lib64/libcuda.so.1\n" in text
     assert f"{MULTIARCH}/libcuda.so.1\n" not in text
@@ -211,8 +212,8 @@ def test_ldconfig_order_is_libcmp_order(tmp_path_factory, names):
     assert sorted(keys) == sorted(names)
     for a, b in zip(keys, keys[1:]):
         assert L.libcmp(a, b) >= 0 and L.libcmp(b, a) <= 0
-    assert [e.key for e in L.sort_entries(reversed(c.entries))] == keys
-    assert L.serialize_cache(c.entries, c.generator) == Path(cache_file).read_bytes()
+    assert [e.key for e in W.sort_entries(reversed(c.entries))] == keys
+    assert W.serialize_cache(c.entries, c.generator) == Path(cache_file).read_bytes()
     for n in names:
         assert LK.search_cache(c, n).value == f"{MULTIARCH}/{n}"
 

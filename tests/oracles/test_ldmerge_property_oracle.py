@@ -23,6 +23,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from pyxis_hook.loader import cachewrite as W
 from pyxis_hook.loader import ldcache as L
 from pyxis_hook.loader import cacheprint as LP
 from pyxis_hook.loader import ldmerge
@@ -55,7 +56,7 @@ def image_caches(draw) -> bytes:
                                    st.sampled_from([None, None, None] + ([] if fmt == "compat" else list(HWCAPS))),
                                    st.integers(0, 4)), max_size=10))
     entries = [_entry(*row) for row in sorted(rows, key=lambda r: r[1])]  # scan order among equals
-    data = bytearray(L.serialize_cache(entries, GEN, fmt))
+    data = bytearray(W.serialize_cache(entries, GEN, fmt))
     new_at = 0 if fmt == "new" else data.find(L.CACHEMAGIC_VERSION_NEW)
     table = new_at + L.NEW_HEADER_SIZE
     regions = {"flags": (new_at + 28, 1), "header": (new_at, L.NEW_HEADER_SIZE),  # counts, flags, extension offset
@@ -94,7 +95,7 @@ def norm(entries) -> list[tuple]:
 def _patched(fmt: str, rows, at: str, value: int) -> bytes:
     """A small cache with one 32-bit field of its new block set: "flags" (the byte), "key0"/"key1"
     (entry 0's/1's key offset), "hwcaps0" (the first glibc-hwcaps name's offset)."""
-    data = bytearray(L.serialize_cache([_entry(*row) for row in rows], GEN, fmt))
+    data = bytearray(W.serialize_cache([_entry(*row) for row in rows], GEN, fmt))
     new = data.find(L.CACHEMAGIC_VERSION_NEW)
     if at == "flags":
         data[new + 28] = value

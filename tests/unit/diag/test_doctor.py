@@ -390,7 +390,7 @@ def test_troubleshooting_doc_lists_every_finding_code():
 
 def test_host_ldcache_uses_the_machines_loader_flags(tmp_path, driver):
     """An aarch64 host's cache lists libcuda with 0x0A03: found there, not with x86-64's 0x0303."""
-    from pyxis_hook.loader import ldcache
+    from pyxis_hook.loader import cachewrite, ldcache
 
     cfg = host_config(tmp_path, driver)
     inv = discover(cfg, strict=False)
@@ -398,7 +398,7 @@ def test_host_ldcache_uses_the_machines_loader_flags(tmp_path, driver):
     shutil.copytree(driver, drv, symlinks=True)
     lib = "/usr/lib/x86_64-linux-gnu"
     entries = [ldcache.CacheEntry(s, f"{lib}/{s}", 0x0A03) for s in ("libcuda.so.1", "libnvidia-ml.so.1")]
-    (drv / "etc/ld.so.cache").write_bytes(ldcache.serialize_cache(entries, "ldconfig (GNU libc) 2.36"))
+    (drv / "etc/ld.so.cache").write_bytes(cachewrite.serialize_cache(entries, "ldconfig (GNU libc) 2.36"))
     cfg = replace(cfg, driver_root=str(drv))
     assert doctor.check_host_ldcache(inv, cfg, machine="aarch64")[0].severity == "ok"
     assert [f.severity for f in doctor.check_host_ldcache(inv, cfg, machine="x86_64")] == ["error", "error"]

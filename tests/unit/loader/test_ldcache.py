@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pyxis_hook import pathnames
+from pyxis_hook.loader import cachewrite as W
 from pyxis_hook.loader import ldcache as L
 from pyxis_hook.loader import cachelookup as LK
 from pyxis_hook.loader import cacheprint as LP
@@ -51,7 +52,7 @@ def norm(entries):
 
 
 def cache_of(entries=SAMPLE, fmt="new", generator=GEN):
-    return L.parse_cache(L.serialize_cache(entries, generator, fmt), "test.cache")
+    return L.parse_cache(W.serialize_cache(entries, generator, fmt), "test.cache")
 
 
 # --- reading and writing -------------------------------------------------------
@@ -61,8 +62,8 @@ def cache_of(entries=SAMPLE, fmt="new", generator=GEN):
 def test_round_trip_new_and_compat(fmt):
     c = cache_of(fmt=fmt)
     assert c.fmt == fmt and c.generator == GEN and c.endian == "little"
-    assert norm(c.entries) == norm(L.sort_entries(SAMPLE))
-    assert L.serialize_cache(c.entries, c.generator, fmt) == L.serialize_cache(SAMPLE, GEN, fmt)
+    assert norm(c.entries) == norm(W.sort_entries(SAMPLE))
+    assert W.serialize_cache(c.entries, c.generator, fmt) == W.serialize_cache(SAMPLE, GEN, fmt)
 
 
 def test_sort_order_is_ldconfigs():
@@ -78,11 +79,11 @@ def test_sort_order_is_ldconfigs():
 
 
 def test_compat_layout_and_old_table():
-    data = L.serialize_cache(SAMPLE, GEN, "compat")
+    data = W.serialize_cache(SAMPLE, GEN, "compat")
     assert data.startswith(L.CACHEMAGIC)
     (n_old,) = struct.unpack_from("<I", data, 12)
     assert n_old == len(SAMPLE)  # 10: already even
-    odd = L.serialize_cache(SAMPLE[:3], GEN, "compat")
+    odd = W.serialize_cache(SAMPLE[:3], GEN, "compat")
     assert struct.unpack_from("<I", odd, 12)[0] == 4  # rounded up, last entry duplicated
     c = L.parse_cache(odd)
     assert c.old_entries[-1] == c.old_entries[-2]
@@ -100,7 +101,7 @@ def test_compat_hwcap_names_are_read_from_file_start_like_glibc():
 
 
 def test_compat_with_bogus_old_table_still_reads():
-    data = bytearray(L.serialize_cache(SAMPLE, GEN, "compat"))
+    data = bytearray(W.serialize_cache(SAMPLE, GEN, "compat"))
     struct.pack_into("<iII", data, 16, 0x303, 10**6, 10**6)  # old entry 0 points nowhere
     c = L.parse_cache(bytes(data))
     assert c.fmt == "compat" and c.old_entries == () and len(c.entries) == len(SAMPLE)
@@ -109,7 +110,7 @@ def test_compat_with_bogus_old_table_still_reads():
 def test_old_format_is_listable():
     c = cache_of(fmt="old")
     assert c.fmt == "old" and c.generator is None
-    assert [e.key for e in c.entries] == [e.key for e in L.sort_entries(SAMPLE)]
+    assert [e.key for e in c.entries] == [e.key for e in W.sort_entries(SAMPLE)]
     assert all(e.hwcap == 0 for e in c.entries)
     text = LP.format_ldconfig_p(c, "/etc/ld.so.cache")
     assert text.startswith("10 libs found in cache `/etc/ld.so.cache'\n")
@@ -206,7 +207,7 @@ def test_big_endian_cache_parses_but_ldconfig_refuses_to_print():
                                           (3, "big"), (7, "big")])
 def test_header_flags_glibc_reads(flags, endian):
     """glibc reads a cache whose flags byte is 0 or whose low two bits name a byte order."""
-    data = bytearray(L.serialize_cache(SAMPLE, GEN, "new"))
+    data = bytearray(W.serialize_cache(SAMPLE, GEN, "new"))
     data[28] = flags
     if endian == "big":
         data = _be_cache([(b"libx.so.1", b"/lib64/libx.so.1")], flag=flags)
@@ -217,7 +218,7 @@ def test_header_flags_glibc_reads(flags, endian):
 @pytest.mark.parametrize("flags", [4, 8, 0x10, 0x80, 0xFC, 1, 5])
 def test_header_flags_glibc_refuses_are_refused(fmt, flags):
     """A non-zero flags byte whose endianness bits are unset (or 'invalid') is read by no glibc."""
-    data = bytearray(L.serialize_cache(SAMPLE, GEN, fmt))
+    data = bytearray(W.serialize_cache(SAMPLE, GEN, fmt))
     data[data.find(L.CACHEMAGIC_VERSION_NEW) + 28] = flags
     with pytest.raises(LdCacheError, match=f"^f.cache: .*(invalid endianness|flags {flags:#04x} name no byte order)"):
         L.parse_cache(bytes(data), "f.cache")
@@ -236,13 +237,13 @@ def test_header_flags_glibc_refuses_are_refused(fmt, flags):
     (lambda d: L.CACHEMAGIC, "truncated old-format header"),
 ])
 def test_corrupt_caches_are_named(mutate, message):
-    data = mutate(L.serialize_cache(SAMPLE, GEN, "new"))
+    data = mutate(W.serialize_cache(SAMPLE, GEN, "new"))
     with pytest.raises(LdCacheError, match=f"^bad.cache: .*(?:{message})"):
         L.parse_cache(data, "bad.cache")
 
 
 def test_string_without_nul_is_an_error():
-    data = L.serialize_cache((ent("libx.so.1"),), None, "old")
+    data = W.serialize_cache((ent("libx.so.1"),), None, "old")
     assert data.endswith(b"\0")
     with pytest.raises(LdCacheError, match="not NUL-terminated"):
         L.parse_cache(data[:-1], "t")
@@ -252,11 +253,11 @@ def test_string_without_nul_is_an_error():
 @given(fmt=st.sampled_from(["new", "compat", "old"]), cut=st.integers(0, 2000),
        flips=st.lists(st.tuples(st.integers(0, 2000), st.integers(0, 255)), max_size=4))
 def test_fuzzed_caches_raise_only_ldcacheerror(fmt, cut, flips):
-    data = bytearray(L.serialize_cache(SAMPLE, GEN, fmt))
+    data = bytearray(W.serialize_cache(SAMPLE, GEN, fmt))
     for pos, val in flips:
         if pos < len(data):
             data[pos] = val
-    intact = bytes(data) == L.serialize_cache(SAMPLE, GEN, fmt) and cut >= len(data)
+    intact = bytes(data) == W.serialize_cache(SAMPLE, GEN, fmt) and cut >= len(data)
     data = bytes(data[:cut])
     try:
         c = L.parse_cache(data, "fuzz")
@@ -267,10 +268,10 @@ def test_fuzzed_caches_raise_only_ldcacheerror(fmt, cut, flips):
         assert str(e).startswith("fuzz: ") or "fuzz" in str(e)
         return
     if intact and fmt != "old":  # read back, the entries write the very same bytes (old: no hwcap field)
-        assert L.serialize_cache(c.old_entries if fmt == "old" else c.entries, c.generator, fmt) == data
+        assert W.serialize_cache(c.old_entries if fmt == "old" else c.entries, c.generator, fmt) == data
     if intact:  # and what it reads survives a round trip through the writer
         entries = c.old_entries if fmt == "old" else c.entries
-        again = L.parse_cache(L.serialize_cache(entries, c.generator, fmt), "again")
+        again = L.parse_cache(W.serialize_cache(entries, c.generator, fmt), "again")
         assert (again.old_entries if fmt == "old" else again.entries) == entries
 
 
@@ -300,22 +301,22 @@ def entry_lists(draw):
 @settings(max_examples=150)
 @given(entries=entry_lists(), fmt=st.sampled_from(["new", "compat"]))
 def test_serialize_parse_round_trip(entries, fmt):
-    data = L.serialize_cache(entries, GEN, fmt)
+    data = W.serialize_cache(entries, GEN, fmt)
     c = L.parse_cache(data)
-    assert norm(c.entries) == norm(L.sort_entries(entries))
-    assert L.serialize_cache(c.entries, c.generator, fmt) == data
-    assert [(e.key, e.value, e.flags) for e in L.parse_cache(L.serialize_cache(entries, GEN, "old")).entries] == \
+    assert norm(c.entries) == norm(W.sort_entries(entries))
+    assert W.serialize_cache(c.entries, c.generator, fmt) == data
+    assert [(e.key, e.value, e.flags) for e in L.parse_cache(W.serialize_cache(entries, GEN, "old")).entries] == \
         [(e.key, e.value, e.flags) for e in c.entries]
 
 
 def test_merge_entries_adds_and_replaces():
-    base = L.sort_entries(SAMPLE)
+    base = W.sort_entries(SAMPLE)
     new = (ent("libcuda.so.1", "/usr/lib/x86_64-linux-gnu/libcuda.so.1"),
            ent("libz.so.1", "/opt/z/libz.so.1"),
            ent("libfoo.so.1", "/opt/v3/libfoo.so.1", hwcaps="x86-64-v3", isa=3))
-    merged = L.merge_entries(base, new)
+    merged = W.merge_entries(base, new)
     assert len(merged) == len(base) + 1
-    assert merged == L.sort_entries(merged)
+    assert merged == W.sort_entries(merged)
     assert LK.search_cache(L.LdCache(merged, GEN, "new"), "libz.so.1").value == "/opt/z/libz.so.1"
     assert [e.value for e in merged if e.hwcap_name == "x86-64-v3"] == ["/opt/v3/libfoo.so.1"]
     assert [e.value for e in merged if e.key == "libz.so.1" and e.flags == 3] == ["/usr/lib32/libz.so.1"]
@@ -323,9 +324,9 @@ def test_merge_entries_adds_and_replaces():
 
 def test_serialize_rejects_unknown_format_and_nameless_hwcaps():
     with pytest.raises(LdCacheError, match="unknown cache format 'v2'"):
-        L.serialize_cache(SAMPLE, GEN, "v2")
+        W.serialize_cache(SAMPLE, GEN, "v2")
     with pytest.raises(LdCacheError, match="without a subdirectory name"):
-        L.serialize_cache((L.CacheEntry("a.so", "/a.so", X64, L.HWCAP_EXTENSION),), GEN)
+        W.serialize_cache((L.CacheEntry("a.so", "/a.so", X64, L.HWCAP_EXTENSION),), GEN)
 
 
 # --- libcmp ------------------------------------------------------------------------
@@ -360,7 +361,7 @@ def test_libcmp_antisymmetric(a, b):
 @given(st.lists(st.text(alphabet="ab.9-", max_size=6), max_size=8))
 def test_sorted_cache_is_found_by_binary_search(keys):
     entries = [ent("lib" + k + ".so", f"/l/{i}") for i, k in enumerate(keys)]
-    c = L.LdCache(L.sort_entries(entries), None, "new")
+    c = L.LdCache(W.sort_entries(entries), None, "new")
     for e in entries:
         got = LK.lookup(c, e.key)
         assert got and L.libcmp(got[0].key, e.key) == 0
@@ -653,7 +654,7 @@ def test_command_text_and_json(tmp_path, capsysbinary):
     from pyxis_hook.cli import main
 
     write(tmp_path, "/etc/x", "")
-    (tmp_path / "etc/ld.so.cache").write_bytes(L.serialize_cache(SAMPLE, GEN))
+    (tmp_path / "etc/ld.so.cache").write_bytes(W.serialize_cache(SAMPLE, GEN))
     assert main(["ldcache", "--root", str(tmp_path)]) == 0
     out = capsysbinary.readouterr().out
     assert out == os.fsencode(LP.format_ldconfig_p(cache_of(), "/etc/ld.so.cache"))
@@ -710,7 +711,7 @@ def test_serialize_refuses_flags_and_hwcaps_out_of_range():
     """struct.pack("<iIIIQ") refused these; int.to_bytes does too (OverflowError)."""
     for flags, hwcap in ((1 << 31, 0), (-(1 << 31) - 1, 0), (0x303, 1 << 64), (0x303, -1)):
         with pytest.raises(OverflowError):
-            L.serialize_cache([L.CacheEntry("liba.so.1", "/lib/liba.so.1", flags, hwcap)], "gen")
+            W.serialize_cache([L.CacheEntry("liba.so.1", "/lib/liba.so.1", flags, hwcap)], "gen")
 
 
 _name_bytes = st.binary(max_size=12).map(lambda b: b.replace(b"\0", b"")) | st.lists(

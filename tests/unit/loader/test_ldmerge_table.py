@@ -66,9 +66,10 @@ def test_moved_checks_bounds_and_adds_like_min_max_and_shifted(rs, start, end, d
 
 
 def _cache(*entries) -> bytes:
+    from pyxis_hook.loader import cachewrite as W
     from pyxis_hook.loader import ldcache as L
 
-    return L.serialize_cache([L.CacheEntry(*e) for e in entries], "test")
+    return W.serialize_cache([L.CacheEntry(*e) for e in entries], "test")
 
 
 def test_same_directory_other_flags_is_refused_naming_the_injected_file():
@@ -90,12 +91,13 @@ def test_same_directory_other_flags_is_refused_naming_the_injected_file():
        st.integers(min_value=0, max_value=2))
 def test_one_search_places_as_a_full_sort_would(keys, soname, where):
     """The key search plus the run's scan puts the entry where ldconfig's sort (stable: scan order) puts it."""
+    from pyxis_hook.loader import cachewrite as W
     from pyxis_hook.loader import ldcache as L
 
     dirs = ("/a", "/b", "/c")
     entries = [L.CacheEntry(k, f"{dirs[i % 3]}/{k}", 0x0303) for i, k in enumerate(keys)]
-    entries = list(L.sort_entries(sorted(entries, key=lambda e: dirs.index(e.value.rpartition("/")[0]))))
-    data = L.serialize_cache(entries, "test")
+    entries = list(W.sort_entries(sorted(entries, key=lambda e: dirs.index(e.value.rpartition("/")[0]))))
+    data = W.serialize_cache(entries, "test")
     lib = ldmerge.InjectedLib(dirs[where], soname, soname, 0x0303)
     try:
         got = L.parse_cache(ldmerge.merge_cache(data, dirs, (lib,)).data).entries
@@ -105,6 +107,6 @@ def test_one_search_places_as_a_full_sort_would(keys, soname, where):
     # two names libcmp cannot tell apart in one directory: ldconfig's order is its readdir order there
     assume(not any(L.libcmp(e.key, soname) == 0 and e.value != new.value and e.value.startswith(dirs[where] + "/")
                    for e in entries))
-    want = entries if new in entries else list(L.sort_entries(
+    want = entries if new in entries else list(W.sort_entries(
         sorted([*entries, new], key=lambda e: dirs.index(e.value.rpartition("/")[0]))))
     assert list(got) == want

@@ -132,7 +132,7 @@ def _preload_ldcache_modules() -> None:
     module and reads no file.
     """
     from pyxis_hook.loader import cachefile, cachewrite, conftree, ldconf, ldmerge  # noqa: F401
-    from pyxis_hook.apply import confined  # noqa: F401
+    from pyxis_hook.apply import cacheupdate, confined  # noqa: F401
 
 
 # ---------------------------------------------------------------- host side
@@ -419,7 +419,7 @@ def _ldcache(plan: Plan, rfs: WritableRoot, exe_fd, messages: list[str], skipped
 
 def _update_ldcache(plan: Plan, rfs: WritableRoot, exe_fd, messages: list[str], skipped: frozenset[str] | set[str]) -> None:
     # preloaded by apply_plan: sys.modules lookups, no file is read in this namespace
-    from pyxis_hook.apply import confined
+    from pyxis_hook.apply import cacheupdate, confined
     from pyxis_hook.loader import ldconf, ldmerge
 
     if plan.ldcache.mode == "merge":
@@ -429,7 +429,7 @@ def _update_ldcache(plan: Plan, rfs: WritableRoot, exe_fd, messages: list[str], 
                                                 if f"{r[0].rstrip('/')}/{r[1]}" not in skipped))
         try:
             # reads the image's ld.so.conf first: UnsafeLoaderConfig (not a CannotMerge) refuses the start
-            messages.append(ldmerge.update_container_cache(rfs, ldmerge.libs_from_plan(update)))
+            messages.append(cacheupdate.update_container_cache(rfs, cacheupdate.libs_from_plan(update)))
             return
         except ldmerge.CannotMerge as e:
             messages.append(f"ld.so.cache: merge cannot model this image ({e}); running ldconfig instead")

@@ -87,9 +87,9 @@ def loader_refusal(prepared) -> str | None:
 
 def merge_fallback(prepared) -> str | None:
     """Why the hook would fall back from merge to ldconfig for this image (read-only look), else None."""
-    from pyxis_hook.loader import ldmerge
+    from pyxis_hook.apply import cacheupdate
 
-    return ldmerge.preview(prepared.plan.rootfs, prepared.plan.ldcache)
+    return cacheupdate.preview(prepared.plan.rootfs, prepared.plan.ldcache)
 
 
 def to_json(prepared) -> dict:

@@ -42,13 +42,12 @@ install.  A stale cache stays exactly as stale as it was.
 spliced at the byte level (entries shifted, strings appended, extension
 sections moved) so a 5,000-entry cache costs O(k log n) comparisons rather
 than a parse and re-sort; a compat cache is parsed, merged and re-written by
-`cachewrite.serialize_cache`.  `update_container_cache` is the apply side.
+`cachewrite.serialize_cache`.  The side that reads the image and writes its
+new cache (`update_container_cache`) is `apply/cacheupdate.py`.
 """
 
 from __future__ import annotations
 
-import errno
-import posix
 import sys
 
 # functools.cmp_to_key is this C function (functools costs ~1.5 ms per start, and nothing may be imported after setns)
@@ -57,25 +56,13 @@ from _functools import cmp_to_key
 from pyxis_hook import pathnames
 from pyxis_hook.loader import ldcache as L
 from pyxis_hook.loader.cachewrite import entry_sort_key_cmp, serialize_cache
-from pyxis_hook.loader.cachefile import write_cache
-from pyxis_hook.errors import InternalSignal, LdCacheError, PathError, PyxisHookError
-from pyxis_hook.loader.machines import MACHINES
+from pyxis_hook.errors import InternalSignal, LdCacheError
 from pyxis_hook.record import record
 
 #: typing.TYPE_CHECKING without importing typing (~3 ms on the hook's path)
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Iterable, Sequence
-
-#: ldconfig's built-in directories, after the configured ones (Debian 12's glibc 2.36, measured with
-#: `ldconfig -v`: "(from <builtin>:0)"); the fallback runs the host's ldconfig, so these are the host's.
-BUILTIN_DIRS: dict[str, tuple[str, ...]] = {
-    m.name: (f"/lib/{m.triplet}", f"/usr/lib/{m.triplet}", "/lib", "/usr/lib") for m in MACHINES.values()}
-
-#: a cache larger than this is not read (ldconfig's own for 10,000 libraries is ~1 MiB)
-CACHE_LIMIT = 64 << 20
-CACHE = "/etc/ld.so.cache"
-_CONF = "/etc/ld.so.conf"
 
 
 class CannotMerge(InternalSignal):
@@ -91,7 +78,7 @@ class InjectedLib:
     `first`: `dir` is scanned before the image's configured directories, as
     a directory on ldconfig's command line is (CUDA forward compat: the
     image's own /usr/local/cuda/compat, whose SONAME links must already be
-    what ldconfig would make — checked by `model_image`).
+    what ldconfig would make — checked by `apply.cacheupdate.model_image`).
     """
 
     dir: str
@@ -438,136 +425,3 @@ def _check_strings(data: bytes, offsets: list[int], start: int, end: int, name: 
     last = max(offsets, default=0)
     if offsets and (min(offsets) < start or last >= end or data.find(b"\0", last, end) < 0):
         raise CannotMerge(f"{name}: a string lies outside the string table (ldconfig puts none there)")
-
-
-# ------------------------------------------------------------------ apply side
-
-
-def scan_dirs_in(rfs, conf_dirs: Sequence[str], builtin: Sequence[str],
-                 seen: dict | None = None) -> tuple[tuple[str, ...], dict]:
-    """ldconfig's directory list inside the rootfs: (names in scan order, {(dev, ino): name}).
-
-    Like add_dir_1/add_single_dir: a directory that does not exist is
-    skipped, one reached twice (same inode) keeps its first name
-    (`ldconf.dirs_by_inode`, the one implementation of that rule; `seen`
-    gets each name's identity).
-    """
-    from pyxis_hook.loader.ldconf import dirs_by_inode
-
-    ids = dirs_by_inode(rfs, tuple(conf_dirs) + tuple(builtin), seen)
-    return tuple(ids.values()), ids
-
-
-def _read_cache(rfs) -> bytes:
-    from pyxis_hook.rootfs import RootPathError
-
-    try:
-        return rfs.read_bytes(CACHE, CACHE_LIMIT)
-    except RootPathError as e:
-        if e.errno in (errno.ENOENT, errno.ENOTDIR):
-            raise CannotMerge(f"{CACHE}: the image has no ld.so.cache") from None
-        raise CannotMerge(str(e)) from None
-
-
-def model_image(rfs, libs: Sequence[InjectedLib], *, machine: str | None = None):
-    """Everything the merge needs from the rootfs; raises CannotMerge where it cannot be modelled.
-
-    Returns (cache bytes, scan dirs, libs with their dir named as ldconfig names it).
-    Whatever the image holds (a symlink loop, a corrupt cache) is a
-    CannotMerge, never another error: the caller then runs the confined
-    ldconfig rather than failing the container.  The one exception is a
-    loader configuration ldconfig must not run on either (a FIFO, a device,
-    an include loop, a limit: `ldconf.require_safe`): UnsafeLoaderConfig.
-    """
-    from pyxis_hook.loader.ldconf import UnsafeLoaderConfig
-
-    try:
-        return _model_image(rfs, libs, machine)
-    except (CannotMerge, UnsafeLoaderConfig):
-        raise
-    except (PathError, LdCacheError) as e:
-        raise CannotMerge(str(e)) from None
-
-
-def _model_image(rfs, libs: Sequence[InjectedLib], machine: str | None):
-    from pyxis_hook.loader.ldconf import dir_identity, require_safe
-
-    conf = require_safe(rfs)  # a missing file reads as nothing: asked next, unless it was read
-    if _CONF not in conf.files_read and not rfs.exists(_CONF):
-        raise CannotMerge("the image has no /etc/ld.so.conf (musl or distroless?)")
-    if conf.truncated:
-        why = conf.problems[0] if conf.problems else "incomplete"
-        raise CannotMerge(f"/etc/ld.so.conf cannot be read as ldconfig reads it: {why}")
-    machine = machine or posix.uname().machine
-    first = tuple(dict.fromkeys(lib.dir for lib in libs if lib.first))
-    seen: dict = {}  # each name's identity, as the scan found it: the libraries' dirs are among them
-    dirs, ids = scan_dirs_in(rfs, first + tuple(conf.dirs), BUILTIN_DIRS.get(machine, ()), seen)
-    mapped = []
-    for lib in libs:
-        ident = seen[lib.dir] if lib.dir in seen else seen.setdefault(lib.dir, dir_identity(rfs, lib.dir))
-        if ident is None or ident not in ids:
-            raise CannotMerge(f"{lib.dir} is not in the image's ld.so.conf nor a built-in directory")
-        if lib.first:
-            _check_soname_link(rfs, lib)
-        mapped.append(InjectedLib(ids[ident], lib.name, lib.soname, lib.flags, lib.first))
-    return _read_cache(rfs), dirs, tuple(mapped)
-
-
-def _check_soname_link(rfs, lib: InjectedLib) -> None:
-    """The image's `dir/SONAME` must already reach `dir/name` (ldconfig would make that link; we do not)."""
-    if lib.soname == lib.name or not indexed_by_ldconfig(lib.name):
-        return
-    ids = []
-    for name in (lib.soname, lib.name):
-        try:
-            fd = rfs.open(f"{lib.dir}/{name}", posix.O_PATH)
-        except PathError:
-            raise CannotMerge(f"{lib.dir}/{lib.soname}: no such link to {lib.name} (ldconfig would make it)") from None
-        try:
-            st = posix.fstat(fd)
-        finally:
-            posix.close(fd)
-        ids.append((st.st_dev, st.st_ino))
-    if ids[0] != ids[1]:
-        raise CannotMerge(f"{lib.dir}/{lib.soname} does not lead to {lib.name} (ldconfig would re-point it)")
-
-
-def update_container_cache(rfs, libs: Sequence[InjectedLib]) -> str:
-    """Merge `libs` into the rootfs's /etc/ld.so.cache; return a one-line summary for the log.
-
-    Raises CannotMerge when the caller should run ldconfig instead.
-    """
-    if not libs:
-        return "ld.so.cache: merge: no library to add"
-    data, dirs, mapped = model_image(rfs, libs)
-    result = merge_cache(data, dirs, mapped, CACHE)
-    if result.added:
-        write_cache(rfs, result.data)  # cachefile: temp name + rename, the temp removed on any failure
-    return (f"ld.so.cache: merged {len(result.added)} entries ({result.fmt} format"
-            + (f", {len(result.present)} already listed" if result.present else "") + ")")
-
-
-def libs_from_plan(update) -> tuple[InjectedLib, ...]:
-    """The plan's LdcacheUpdate.libs rows (dir, name, soname, flags) as InjectedLib.
-
-    A row whose dir is one of the update's `first_dirs` (CUDA forward
-    compat) is marked `first`: that is how the scan order reaches
-    `update_container_cache` through apply's unchanged call.
-    """
-    first = set(getattr(update, "first_dirs", ()))
-    return tuple(InjectedLib(d, n, s, f, first=d in first) for d, n, s, f in update.libs)
-
-
-def preview(rootfs: str, update) -> str | None:
-    """For `pyxis-hook plan`: None when the merge would apply, else why ldconfig would run instead."""
-    from pyxis_hook.rootfs import RootFS
-
-    try:
-        with RootFS(rootfs) as rfs:
-            data, dirs, mapped = model_image(rfs, libs_from_plan(update))
-            merge_cache(data, dirs, mapped, CACHE)
-    except (CannotMerge, PyxisHookError) as e:  # a corrupt cache, a path refused inside the rootfs
-        return str(e)
-    except OSError as e:
-        return f"{rootfs}: {e.strerror}"
-    return None

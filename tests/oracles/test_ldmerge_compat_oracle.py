@@ -4,7 +4,7 @@ The image (test_ldmerge_oracle's Debian-like image, its cache built by
 ldconfig) gets a CUDA-image-like /usr/local/cuda/compat with a newer
 libcuda; the driver libraries are injected as the hook does.  The plan is
 built by `plan.ldcache_update(..., compat=True)` from `container_facts`, the
-merge runs through `ldmerge.libs_from_plan` exactly as apply calls it, and:
+merge runs through `cacheupdate.libs_from_plan` exactly as apply calls it, and:
 
 * `ldconfig -p -C` of our cache equals glibc's over the same tree with
   `/etc/ld.so.conf.d/00-compat-<id>.conf` (NVIDIA's hook) — and equals the
@@ -24,6 +24,7 @@ import pytest
 from fixtures.synth import build_exe, build_lib
 from oracles.test_ldmerge_oracle import LDCONFIG, MULTIARCH, SONAMES, build_image, inject, ld_list, p
 from pyxis_hook.apply import confined
+from pyxis_hook.apply import cacheupdate
 from pyxis_hook.loader import ldmerge
 from pyxis_hook.spec.config import Config
 from pyxis_hook.plan.container import container_facts
@@ -79,7 +80,7 @@ def test_compat_first_like_glibc(tmp_path, fmt):
     assert update.mode == "merge" and update.first_dirs == (COMPAT_DIR,)
     assert update.lib_dirs == (COMPAT_DIR, MULTIARCH)
     with RootFS(str(root)) as rfs:
-        msg = ldmerge.update_container_cache(rfs, ldmerge.libs_from_plan(update))  # apply's call, unchanged
+        msg = cacheupdate.update_container_cache(rfs, cacheupdate.libs_from_plan(update))  # apply's call, unchanged
     assert "merged" in msg
     ours = p(root / "etc/ld.so.cache")
     assert ours == p(glibc_cache(root, "c.conf", conf=True, fmt=fmt))
@@ -114,7 +115,7 @@ def test_without_compat_the_driver_wins(tmp_path):
     update, _ = ldcache_update(Config(), facts, (MULTIARCH,), rows, compat=False)
     assert update.first_dirs == () and update.lib_dirs == (MULTIARCH,)
     with RootFS(str(root)) as rfs:
-        ldmerge.update_container_cache(rfs, ldmerge.libs_from_plan(update))
+        cacheupdate.update_container_cache(rfs, cacheupdate.libs_from_plan(update))
     assert not any(COMPAT_DIR in line for line in p(root / "etc/ld.so.cache"))
     build_exe(root / "usr/bin", "needs-injected", needed=SONAMES)
     assert ld_list(root, "/usr/bin/needs-injected")["libcuda.so.1"] == "/lib/x86_64-linux-gnu/libcuda.so.1"
@@ -129,9 +130,9 @@ def test_missing_soname_link_is_cannot_merge_and_ldconfig_makes_it(tmp_path):
     before = (root / "etc/ld.so.cache").read_bytes()
     with RootFS(str(root)) as rfs:
         with pytest.raises(ldmerge.CannotMerge, match="libcuda.so.1"):
-            ldmerge.update_container_cache(rfs, ldmerge.libs_from_plan(update))
+            cacheupdate.update_container_cache(rfs, cacheupdate.libs_from_plan(update))
     assert (root / "etc/ld.so.cache").read_bytes() == before
-    assert "libcuda.so.1" in ldmerge.preview(str(root), update)
+    assert "libcuda.so.1" in cacheupdate.preview(str(root), update)
     # what the fallback runs: the plan's lib_dirs, compat first, make the link and the same order
     subprocess.run([LDCONFIG, "-r", str(root), *update.lib_dirs], check=True, capture_output=True)
     assert os.readlink(root / COMPAT_DIR.lstrip("/") / "libcuda.so.1") == f"libcuda.so.{VERSION}"
@@ -150,4 +151,4 @@ def test_compat_dir_already_configured_later_is_cannot_merge(tmp_path):
     update = planned(root, libs)
     with RootFS(str(root)) as rfs:
         with pytest.raises(ldmerge.CannotMerge, match="scan order"):
-            ldmerge.update_container_cache(rfs, ldmerge.libs_from_plan(update))
+            cacheupdate.update_container_cache(rfs, cacheupdate.libs_from_plan(update))

@@ -4,7 +4,7 @@ For each image (small, 1,000 and 5,000 synthetic libraries, 32-bit entries,
 glibc-hwcaps subdirs, a compat old+new cache) the injection is done as the
 hook does it (library file + SONAME link in the container's lib dir), then:
 
-* ours: `ldmerge.update_container_cache` on the image's existing cache;
+* ours: `cacheupdate.update_container_cache` on the image's existing cache;
 * glibc: `ldconfig -r ROOT -C /etc/ld.so.cache.glibc` over the same tree;
 * `ldconfig -p -C` of both must be equal line for line, and glibc's ld.so
   (`ld.so --list` chrooted into the tree) must resolve every injected SONAME
@@ -32,6 +32,7 @@ import pytest
 from fixtures.container import make_rootfs
 from fixtures.synth import build_exe, build_lib, m32_toolchain
 from pyxis_hook.loader import ldcache as L
+from pyxis_hook.apply import cacheupdate
 from pyxis_hook.loader import ldmerge
 from pyxis_hook.rootfs import RootFS
 
@@ -123,7 +124,7 @@ def ld_list(root: Path, prog: str) -> dict[str, str]:
 
 def check_against_glibc(root: Path, libs, fmt: str, sonames: tuple[str, ...]) -> str:
     with RootFS(str(root)) as rfs:
-        msg = ldmerge.update_container_cache(rfs, libs)
+        msg = cacheupdate.update_container_cache(rfs, libs)
     ours = root / "etc/ld.so.cache"
     assert L.read_cache(str(ours)).fmt == fmt
     subprocess.run([LDCONFIG, "-c", fmt, "-r", str(root), "-C", "/etc/ld.so.cache.glibc"], check=True,
@@ -183,7 +184,7 @@ def test_injection_already_in_cache_leaves_it_untouched(tmp_path):
     before = (root / "etc/ld.so.cache").read_bytes()
     st = os.stat(root / "etc/ld.so.cache")
     with RootFS(str(root)) as rfs:
-        msg = ldmerge.update_container_cache(rfs, libs)
+        msg = cacheupdate.update_container_cache(rfs, libs)
     assert "merged 0 entries" in msg
     assert (root / "etc/ld.so.cache").read_bytes() == before
     assert os.stat(root / "etc/ld.so.cache").st_ino == st.st_ino
@@ -195,7 +196,7 @@ def test_injection_already_in_cache_leaves_it_untouched(tmp_path):
 def _refused(root: Path, libs) -> str:
     with RootFS(str(root)) as rfs:
         with pytest.raises(ldmerge.CannotMerge) as e:
-            ldmerge.update_container_cache(rfs, libs)
+            cacheupdate.update_container_cache(rfs, libs)
     return str(e.value)
 
 
@@ -243,7 +244,7 @@ def test_cache_symlink_to_host_file_is_replaced_not_followed(tmp_path):
     os.unlink(root / "etc/ld.so.cache")
     os.symlink("real.cache", root / "etc/ld.so.cache")
     with RootFS(str(root)) as rfs:
-        ldmerge.update_container_cache(rfs, libs)
+        cacheupdate.update_container_cache(rfs, libs)
     assert not (root / "etc/ld.so.cache").is_symlink()
     assert victim.read_bytes() == before
 
@@ -255,10 +256,10 @@ def test_preview_tells_plan_whether_merge_applies(tmp_path):
     libs = inject(root)
     update = LdcacheUpdate("merge", libs=tuple((x.dir, x.name, x.soname, x.flags) for x in libs))
     before = (root / "etc/ld.so.cache").read_bytes()
-    assert ldmerge.preview(str(root), update) is None
+    assert cacheupdate.preview(str(root), update) is None
     assert (root / "etc/ld.so.cache").read_bytes() == before  # a look, nothing written
     (root / "etc/ld.so.cache").unlink()
-    assert "no ld.so.cache" in ldmerge.preview(str(root), update)
+    assert "no ld.so.cache" in cacheupdate.preview(str(root), update)
 
 
 # --- what the image holds is a CannotMerge (apply then runs ldconfig), or a refusal of ldconfig too ---
@@ -290,7 +291,7 @@ def test_hostile_ld_so_conf_is_cannot_merge_or_refused(tmp_path, no_hang, hostil
         msg = _refused(root, libs)
     else:
         with RootFS(str(root)) as rfs, pytest.raises(UnsafeLoaderConfig) as e:
-            ldmerge.update_container_cache(rfs, libs)
+            cacheupdate.update_container_cache(rfs, libs)
         msg = str(e.value)
     assert "\n" not in msg and ("zz.conf" in msg or "ld.so.conf" in msg)
     assert (root / "etc/ld.so.cache").read_bytes() == before

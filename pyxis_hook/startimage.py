@@ -51,7 +51,9 @@ container asks for a GPU at all (the command's dispatch, the no-GPU check,
 `_json`), loaded right after this module.  It spares every start, the
 no-GPU one too, the import system's search for each of them; it is written
 by a GPU start like the others (`save_all`: the modules imported after it
-and before the entry's image).
+and before the entry's image), but never by one the command-line parser
+dispatched (the CDI steps): argparse and the parser's modules would then
+run before every start.
 
 Loading imports nothing: `sys`, `posix` and `marshal` are built in, and the
 import system's own classes come from `sys.modules`.
@@ -68,6 +70,9 @@ _SOURCE_LOADER = "SourceFileLoader"
 _EXTENSION_LOADER = "ExtensionFileLoader"
 #: a module whose presence says the start was not the steady state (the snapshot was rebuilt)
 _REBUILD_MARKER = "elftools"
+#: a module whose presence says the command-line parser dispatched this run (a CDI step): what it
+#: imported before its kind's image is not what every run imports, so the boot image is left as it is
+_PARSER_MARKER = "pyxis_hook.cli"
 
 
 #: the kinds of container start that run from an image of their own: the runtime's hook, the
@@ -292,6 +297,8 @@ def save_all() -> list[str]:
     """`save` each image this start loaded, each with the modules imported while it was the newest; log lines."""
     out = []
     for i, loaded in enumerate(_started):
+        if loaded.boot and _PARSER_MARKER in sys.modules:
+            continue  # argparse and the parser would run before every start, the no-GPU one too
         until = _started[i + 1].before if i + 1 < len(_started) else None
         try:
             out.append(save(loaded, until))
@@ -345,6 +352,9 @@ def _load(path: str, before: frozenset[str]) -> Loaded:
         except BaseException:  # SystemExit, KeyboardInterrupt: not the image's to swallow (and run again)
             mods.pop(name, None)
             raise
+        # as `_load_unlocked` leaves it: every later import of the module asks the spec, and a spec
+        # without the attribute makes that ask raise and clear an AttributeError (~3,000 instructions)
+        spec._initializing = False
         mods[name] = mods.pop(name)  # to the end, as the import system does: completion order
         if parent:
             setattr(mods[parent], leaf, module)

@@ -49,6 +49,7 @@ print(repr(dict(status=loaded.status, saved=saved, value=pkgx.b.VALUE, order=ord
                 found=[n for n in found if n.startswith("pkgx")], found_all=found,
                 ext_file=getattr(ext, "__file__", None), ext_works=ext is not None and {ext_check},
                 b_file=pkgx.b.__file__, b_package=pkgx.b.__package__, b_spec=pkgx.b.__spec__.origin,
+                b_initializing=[getattr(sys.modules[n].__spec__, "_initializing", None) for n in ("pkgx", "pkgx.b")],
                 pkg_path=pkgx.__path__, pkg_package=pkgx.__package__, parent_has_b=pkgx.b is pkgx.__dict__.get("b"),
                 upper={{n: {{k: v for k, v in vars(sys.modules[n]).items() if k.isupper() and k != "VALUE" and not isinstance(v, type)}}
                         for n in sys.argv[1:] if n.startswith("pkgx")}})))
@@ -113,6 +114,9 @@ def test_a_start_writes_the_image_and_the_next_one_runs_from_it(pkg):
     assert second["b_package"] == "pkgx" == second["pkg_package"]
     assert second["pkg_path"] == [str(src)]
     assert second["parent_has_b"]
+    # done loading, as `_load_unlocked` marks a spec: a later import of the module then asks it without an
+    # AttributeError raised and cleared inside the import statement
+    assert first["b_initializing"] == [False, False] == second["b_initializing"]
 
 
 def test_an_extension_module_is_loaded_by_its_path_without_a_search(pkg):
@@ -358,6 +362,8 @@ sys.path[:0] = [{repo!r}, {lib!r}]
 from pyxis_hook import startimage
 """ + SPY + """startimage.load_boot({boot!r})
 import pkgx.a  # what a run imports before it knows its kind (the dispatch, the no-GPU check)
+if "parser" in sys.argv:  # the command-line parser dispatched this run (a CDI step)
+    sys.modules["pyxis_hook.cli"] = sys.modules["pkgx.a"]
 startimage.load({image!r})
 import pkgx.b
 if "plan" in sys.argv:
@@ -395,3 +401,16 @@ def test_the_boot_image_holds_what_was_imported_before_the_entrys_image(pkg):
     changed = run()
     assert changed["found"] == ["pkgx", "pkgx.a"] and changed["saved"][0].endswith("written, 2 modules")
     assert changed["status"][0].startswith(f"start image {boot}: not used: stale")
+
+
+def test_a_run_the_parser_dispatched_leaves_the_boot_image_as_it_is(pkg):
+    """A CDI step imports argparse and the parser before its image: those must not run before every start."""
+    src, image, _start = pkg
+    boot = image.parent / "start-image-boot.bin"
+    script = BOOT_RUNNER.format(repo=str(REPO), lib=str(src.parent), boot=str(boot), image=str(image))
+    r = subprocess.run([sys.executable, "-I", "-S", "-c", script, "parser"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    out = ast.literal_eval(r.stdout.strip().splitlines()[-1])
+    assert not boot.exists() and image.exists(), out
+    assert [line.rpartition(": ")[2] for line in out["saved"]] == ["written, 1 modules"]
+

@@ -23,8 +23,9 @@ if not __package__:  # run as a file: find ourselves; `posix`, not `os` (~1 ms o
     sys.path.insert(0, _file.rpartition("/")[0].rpartition("/")[0] or "/")
 from pyxis_hook import startimage  # noqa: E402
 
-# what follows (the dispatch, the no-GPU check) from the boot image when it is current: no import search
-startimage.load_boot()
+_kind = startimage.fast_kind(sys.argv[1:])
+if _kind is not None:  # a container start: what follows (the dispatch, the no-GPU check) from its boot tier
+    startimage.load_boot(_kind)
 if not __package__:
     from pyxis_hook import installpaths
 

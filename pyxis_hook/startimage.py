@@ -45,15 +45,16 @@ loads when it gets there (`load_tier`); `save_all` gives each image the
 modules imported while it was the newest loaded.  A start that never
 loads the tier never executes its modules.
 
-The boot image (`start-image-boot...`, `load_boot`): what `__main__` and
-the entry's first steps import before a start knows its kind or whether the
-container asks for a GPU at all (the command's dispatch, the no-GPU check,
-`_json`), loaded right after this module.  It spares every start, the
-no-GPU one too, the import system's search for each of them; it is written
-by a GPU start like the others (`save_all`: the modules imported after it
-and before the entry's image), but never by one the command-line parser
-dispatched (the CDI steps): argparse and the parser's modules would then
-run before every start.
+The boot tier (`start-image-boot...`, `start-image-enroot-boot...`:
+`load_boot`): what a start dispatched before the command-line parser
+(`fast_kind`: the runtime's `prestart`, the enroot shim's call) imports
+before it knows whether the container asks for a GPU at all (the dispatch,
+the no-GPU check, `_json`), loaded by `__main__` right after this module.
+It spares every such start, the no-GPU one too, the import system's search
+for each of them; a GPU start writes it as it writes the others (`save_all`:
+the modules imported after it and before the kind's image).  Each kind has
+its own, so neither runs what only the other imports; a run the parser
+dispatches (every other command, the CDI steps) loads none.
 
 Loading imports nothing: `sys`, `posix` and `marshal` are built in, and the
 import system's own classes come from `sys.modules`.
@@ -70,16 +71,20 @@ _SOURCE_LOADER = "SourceFileLoader"
 _EXTENSION_LOADER = "ExtensionFileLoader"
 #: a module whose presence says the start was not the steady state (the snapshot was rebuilt)
 _REBUILD_MARKER = "elftools"
-#: a module whose presence says the command-line parser dispatched this run (a CDI step): what it
-#: imported before its kind's image is not what every run imports, so the boot image is left as it is
-_PARSER_MARKER = "pyxis_hook.cli"
 
 
 #: the kinds of container start that run from an image of their own: the runtime's hook, the
 #: enroot shim's call, a CDI spec's createContainer steps
 ENTRIES = ("prestart", "enroot", "cdi-hook")
-#: the image every run of the command loads first (`load_boot`), before it knows which kind it is
+#: the tier a start dispatched before the parser loads first (`load_boot`), before its no-GPU check
 BOOT = "boot"
+#: the command lines dispatched before the parser (`commands.prestart.dispatch_fast`): the kind of start each is
+FAST_COMMANDS = {"prestart": "prestart", "createRuntime": "prestart", "enroot": "enroot"}
+
+
+def fast_kind(argv: list[str]) -> str | None:
+    """The kind of start `argv` (the command's arguments) is when it runs without the parser, else None."""
+    return FAST_COMMANDS.get(argv[0]) if len(argv) == 1 else None
 
 
 def image_path(entry: str = "prestart", tier: str = "") -> str:
@@ -255,14 +260,15 @@ def load(path: str = "") -> Loaded:
     return loaded
 
 
-def load_boot(path: str = "") -> Loaded:
-    """Load the boot image (this interpreter's, or `path`): what a run imports before its entry's image.
+def load_boot(entry: str, path: str = "") -> Loaded:
+    """Load `entry`'s boot tier (this interpreter's, or `path`): what its start imports before its image.
 
-    `__main__` calls it once, right after importing this module; the
-    entry's image (`load`) then holds what the start imports after these,
-    and its tiers lie beside that one (`load_tier`).
+    `__main__` calls it once, right after importing this module, for a
+    command line `fast_kind` names; the entry's image (`load`) then holds
+    what the start imports after these, and its tiers lie beside that one
+    (`load_tier`).
     """
-    loaded = load(path or image_path(BOOT))
+    loaded = load(path or image_path(entry, BOOT))
     loaded.boot = True
     return loaded
 
@@ -297,8 +303,6 @@ def save_all() -> list[str]:
     """`save` each image this start loaded, each with the modules imported while it was the newest; log lines."""
     out = []
     for i, loaded in enumerate(_started):
-        if loaded.boot and _PARSER_MARKER in sys.modules:
-            continue  # argparse and the parser would run before every start, the no-GPU one too
         until = _started[i + 1].before if i + 1 < len(_started) else None
         try:
             out.append(save(loaded, until))

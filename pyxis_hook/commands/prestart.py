@@ -144,12 +144,17 @@ def first_look(data: bytes) -> tuple[bool, tuple | None]:
 def dispatch_fast(argv: list[str]) -> int | None:
     """The runtime's call, `prestart`/`createRuntime` without options: run it without argparse.
 
-    The one place that decides the fast path (`__main__.py` run as a file and
-    `cli.main` both ask it); None for every other command line.
+    The one place that runs the fast path (`__main__.py` and `cli.main` both
+    ask it); which command lines take it is `startimage.fast_kind`'s table,
+    which `__main__` also reads to load the start's boot tier first.  None
+    for every other command line.
     """
-    if len(argv) == 1 and argv[0] in ("prestart", "createRuntime"):
+    from pyxis_hook import startimage
+
+    kind = startimage.fast_kind(argv)
+    if kind == "prestart":
         return main_fast()
-    if argv == ["enroot"]:  # the enroot shim's call (commands/enroot.py)
+    if kind == "enroot":  # the enroot shim's call (commands/enroot.py)
         from pyxis_hook.commands.enroot import main_fast as enroot_fast
 
         return enroot_fast()

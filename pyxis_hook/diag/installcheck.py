@@ -131,17 +131,17 @@ def check_start_images() -> list[Finding]:
     `prestart` image and never will: that is not a pending one.  Each kind's
     planner tier (`-plan`) is checked where it exists: it appears after a
     start that had to plan, and a node whose starts all take their plan from
-    the decision cache never needs it.  The boot image (what every run
-    imports before its kind's image) is checked once any kind's image exists:
-    the start that wrote that one wrote it too.
+    the decision cache never needs it; so is its boot tier (`-boot`: what
+    its start imports before its image), which the start that wrote the
+    image wrote too.
     """
     from pyxis_hook import startimage
 
     paths = [startimage.image_path(entry) for entry in startimage.ENTRIES]
     present = [p for p in paths if os.path.lexists(p)]
-    tiers = [t for e in startimage.ENTRIES if os.path.lexists(t := startimage.image_path(e, "plan"))]
-    boot = startimage.image_path(startimage.BOOT)
-    return [f for p in (present or paths[:1]) + tiers + ([boot] if present else []) for f in check_start_image(p)]
+    tiers = [t for e in startimage.ENTRIES for tier in ("plan", startimage.BOOT)
+             if os.path.lexists(t := startimage.image_path(e, tier))]
+    return [f for p in (present or paths[:1]) + tiers for f in check_start_image(p)]
 
 
 def check_start_image(path: str = "") -> list[Finding]:

@@ -52,7 +52,7 @@ def gpu_start_modules(tmp_path_factory) -> list[str]:
 
     # the first start then imports every module through the import system (-X importtime lists them all)
     # whatever an earlier run left
-    for path in (startimage.image_path(), startimage.image_path(tier="plan"), startimage.image_path(startimage.BOOT)):
+    for path in (startimage.image_path(), startimage.image_path(tier="plan"), startimage.image_path(tier=startimage.BOOT)):
         Path(path).unlink(missing_ok=True)
     names: list[str] = []
     # the first start builds the snapshot; the second plans (it finds no decision to take) and applies
@@ -72,7 +72,7 @@ def gpu_start_modules(tmp_path_factory) -> list[str]:
     # what ran from the start image (pyxis_hook/startimage.py) bypassed the import system: -X importtime
     # does not list it
     return names + [name for path in (startimage.image_path(), startimage.image_path(tier="plan"),
-                                      startimage.image_path(startimage.BOOT)) for name in startimage.held(path)]
+                                      startimage.image_path(tier=startimage.BOOT)) for name in startimage.held(path)]
 
 
 def test_every_module_of_a_gpu_start_is_in_the_prestart_contract(gpu_start_modules):

@@ -143,7 +143,7 @@ def test_start_does_what_plan_says_with_the_image_cold_and_warm(host, tmp_path, 
         if i == 0:  # cold: no image of either tier, nor the boot image every run loads first
             Path(startimage.image_path()).unlink(missing_ok=True)
             Path(startimage.image_path(tier="plan")).unlink(missing_ok=True)
-            Path(startimage.image_path(startimage.BOOT)).unlink(missing_ok=True)
+            Path(startimage.image_path(tier=startimage.BOOT)).unlink(missing_ok=True)
         seen = _start(host, bundle, rootfs)
         want_devices = {d["path"]: (d["major"], d["minor"]) for d in plan["devices"]}
         # a device node is bound from the host's where it can be (apply/mounts.py)

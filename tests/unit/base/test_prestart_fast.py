@@ -107,17 +107,17 @@ def test_bad_early_documents_fail_as_the_full_path_does(tmp_path):
     assert str(early.value) == str(full.value)
 
 
-def _loaded(importtime: bytes) -> set[str]:
-    """The modules a run with `-X importtime` loaded: those it lists, and the boot image's when that is current.
+def _loaded(importtime: bytes, entry: str = "prestart") -> set[str]:
+    """The modules a run with `-X importtime` loaded: those it lists, and its boot tier's when that is current.
 
-    What runs from the boot image (pyxis_hook/startimage.py, written by an
-    earlier GPU start of this checkout) bypasses the import system, so
+    What runs from `entry`'s boot tier (pyxis_hook/startimage.py, written by
+    an earlier GPU start of this checkout) bypasses the import system, so
     importtime does not list it.
     """
     from pyxis_hook import startimage
 
     listed = {line.split("|")[-1].strip() for line in importtime.decode().splitlines() if line.startswith("import time:")}
-    boot = startimage.image_path(startimage.BOOT)
+    boot = startimage.image_path(entry, startimage.BOOT)
     return listed | (set(startimage.held(boot)) if not startimage.state(boot)[1] else set())
 
 
@@ -148,7 +148,7 @@ def test_enroot_shim_call_skips_the_cli():
     assert r.returncode != 0
     errors = [line for line in r.stderr.decode().splitlines() if not line.startswith("import time:")]
     assert len(errors) == 1 and "ENROOT_PID" in errors[0], errors  # the hook's own one-line error
-    loaded = _loaded(r.stderr)
+    loaded = _loaded(r.stderr, "enroot")
     assert "pyxis_hook.commands.enroot" in loaded
     assert not {"argparse", "os", "pyxis_hook.cli", "pyxis_hook.commands.plan", "pyxis_hook.commands.doctor"} & loaded
 
@@ -246,3 +246,16 @@ def test_the_runtimes_call_ends_without_teardown(tmp_path):
         assert "teardown ran" not in err
         if status:
             assert len(err.splitlines()) == 1 and err.startswith("pyxis-hook: "), err
+
+
+def test_the_command_lines_a_start_runs_without_the_parser():
+    """One table says which command lines skip the parser and load their kind's boot tier first."""
+    from pyxis_hook import startimage
+
+    assert startimage.fast_kind(["prestart"]) == "prestart" == startimage.fast_kind(["createRuntime"])
+    assert startimage.fast_kind(["enroot"]) == "enroot"
+    for argv in ([], ["prestart", "--bundle", "/b"], ["cdi", "hook", "create-symlinks"], ["plan"], ["enroot", "x"]):
+        assert startimage.fast_kind(argv) is None, argv
+    # each kind's boot tier lies beside its image: a prestart start never runs what only enroot's imports
+    assert startimage.image_path("prestart", startimage.BOOT) != startimage.image_path("enroot", startimage.BOOT)
+

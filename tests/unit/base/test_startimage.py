@@ -360,10 +360,8 @@ BOOT_RUNNER = """
 import sys
 sys.path[:0] = [{repo!r}, {lib!r}]
 from pyxis_hook import startimage
-""" + SPY + """startimage.load_boot({boot!r})
+""" + SPY + """startimage.load_boot("prestart", {boot!r})
 import pkgx.a  # what a run imports before it knows its kind (the dispatch, the no-GPU check)
-if "parser" in sys.argv:  # the command-line parser dispatched this run (a CDI step)
-    sys.modules["pyxis_hook.cli"] = sys.modules["pkgx.a"]
 startimage.load({image!r})
 import pkgx.b
 if "plan" in sys.argv:
@@ -401,16 +399,3 @@ def test_the_boot_image_holds_what_was_imported_before_the_entrys_image(pkg):
     changed = run()
     assert changed["found"] == ["pkgx", "pkgx.a"] and changed["saved"][0].endswith("written, 2 modules")
     assert changed["status"][0].startswith(f"start image {boot}: not used: stale")
-
-
-def test_a_run_the_parser_dispatched_leaves_the_boot_image_as_it_is(pkg):
-    """A CDI step imports argparse and the parser before its image: those must not run before every start."""
-    src, image, _start = pkg
-    boot = image.parent / "start-image-boot.bin"
-    script = BOOT_RUNNER.format(repo=str(REPO), lib=str(src.parent), boot=str(boot), image=str(image))
-    r = subprocess.run([sys.executable, "-I", "-S", "-c", script, "parser"], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    out = ast.literal_eval(r.stdout.strip().splitlines()[-1])
-    assert not boot.exists() and image.exists(), out
-    assert [line.rpartition(": ")[2] for line in out["saved"]] == ["written, 1 modules"]
-

@@ -509,8 +509,7 @@ def test_each_kind_of_start_image_that_exists_is_checked(tmp_path, monkeypatch):
     assert installcheck.check_start_images() == [str(tmp_path / "prestart.bin")]  # none yet: the runtime's
     (tmp_path / "enroot.bin").write_bytes(b"")
     (tmp_path / "cdi-hook.bin").write_bytes(b"")
-    # the boot image (what every run imports first) is checked once a kind's image exists
-    assert installcheck.check_start_images() == [str(tmp_path / "enroot.bin"), str(tmp_path / "cdi-hook.bin"),
-                                                 str(tmp_path / "boot.bin")]
+    assert installcheck.check_start_images() == [str(tmp_path / "enroot.bin"), str(tmp_path / "cdi-hook.bin")]
     (tmp_path / "enroot-plan.bin").write_bytes(b"")  # a planner tier, once a start had to plan
-    assert installcheck.check_start_images()[-2:] == [str(tmp_path / "enroot-plan.bin"), str(tmp_path / "boot.bin")]
+    (tmp_path / "enroot-boot.bin").write_bytes(b"")  # and the boot tier its start imports first
+    assert installcheck.check_start_images()[-2:] == [str(tmp_path / "enroot-plan.bin"), str(tmp_path / "enroot-boot.bin")]

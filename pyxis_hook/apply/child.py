@@ -474,6 +474,7 @@ def _run_ldconfig(plan: Plan, rfs: WritableRoot, exe_fd: int, messages: list[str
         if problem:
             log.error(f"rollback: {problem}")
         raise
+    rfs.forget_dirs()  # ldconfig pointed links the image's configuration chose: paths through them may name others now
     messages.append(f"ld.so.cache: ldconfig ran for {', '.join(dirs) or '(configured dirs)'}")
     for line in warnings.strip().splitlines()[-5:]:
         messages.append(f"ldconfig: {line}")

@@ -110,7 +110,8 @@ def _nr(name: str) -> int:
     return table[name]
 
 
-def _fail(what: str, path: str | None = None) -> SyscallError:
+def syscall_error(what: str, path: str | None = None) -> SyscallError:
+    """The SyscallError for the call that just failed (errno as `cabi.get_errno` has it), naming `what` and `path`."""
     err = cabi.get_errno()
     where = f" {path}" if path else ""
     return SyscallError(f"{what}{where}: {posix.strerror(err)}", err)
@@ -150,12 +151,12 @@ def _call(name: str, *args) -> int:
 def setns(fd: int, nstype: int, what: str = "") -> None:
     """Join the namespace `fd` refers to (must be single-threaded for CLONE_NEWNS)."""
     if _call("setns", cabi.c_int(fd), cabi.c_int(nstype)) != 0:
-        raise _fail("setns", what or f"fd {fd}")
+        raise syscall_error("setns", what or f"fd {fd}")
 
 
 def unshare(flags: int) -> None:
     if _call("unshare", cabi.c_int(flags)) != 0:
-        raise _fail("unshare", hex(flags))
+        raise syscall_error("unshare", hex(flags))
 
 
 def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None,
@@ -163,18 +164,18 @@ def mount(source: str | None, target: str, fstype: str | None, flags: int, data:
     r = _call("mount", cabi.c_char_p(_path(source)), cabi.c_char_p(_path(target)),
               cabi.c_char_p(_path(fstype)), cabi.c_ulong(flags), cabi.c_char_p(_path(data)))
     if r != 0:
-        raise _fail("mount", what or target)
+        raise syscall_error("mount", what or target)
 
 
 def umount2(target: str, flags: int = MNT_DETACH, what: str = "") -> None:
     if _call("umount2", cabi.c_char_p(_path(target)), cabi.c_int(flags)) != 0:
-        raise _fail("umount", what or target)
+        raise syscall_error("umount", what or target)
 
 
 def open_tree(dirfd: int, path: str, flags: int, what: str = "") -> int:
     r = _call("open_tree", cabi.c_int(dirfd), _path_arg(path), cabi.c_uint(flags))
     if r < 0:
-        raise _fail("open_tree", what or path)
+        raise syscall_error("open_tree", what or path)
     return r
 
 
@@ -183,7 +184,7 @@ def move_mount(from_dirfd: int, from_path: str, to_dirfd: int, to_path: str, fla
     r = _call("move_mount", cabi.c_int(from_dirfd), _path_arg(from_path),
               cabi.c_int(to_dirfd), _path_arg(to_path), cabi.c_uint(flags))
     if r != 0:
-        raise _fail("move_mount", what or to_path)
+        raise syscall_error("move_mount", what or to_path)
 
 
 class _MountAttr(cabi.Structure):
@@ -197,7 +198,7 @@ def mount_setattr(dirfd: int, path: str, flags: int, attr_set: int = 0, attr_clr
     r = _call("mount_setattr", cabi.c_int(dirfd), _path_arg(path), cabi.c_uint(flags),
               cabi.byref(attr), cabi.c_size_t(cabi.sizeof(attr)))
     if r != 0:
-        raise _fail("mount_setattr", what or path)
+        raise syscall_error("mount_setattr", what or path)
 
 
 class _OpenHow(cabi.Structure):
@@ -223,7 +224,7 @@ def openat2(dirfd: int, path: str, flags: int, mode: int = 0, resolve: int = 0) 
         if r >= 0:
             return r
         if cabi.get_errno() != _errno.EAGAIN:
-            raise _fail("open", path)
+            raise syscall_error("open", path)
     raise SyscallError(f"open {path}: {BUSY}", _errno.EAGAIN)
 
 
@@ -235,7 +236,7 @@ BUSY = (f"the kernel asked {OPENAT2_TRIES} times in a row to retry the lookup (E
 def fsopen(fstype: str) -> int:
     r = _call("fsopen", cabi.c_char_p(_path(fstype)), cabi.c_uint(FSOPEN_CLOEXEC))
     if r < 0:
-        raise _fail("fsopen", fstype)
+        raise syscall_error("fsopen", fstype)
     return r
 
 
@@ -243,20 +244,20 @@ def fsconfig_string(fsfd: int, key: str, value: str) -> None:
     r = _call("fsconfig", cabi.c_int(fsfd), cabi.c_uint(FSCONFIG_SET_STRING),
               cabi.c_char_p(_path(key)), cabi.c_char_p(_path(value)), cabi.c_int(0))
     if r != 0:
-        raise _fail("fsconfig", f"{key}={value}")
+        raise syscall_error("fsconfig", f"{key}={value}")
 
 
 def fsconfig_create(fsfd: int) -> None:
     r = _call("fsconfig", cabi.c_int(fsfd), cabi.c_uint(FSCONFIG_CMD_CREATE),
               cabi.c_char_p(None), cabi.c_char_p(None), cabi.c_int(0))
     if r != 0:
-        raise _fail("fsconfig", "create")
+        raise syscall_error("fsconfig", "create")
 
 
 def fsmount(fsfd: int, attr_flags: int) -> int:
     r = _call("fsmount", cabi.c_int(fsfd), cabi.c_uint(FSMOUNT_CLOEXEC), cabi.c_uint(attr_flags))
     if r < 0:
-        raise _fail("fsmount", "")
+        raise syscall_error("fsmount", "")
     return r
 
 
@@ -269,7 +270,7 @@ def prctl(option: int, arg: int = 0, arg3: int = 0) -> int:
     cabi.set_errno(0)
     r = _prctl(cabi.c_int(option), cabi.c_ulong(arg), cabi.c_ulong(arg3), cabi.c_ulong(0), cabi.c_ulong(0))
     if r < 0:
-        raise _fail("prctl", str(option))
+        raise syscall_error("prctl", str(option))
     return r
 
 

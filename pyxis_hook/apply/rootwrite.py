@@ -12,8 +12,9 @@ named it (`_parent`): the next entry there is made relative to the same verified
 `check_dir`'s verdict on that fd (an fd keeps its mount) is asked once.  What could make a kept
 fd name another directory than its path does now is a mount over a directory on the way, or a
 link replaced on the way: the table is forgotten whenever a directory entry is handed out (the
-only place a directory mount goes, `ensure_entry`) and whenever a link of the image is replaced
-(`symlink`).  A forgotten fd stays open while a record of what was created in it may need it;
+only place a directory mount goes, `ensure_entry`), whenever a link of the image is replaced
+(`symlink`), and after the confined ldconfig ran (it points links the image's configuration
+chooses: apply's child calls `forget_dirs`).  A forgotten fd stays open while a record of what was created in it may need it;
 every kept fd is closed once, by `rollback` or `close`.
 """
 
@@ -138,13 +139,26 @@ class WritableRoot(RootFS):
             self._kept.add(fd)
         return fd
 
-    def forget_dirs(self) -> None:
+    def forget_dirs(self, in_use: int | None = None) -> None:
         """Resolve every parent directory again from now on: a mount or a link may have changed what paths name.
 
-        The fds stay open (a record of what was created may name one) until
-        `rollback` or `close`.
+        A forgotten fd that a record of what was created names, or that the
+        caller still uses (`in_use`: the parent of the entry it is handing
+        out), stays open until `rollback` or `close`; the others are closed
+        now, so a plan that alternates directory and file entries does not
+        hold a parent fd per entry until the end.
         """
         self._dirs.clear()
+        needed = {c.parent_fd for c in self.created}
+        if in_use is not None:
+            needed.add(in_use)
+        for fd in self._kept - needed:
+            self._kept.discard(fd)
+            self._verdicts.pop(fd, None)
+            try:
+                posix.close(fd)
+            except OSError:
+                pass
 
     def _release(self) -> None:
         """Close every kept directory fd, once."""
@@ -231,10 +245,8 @@ class WritableRoot(RootFS):
                 if e.errno not in (errno.ENOENT,):
                     raise path_error(path, self.path, e.errno) from None  # name the whole path
         if fd is None:
-            fd, last = self._walk(path, follow_last=False, create_mode=create_mode)
+            fd, _last = self._walk(path, follow_last=False, create_mode=create_mode)  # `name`: not `..`, not a link
             self._kept.add(fd)
-            if last != name:  # (the walk ends on the path's own last name; anything else is not kept by path)
-                return fd, last
         else:
             self._kept.add(fd)
         self._dirs[where] = fd
@@ -264,7 +276,7 @@ class WritableRoot(RootFS):
             mode = 0o755 if kind == "dir" else 0o644
         parent, name = self._parent(path, create_mode=0o755)
         if kind == "dir":
-            self.forget_dirs()
+            self.forget_dirs(in_use=parent)
         if name is None:
             if kind != "dir":
                 raise RootPathError(f"{path} (in {self.path}): is a directory", errno.EISDIR)

@@ -131,11 +131,6 @@ def poll(fds: list[int], timeout_ms: int) -> list[tuple[int, int]]:
 # ------------------------------------------------------------------ capabilities
 
 
-def _cap_fail(what: str, detail: str) -> kernel.SyscallError:
-    err = cabi.get_errno()
-    return kernel.SyscallError(f"{what} {detail}: {posix.strerror(err)}", err)
-
-
 def no_new_privs() -> None:
     """PR_SET_NO_NEW_PRIVS: nothing exec'd after this can gain privileges (setuid, file caps)."""
     kernel.prctl(PR_SET_NO_NEW_PRIVS, 1)
@@ -161,7 +156,7 @@ def capget(pid: int = 0) -> tuple[int, int, int]:
     data = (cap_data * 2)()
     cabi.set_errno(0)
     if _capget(cabi.byref(head), data) != 0:
-        raise _cap_fail("capget", str(pid))
+        raise kernel.syscall_error("capget", str(pid))
     lo, hi = data[0], data[1]
     return (lo.effective | hi.effective << 32, lo.permitted | hi.permitted << 32,
             lo.inheritable | hi.inheritable << 32)
@@ -179,7 +174,7 @@ def capset(effective: int, permitted: int, inheritable: int) -> None:
         data[i].inheritable = (inheritable >> shift) & 0xFFFFFFFF
     cabi.set_errno(0)
     if _capset(cabi.byref(head), data) != 0:
-        raise _cap_fail("capset", f"effective={effective:#x} permitted={permitted:#x}")
+        raise kernel.syscall_error("capset", f"effective={effective:#x} permitted={permitted:#x}")
 
 
 def cap_last_cap() -> int:

@@ -119,8 +119,9 @@ def _place(view: _View, new: L.CacheEntry, lib_name: str, dir_rank: dict[str, in
 
     One binary search by key (keys descend in `libcmp` order) finds the run
     of entries with `new`'s key; the rest of ldconfig's order (flags,
-    glibc-hwcaps, hwcap) and the scan order are read in that run, a few
-    entries at most.  CannotMerge for an entry of `new`'s directory with
+    glibc-hwcaps, hwcap) and the scan order are read in that run (a few
+    entries in a real cache; the image decides, and a long run costs what a
+    walk of it costs).  CannotMerge for an entry of `new`'s directory with
     other flags (ldconfig would keep only one), or a run not in scan order.
     """
     want = pathnames.fsencode(new.key)

@@ -164,3 +164,38 @@ def test_a_host_verdict_is_kept_per_directory_and_never_given_to_another_fd(tree
             os.close(fd2)
         assert dirs.asked == 3
     assert os.listdir(root / "hostdir") == []
+
+
+def test_directory_and_file_entries_in_turn_hold_no_parent_fd_per_entry(tree, use_openat2):
+    """A forgotten parent no record needs is closed at once; the entry being handed out keeps its own."""
+    root, _ = tree
+    with WritableRoot(str(root), use_openat2=use_openat2) as r:
+        before = _open_fds()
+        for _ in range(20):  # existing dirs and files: nothing created, so no record needs a parent
+            d = r.ensure_entry("/usr/lib", "dir")
+            assert os.path.samestat(os.fstat(d.parent_fd), os.stat(root / "usr"))  # usable while handed out
+            d.close()
+            f = r.ensure_entry("/usr/lib/libreal.so.1")
+            f.close()
+        assert len(_open_fds() - before) <= 3, sorted(_open_fds() - before)  # the two tables in use, the listing
+        made = r.ensure_entry("/usr/lib/libnew.so.1")  # a record of what was created keeps its parent
+        made.close()
+        r.ensure_entry("/usr", "dir").close()
+        assert made.parent_fd in r._kept and os.fstat(made.parent_fd)
+        assert r.rollback() == [] and not (root / "usr/lib/libnew.so.1").exists()
+
+
+def test_the_table_is_forgotten_after_the_confined_ldconfig_ran(tree, use_openat2, monkeypatch):
+    """ldconfig points links the image's configuration chooses: a path through one may name another dir after."""
+    from pyxis_hook.apply import child, confined
+    from pyxis_hook.plan.build import LdcacheUpdate, Plan
+
+    root, _ = tree
+    monkeypatch.setattr(confined, "run_ldconfig", lambda *a, **k: "")
+    plan = Plan(rootfs=str(root), ldcache=LdcacheUpdate(mode="ldconfig", ldconfig="@/sbin/ldconfig"))
+    with WritableRoot(str(root), use_openat2=use_openat2) as r:
+        r.ensure_entry("/usr/lib/libnew.so.1").close()
+        assert r._dirs
+        child._run_ldconfig(plan, r, -1, [])
+        assert not r._dirs
+        r.rollback()

@@ -394,11 +394,14 @@ def imports(w: World) -> str:
             out.append(f"  {s / 1000:6.2f} ms  {name}")
         ours = sorted(name for _, name in rows if name.startswith("pyxis_hook"))
         out.append(f"  imported, ours ({len(ours)}): {' '.join(n[len('pyxis_hook.'):] or n for n in ours)}")
-        if env:  # past the no-GPU exit the rest runs from the start image, which -X importtime does not see
+        # what runs from the start image's tiers, which -X importtime does not see: the boot tier (the dispatch
+        # and the no-GPU check, every start) and, past the no-GPU exit, the image itself
+        for what, tier in (("the boot tier", "boot"), ("the start image", "")) if env else (("the boot tier", "boot"),):
             held = subprocess.run([PY, "-I", "-S", "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
-                                   "from pyxis_hook import startimage; print(*startimage.held())", str(REPO)],
+                                   "from pyxis_hook import startimage; "
+                                   "print(*startimage.held(startimage.image_path(tier=sys.argv[2])))", str(REPO), tier],
                                   capture_output=True, text=True).stdout.split()
-            out.append(f"  from the start image ({len(held)}): {' '.join(held)}")
+            out.append(f"  from {what} ({len(held)}): {' '.join(held)}")
     return "\n".join(out)
 
 

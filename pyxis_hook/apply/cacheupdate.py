@@ -31,7 +31,8 @@ import errno
 import posix
 
 from pyxis_hook.errors import LdCacheError, PathError, PyxisHookError
-from pyxis_hook.loader.cachefile import write_cache
+from pyxis_hook.loader.cachefile import CACHE, write_cache
+from pyxis_hook.loader.ldcache import CACHE_LIMIT
 from pyxis_hook.loader.ldmerge import CannotMerge, InjectedLib, indexed_by_ldconfig, merge_cache
 from pyxis_hook.loader.machines import MACHINES
 
@@ -47,9 +48,6 @@ if TYPE_CHECKING:
 BUILTIN_DIRS: dict[str, tuple[str, ...]] = {
     m.name: (f"/lib/{m.triplet}", f"/usr/lib/{m.triplet}", "/lib", "/usr/lib") for m in MACHINES.values()}
 
-#: a cache larger than this is not read (ldconfig's own for 10,000 libraries is ~1 MiB)
-CACHE_LIMIT = 64 << 20
-CACHE = "/etc/ld.so.cache"
 _CONF = "/etc/ld.so.conf"
 
 

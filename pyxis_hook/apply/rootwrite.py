@@ -246,9 +246,7 @@ class WritableRoot(RootFS):
                     raise path_error(path, self.path, e.errno) from None  # name the whole path
         if fd is None:
             fd, _last = self._walk(path, follow_last=False, create_mode=create_mode)  # `name`: not `..`, not a link
-            self._kept.add(fd)
-        else:
-            self._kept.add(fd)
+        self._kept.add(fd)
         self._dirs[where] = fd
         return fd, name
     # -- creation ---------------------------------------------------------

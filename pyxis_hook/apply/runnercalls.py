@@ -58,7 +58,6 @@ CAP_FOWNER = 3
 CAP_SETPCAP = 8
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 
-_EINTR = 4
 
 _fcntl = cabi.libc_function("fcntl", cabi.c_int)
 _getrlimit = cabi.libc_function("getrlimit", cabi.c_int)
@@ -122,7 +121,7 @@ def poll(fds: list[int], timeout_ms: int) -> list[tuple[int, int]]:
     cabi.set_errno(0)
     n = _poll(cabi.byref(array), cabi.c_ulong(len(fds)), cabi.c_int(timeout_ms))
     if n < 0:
-        if cabi.get_errno() == _EINTR:
+        if cabi.get_errno() == _errno.EINTR:
             return []
         raise _error("poll")
     return [(slot.fd, slot.revents) for slot in array if slot.revents]

@@ -84,11 +84,6 @@ def run(args, config) -> int:
 _FAST_LIMIT = 1 << 20
 
 
-def certainly_void(data: bytes) -> bool:
-    """True when the container certainly asks for no GPU (`first_look`)."""
-    return first_look(data)[0]
-
-
 def first_look(data: bytes) -> tuple[bool, tuple | None]:
     """(the container certainly asks for no GPU, what was parsed): exit before importing anything else.
 

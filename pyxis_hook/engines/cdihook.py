@@ -153,14 +153,14 @@ def hook_plan(step: str, bundle, config, *, links: tuple[str, ...] = (), folders
         why = "CDI update-ldcache hook" + (f"; {update.why}" if use else "")
         return Plan(rootfs=rootfs, ldcache=replace(update, why=why), notes=(note,) if note else ())
     if step == "proc-driver":
-        from pyxis_hook.host import gpuscan
+        from pyxis_hook.host import gpus, gpuscan
         from pyxis_hook.plan.prepare import read_proc_driver_files
 
         files = read_proc_driver_files(config.proc_root)
         if files is None:
             return Plan(rootfs=rootfs, notes=("no /proc/driver/nvidia on this host: no view",))
         host = gpuscan.discover_gpus(config.proc_root, config.dev_root)
-        major = host.majors.nvidia or gpuscan.NVIDIA_MAJOR
+        major = host.majors.nvidia or gpus.NVIDIA_MAJOR
         # the GPUs this container got: CDI put their nodes into config.json linux.devices
         minors = {d.minor for d in bundle.linux_devices
                   if d.type == "c" and d.major == major and d.path.startswith("/dev/nvidia")

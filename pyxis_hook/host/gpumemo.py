@@ -32,7 +32,7 @@ _PREFIX = "gpus-"
 _READ_LIMIT = 16 << 20
 #: the modules whose code decides a HostGpus from the looks (a memo made by other code is not used)
 _CODE = ("pyxis_hook.host.gpus", "pyxis_hook.host.gpufiles", "pyxis_hook.host.gpuscan", "pyxis_hook.host.gpulooks",
-         "pyxis_hook.host.gpumemo", "pyxis_hook.pathnames", "pyxis_hook.record")
+         "pyxis_hook.host.gpumemo", "pyxis_hook.pathnames", "pyxis_hook.record", "pyxis_hook.rootfs")
 
 
 def memo_path(config) -> str:

@@ -10,10 +10,10 @@ records (and the PCI bus ids every layer compares); the parser of each
 file is `host/gpufiles.py`, reading them is `host/gpuscan.py`.
 Everything here is stdlib-only and cheap to import.
 
-Nothing here raises for a host that merely lacks the driver or has a broken
-file: a missing kernel module gives `HostGpus(driver_version=None, ...)` with
-a warning, an unreadable file gives a warning naming its path, so `info` can
-still print what it found.
+Discovery raises nothing for a host that merely lacks the driver or has a
+broken file: a missing kernel module gives `HostGpus(driver_version=None,
+...)` with a warning, an unreadable file gives a warning naming its path, so
+`info` can still print what it found.
 
 The host index of a GPU is its rank after sorting by PCI id (domain, bus,
 device, function as integers), which is NVML's order on an unconstrained

@@ -1,6 +1,6 @@
 """MIG device UUIDs asked of the driver's NVML, the one fact procfs does not publish.
 
-`host/gpus.py` reads everything else from the files the kernel module
+`host/gpuscan.py` reads everything else from the files the kernel module
 writes; a MIG device's UUID exists only inside the driver and NVML is the
 only way to ask for it.  It lives apart because it is the one place that
 loads a driver library into our process (through ctypes): the hook path

@@ -189,9 +189,12 @@ def keep(path: str, fmt: bytes, value) -> None:
 
     Raises SnapshotError (an untrusted directory: what no start would read
     is not written), OSError or ValueError (a value marshal cannot write).
+    Readable by its owner only: a decision keeps the env values its request
+    read, and a container's env may hold secrets; only root or the owner
+    reads a kept file.
     """
     trusted_dir(path)
-    write_atomically(path, _kept_header(fmt) + marshal.dumps(value))
+    write_atomically(path, _kept_header(fmt) + marshal.dumps(value), mode=0o600)
 
 
 def identity(config) -> tuple[int, int, int, int]:

@@ -33,7 +33,7 @@ import posix
 import stat
 import time
 
-from pyxis_hook.rootfs import RootFS, RootPathError
+from pyxis_hook.rootfs import RootFS, RootPathError, read_to_end
 
 #: the configuration files' bytes, all together (Debian's whole tree is < 1 KiB)
 CONF_LIMIT = 1 << 20
@@ -148,19 +148,15 @@ class Tree:
                 raise Stop(LIMIT, f"{path} (in {self.rfs.path}){via}: the configuration files are larger "
                                    f"than {CONF_LIMIT} bytes in all")
             try:
-                rfd = self.rfs.reopen(fd, posix.O_RDONLY | posix.O_NONBLOCK | posix.O_NOCTTY)
-                try:
-                    # asked for by the chunk, not the whole budget: a 1 MiB request is a 1 MiB buffer (mmap, munmap)
-                    data = posix.read(rfd, min(left + 1, st.st_size + 1))
-                    while len(data) <= left and (more := posix.read(rfd, min(left + 1 - len(data), _CHUNK))):
-                        data += more
-                finally:
-                    posix.close(rfd)
+                # reads sized by the file (+1 to see it grew), not by the whole budget: a 1 MiB request is a
+                # 1 MiB buffer (mmap, munmap)
+                data = read_to_end(self.rfs.reopen(fd, posix.O_RDONLY | posix.O_NONBLOCK | posix.O_NOCTTY), left,
+                                   min(max(st.st_size + 1, 4096), _CHUNK))
             except OSError as e:
+                if e.errno == errno.EFBIG:
+                    raise Stop(LIMIT, f"{path} (in {self.rfs.path}){via}: the configuration files are larger "
+                                       f"than {CONF_LIMIT} bytes in all") from None
                 raise Stop(UNREADABLE, f"{path} (in {self.rfs.path}){via}: {e.strerror}") from None
-            if len(data) > left:
-                raise Stop(LIMIT, f"{path} (in {self.rfs.path}){via}: the configuration files are larger "
-                                   f"than {CONF_LIMIT} bytes in all")
             self.bytes += len(data)
             return (st.st_dev, st.st_ino), data
         finally:
@@ -182,7 +178,11 @@ class Tree:
             own = posix.open(name, posix.O_PATH | posix.O_NOFOLLOW | posix.O_CLOEXEC, dir_fd=fd)
         except OSError:
             return None  # the walk says what ldconfig would make of it
-        if stat.S_ISLNK(posix.fstat(own).st_mode):
+        try:
+            link = stat.S_ISLNK(posix.fstat(own).st_mode)
+        except OSError:
+            link = True  # the walk says what ldconfig would make of it
+        if link:
             posix.close(own)
             return None
         return own, path

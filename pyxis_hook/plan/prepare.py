@@ -10,6 +10,7 @@ from __future__ import annotations
 import posix
 
 from pyxis_hook import log, pathnames
+from pyxis_hook.rootfs import read_to_end
 from pyxis_hook.spec.config import Config
 from pyxis_hook.plan.build import Plan
 from pyxis_hook.record import record, replace
@@ -45,9 +46,9 @@ def read_proc_driver_files(proc_root: str) -> tuple[tuple[str, str], ...] | None
         return None
     out = []
     for name in PROC_DRIVER_FILES:
-        try:
-            with open(pathnames.join(base, name), "rb") as f:
-                out.append((name, f.read(PROC_FILE_LIMIT).decode("utf-8", "replace")))
+        try:  # posix calls, not the io stack's three objects a file: every GPU start reads these
+            data = read_to_end(posix.open(pathnames.join(base, name), posix.O_RDONLY | posix.O_CLOEXEC), PROC_FILE_LIMIT)
+            out.append((name, data.decode("utf-8", "replace")))
         except FileNotFoundError:
             continue  # not every driver publishes every file
         except OSError as e:  # the start goes on; the container's view lacks the file, and the log says so

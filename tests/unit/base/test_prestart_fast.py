@@ -1,6 +1,6 @@
 """The hook's early exit for containers that ask for no GPU (at most 1.3x a bare interpreter).
 
-`prestart.certainly_void` must agree with `request.void_request` (the full
+`prestart.first_look` must agree with `request.void_request` (the full
 path's decision) and return False, never guess, on anything unusual.  Its
 point is what it does *not* import, checked in a fresh interpreter.
 """
@@ -19,7 +19,7 @@ from fixtures.oci_state import state_json
 import pyxis_hook
 from pyxis_hook import errors
 from pyxis_hook.spec import oci
-from pyxis_hook.commands.prestart import certainly_void, documents, first_look
+from pyxis_hook.commands.prestart import documents, first_look
 from pyxis_hook.spec.request import void_request
 
 NAMES = st.sampled_from(["NVIDIA_VISIBLE_DEVICES", "CUDA_VERSION", "NVIDIA_REQUIRE_CUDA", "PATH", "X"])
@@ -34,21 +34,21 @@ def test_agrees_with_void_request(tmp_path_factory, env):
     (bundle / "config.json").write_text(json.dumps({"ociVersion": "1.0.2", "process": {"env": entries},
                                                     "root": {"path": "rootfs"}}))
     expected = void_request(oci.env_map(entries)) is not None
-    assert certainly_void(state_json(bundle).encode()) is expected
+    assert first_look(state_json(bundle).encode())[0] is expected
 
 
 def test_unusual_input_takes_the_full_path(tmp_path):
-    assert not certainly_void(b"")
-    assert not certainly_void(b"{not json")
-    assert not certainly_void(json.dumps({"bundle": "relative"}).encode())
-    assert not certainly_void(state_json(tmp_path / "missing").encode())
+    assert not first_look(b"")[0]
+    assert not first_look(b"{not json")[0]
+    assert not first_look(json.dumps({"bundle": "relative"}).encode())[0]
+    assert not first_look(state_json(tmp_path / "missing").encode())[0]
     (tmp_path / "config.json").write_text('{"process": {"env": ["NOEQUALS"]}}')
-    assert not certainly_void(state_json(tmp_path).encode())
+    assert not first_look(state_json(tmp_path).encode())[0]
     real = tmp_path / "real.json"
     real.write_text('{"process": {"env": []}}')
     os.unlink(tmp_path / "config.json")
     os.symlink(real, tmp_path / "config.json")  # never followed, as oci.read_config_bytes
-    assert not certainly_void(state_json(tmp_path).encode())
+    assert not first_look(state_json(tmp_path).encode())[0]
     os.unlink(tmp_path / "config.json")
     os.mkfifo(tmp_path / "config.json")  # not a regular file: oci.read_config_bytes refuses it, so no early docs
     fifo = os.open(tmp_path / "config.json", os.O_RDWR | os.O_NONBLOCK)
@@ -259,3 +259,11 @@ def test_the_command_lines_a_start_runs_without_the_parser():
     # each kind's boot tier lies beside its image: a prestart start never runs what only enroot's imports
     assert startimage.image_path("prestart", startimage.BOOT) != startimage.image_path("enroot", startimage.BOOT)
 
+
+
+def test_the_early_look_reads_no_state_the_full_path_would_refuse_for_its_size():
+    """The full path takes the early look's state document without `parse_state`'s size check: the cap covers it."""
+    from pyxis_hook.commands import prestart
+    from pyxis_hook.spec import oci
+
+    assert prestart._FAST_LIMIT <= oci.MAX_STATE_BYTES

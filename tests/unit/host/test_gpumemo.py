@@ -96,7 +96,7 @@ def test_a_changed_gpu_is_discovered_again_and_the_memo_replaced(tmp_path):
     assert gpumemo.start_gpus(cfg) == (changed, looks2)
 
 
-@pytest.mark.parametrize("what", ["world-writable", "damaged", "other-code", "not-kept"])
+@pytest.mark.parametrize("what", ["world-writable", "damaged", "other-code", "not-kept", "not-records"])
 def test_a_memo_that_may_not_be_used_is_not(tmp_path, monkeypatch, what):
     tree, cfg = _host(tmp_path)
     path = gpumemo.memo_path(cfg)
@@ -112,6 +112,11 @@ def test_a_memo_that_may_not_be_used_is_not(tmp_path, monkeypatch, what):
     elif what == "damaged":
         data = Path(path).read_bytes()
         Path(path).write_bytes(data[:len(data) // 2])
+    elif what == "not-records":  # looks that replay, kept beside something that is no HostGpus's dict
+        from pyxis_hook.host import snapshot
+
+        code, roots, looks, _host_dict = snapshot.load_kept(path, gpumemo.FORMAT, 1 << 24)
+        snapshot.keep(path, gpumemo.FORMAT, (code, roots, looks, "not a dict"))
     calls = []
     real = gpuscan.discover_gpus
     monkeypatch.setattr(gpuscan, "discover_gpus", lambda *a: calls.append(a) or real(*a))
@@ -155,3 +160,27 @@ def test_a_start_whose_memo_replays_loads_neither_discovery_nor_the_parsers(tmp_
     first, second = (r.stdout.split(" ", 1) for r in runs)
     assert "'pyxis_hook.host.gpuscan'" in first[1] and "'pyxis_hook.host.gpufiles'" in first[1]  # it discovered
     assert second[0] == "4" and "gpuscan" not in second[1] and "gpufiles" not in second[1], second
+
+
+def test_a_kept_memo_is_readable_by_its_owner_only(tmp_path):
+    """Kept files are root's (or the hook user's) alone: a decision's beside it keeps env values a request read."""
+    tree, cfg = _host(tmp_path)
+    gpumemo.start_gpus(cfg)
+    assert os.stat(gpumemo.memo_path(cfg)).st_mode & 0o777 == 0o600
+
+
+def test_the_memos_code_names_every_module_discovery_runs():
+    """A memo is bound to the code that decided it: every module of ours that code calls into is in `_CODE`."""
+    import sys
+    import types
+
+    from pyxis_hook.host import gpufiles, gpus
+
+    used = set()
+    for mod in (gpus, gpufiles, gpuscan, gpulooks, gpumemo):
+        for value in vars(mod).values():
+            name = value.__name__ if isinstance(value, types.ModuleType) else getattr(value, "__module__", None)
+            if isinstance(name, str) and name.startswith("pyxis_hook.") and name in sys.modules:
+                used.add(name)
+    assert used - {"pyxis_hook.errors", "pyxis_hook.host.snapshot", "pyxis_hook.startimage"} <= set(gpumemo._CODE), used
+

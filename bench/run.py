@@ -136,7 +136,7 @@ def console_install(work: Path) -> tuple[list[str], list[str]] | None:
     the console script is pip's, `#!<venv python>` without flags, so Python's site scan runs until
     its first run (a warm-up round) rewrites it with `-IS` (pyxis_hook/engines/command.py): the
     rows time the command as a node runs it from its second container on.  Dependencies are left
-    out (`--no-deps`): a start with a valid snapshot (the warm-up builds it) imports neither
+    out (`--no-deps`): a start with a fresh node artifact (the warm-up builds it) imports neither
     pyelftools nor jsonschema.
     """
     wheel_dir, venv = work / "wheel", work / "venv"
@@ -277,7 +277,7 @@ def cases(w: World) -> dict[str, object]:
     for img in ("1k", "5k"):
         c[f"hook, 4 GPUs, {img}"] = lambda img=img: case_hook(w, img, 4, GPU_ENV)
     c["hook, 64 GPUs, 5k"] = lambda: case_hook(w, "5k", 64, GPU_ENV)
-    # after the main hook's GPU cases: the warm-up builds the snapshot before this depless install runs
+    # after the main hook's GPU cases: the warm-up builds the node artifact before this depless install runs
     if w.console:
         console, registered = w.console
         c["console pyxis-hook (pip), void, small"] = lambda: case_hook(w, "small", 4, (), argv=console)
@@ -394,12 +394,13 @@ def imports(w: World) -> str:
             out.append(f"  {s / 1000:6.2f} ms  {name}")
         ours = sorted(name for _, name in rows if name.startswith("pyxis_hook"))
         out.append(f"  imported, ours ({len(ours)}): {' '.join(n[len('pyxis_hook.'):] or n for n in ours)}")
-        # what runs from the start image's tiers, which -X importtime does not see: the boot tier (the dispatch
-        # and the no-GPU check, every start) and, past the no-GPU exit, the image itself
-        for what, tier in (("the boot tier", "boot"), ("the start image", "")) if env else (("the boot tier", "boot"),):
+        # what runs from the start image's sections, which -X importtime does not see: the boot section (the
+        # dispatch and the no-GPU check, every start) and, past the no-GPU exit, the start section
+        for what, section in (("the boot section", "boot"), ("the start section", "start")) if env else (
+                ("the boot section", "boot"),):
             held = subprocess.run([PY, "-I", "-S", "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
                                    "from pyxis_hook import startimage; "
-                                   "print(*startimage.held(startimage.image_path(tier=sys.argv[2])))", str(REPO), tier],
+                                   "print(*startimage.held(section=sys.argv[2]))", str(REPO), section],
                                   capture_output=True, text=True).stdout.split()
             out.append(f"  from {what} ({len(held)}): {' '.join(held)}")
     return "\n".join(out)
@@ -425,8 +426,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.only:
             keep = {"bare python -I -S", "hook, 4 GPUs, small", "hook, 1 GPUs, small"}
             all_cases = {k: v for k, v in all_cases.items() if k in keep or any(o in k for o in args.only)}
-        # warm-up, twice: the first start of a host builds its snapshot, the next keeps its decision and
-        # writes the start image's tiers, so every timed start is a steady one (page cache filled too)
+        # warm-up, twice: the first start of a host builds its node artifact, the next writes the start
+        # image, so every timed start is a steady one (page cache filled too)
         for _ in range(2):
             for fn in all_cases.values():
                 fn()

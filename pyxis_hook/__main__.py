@@ -1,11 +1,11 @@
 """`python -m pyxis_hook` is the same program as the `pyxis-hook` command (bin/pyxis-hook imports this module).
 
 It also runs as a file, `python -I -S <dir>/pyxis_hook/__main__.py prestart`:
-`-S` skips the site scan (.pth files, an editable install's finder: 10-25 ms
-per container start, bench/README.md) and `-I` ignores the environment, so
-the package's own parent directory is put on sys.path here, and nothing else
-(`installpaths` adds this installation's own directories).  Run as a file,
-this module is compiled on every run: what can live elsewhere does.
+`-S` skips the site scan (.pth files, an editable install's finder) and `-I`
+ignores the environment, so the package's own parent directory is put on
+sys.path here, and nothing else (`installpaths` adds this installation's
+own directories).  Run as a file, this module is compiled on every run:
+what can live elsewhere does.
 """
 
 import sys
@@ -23,19 +23,18 @@ if not __package__:  # run as a file: find ourselves; `posix`, not `os` (~1 ms o
     sys.path.insert(0, _file.rpartition("/")[0].rpartition("/")[0] or "/")
 from pyxis_hook import startimage  # noqa: E402
 
-_kind = startimage.fast_kind(sys.argv[1:])
-if _kind is not None:  # a container start: what follows (the dispatch, the no-GPU check) from its boot tier
-    startimage.load_boot(_kind)
+if startimage.fast_kind(sys.argv[1:]) is not None:  # a container start: the dispatch and no-GPU check from the image
+    startimage.load_boot()
 if not __package__:
     from pyxis_hook import installpaths
 
     installpaths.add()
 
-from pyxis_hook.commands.prestart import dispatch_fast, end_fast  # noqa: E402 — the runtime's call: not even cli.py
+from pyxis_hook import start  # noqa: E402 — the runtime's call: not even cli.py
 
-_rc = dispatch_fast(sys.argv[1:])
+_rc = start.dispatch(sys.argv[1:])
 if _rc is not None:
-    end_fast(_rc)
+    start.end(_rc)
 from pyxis_hook.cli import main  # noqa: E402
 
 sys.exit(main())

@@ -1,6 +1,6 @@
 """Whether a container asks for a GPU at all: the one rule, importing nothing.
 
-The hook's early exit (`commands/prestart.first_look`) decides with it
+The hook's early exit (`start.first_look`) decides with it
 before any other module is loaded (such a start costs at most 1.3x a bare
 interpreter), and `request.void_request`
 gives the full path the same answer with its reason, so the two can never

@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "ldcheck": ("ldcheck", "explain how a container's loader will resolve the driver libraries", ()),
     "doctor": ("doctor", "check this host for the usual causes of GPU container failures", ()),
     "hookd": ("hookd", "print or install the oci-hooks(5) file for podman/CRI-O", ()),
+    "refresh": ("refresh", "build the node artifact (the driver's inventory every start reads) now", ()),
     "cdi": ("cdi", "generate a CDI spec for the host GPUs", ()),
     "precreate": ("precreate", "podman precreate hook: add GPU devices to a proposed config.json", ()),
     "enroot": ("enroot", "run as an enroot hook (ENROOT_PID, ENROOT_ROOTFS, ENROOT_ENVIRON)", ()),
@@ -83,9 +84,9 @@ def build_parser(only: str | None = None):
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    from pyxis_hook.commands import prestart
+    from pyxis_hook import start
 
-    fast = prestart.dispatch_fast(argv)
+    fast = start.dispatch(argv)
     if fast is not None:
         return fast
     from pyxis_hook import errors, log

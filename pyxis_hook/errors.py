@@ -7,7 +7,7 @@ unsafe path in an image) is raised as a subclass of `PyxisHookError` whose
 one line for the user, the traceback in the debug log, exit status 70.
 
 Signals that one part of the hook gives another (a cache the merge cannot
-model, a library the loader model refuses, a stale snapshot, a failed
+model, a library the loader model refuses, a stale node artifact, a failed
 syscall that its caller retries or words) are not user errors: they derive
 from `InternalSignal`, never from `PyxisHookError`, and are caught by their own
 callers.  One that reaches `report` is a bug and is reported as one.
@@ -119,11 +119,11 @@ class InternalSignal(Exception):
     """Root of the signals one part of the hook gives another, never a user error.
 
     Each has its own catcher (the merge falls back to ldconfig on `CannotMerge`,
-    `load_or_build` rebuilds on `SnapshotError`, ldd and ldcheck word a
+    `load_or_build` rebuilds on `ArtifactError`, ldd and ldcheck word a
     `LoadFailed`, apply's child words a `SyscallError`); a broad
     `except PyxisHookError` around user errors must not swallow one by accident.
     """
 
 
-class SnapshotError(InternalSignal):
-    """The inventory snapshot is unreadable or stale (callers rebuild it)."""
+class ArtifactError(InternalSignal):
+    """The node artifact is missing, untrusted, corrupt or stale (callers rebuild it or discover)."""

@@ -59,19 +59,17 @@ def run(args, config) -> int:
 
 
 def _hook(args, config) -> int:
-    """One createContainer step: a container start, so it runs from the `cdi-hook` start image.
+    """One createContainer step (`pipeline.cdi_step`), its modules run from the start image."""
+    from pyxis_hook import log, startimage
 
-    A spec names three steps, each its own process, on every container
-    start; past the parser, what they import (the apply modules) runs from
-    the image as a `prestart` start's does (`commands.prestart.run_started`).
-    """
-    from pyxis_hook.commands.prestart import load_image, log_images, save_image
+    startimage.load()
+    for line in startimage.statuses():
+        log.debug(line)
+    from pyxis_hook import pipeline
 
-    load_image("cdi-hook")
-    log_images()
-    from pyxis_hook.engines import cdihook
-
-    cdihook.run_hook(args.step, sys.stdin.buffer.read(), config, links=args.link, folders=args.folder,
-                     libs=args.lib, host_driver_version=args.host_driver_version)
-    save_image()
-    return 0
+    rc = pipeline.cdi_step(config, args.step, sys.stdin.buffer.read(), links=args.link, folders=args.folder,
+                           libs=args.lib, host_driver_version=args.host_driver_version)
+    line = startimage.save()
+    if line:
+        log.debug(line)
+    return rc

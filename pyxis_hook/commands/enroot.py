@@ -6,8 +6,6 @@ the hook order, no nvidia-container-cli.  See docs/enroot-pyxis.md.
 
 from __future__ import annotations
 
-import sys
-
 SHIM_NAME = "98-pyxis-hook.sh"
 
 
@@ -48,29 +46,7 @@ def run(args, config) -> int:
     return _hook(config)
 
 
-def main_fast() -> int:
-    """`pyxis-hook enroot` as the shim runs it (no options): a container start without argparse.
-
-    `cli.main` builds the whole parser, importing every command, before it
-    runs one; the shim's call skips that, as a runtime's `prestart` does,
-    and runs from its own start image.  Warnings go to stderr, as from the
-    CLI: enroot shows the user what its hooks print.
-    """
-    from pyxis_hook.commands.prestart import run_started
-
-    return run_started("enroot", _hook, "warning")
-
-
 def _hook(config) -> int:
-    from pyxis_hook.engines.enroot import run_enroot_hook
+    from pyxis_hook import pipeline, start
 
-    run_enroot_hook(config, _environ())
-    return 0
-
-
-def _environ() -> dict[str, str]:
-    """The process environment as `os.environ` decodes it, without importing `os` (~1 ms of a start)."""
-    import posix
-
-    encoding, errors = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()
-    return {k.decode(encoding, errors): v.decode(encoding, errors) for k, v in posix.environ.items()}
+    return pipeline.enroot(config, start.environ())

@@ -338,10 +338,10 @@ def run_checks(config, env: DoctorEnv | None = None, inventory=None) -> tuple[Fi
     out += check_config(config)
     out += installcheck.check_hooks_d(config, env)
     out += check_runtimes(config, env)
-    out += installcheck.check_command(config, env)
+    out += installcheck.check_node_artifact(config)
     out += check_cgroup(config, env)
     out += check_openat2()
-    out += installcheck.check_start_images()
+    out += installcheck.check_start_image()
     out += check_slurm(inv.host, config, env)
     from pyxis_hook.diag.schedcheck import check_scheduler
 

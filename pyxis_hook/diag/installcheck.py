@@ -1,4 +1,4 @@
-"""Doctor's checks of how pyxis-hook itself is installed: its hooks.d file, its command, its start images.
+"""Doctor's checks of how pyxis-hook itself is installed: its hooks.d file, its node artifact, its start image.
 
 `doctor.run_checks` runs them with the host checks; they look at this
 installation (the interpreter, the package's files, the command on the
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 
 from pyxis_hook.diag.findings import Finding
@@ -88,64 +87,27 @@ def check_hooks_d(config, env: DoctorEnv) -> list[Finding]:
     return out
 
 
-def check_command(config, env: DoctorEnv) -> list[Finding]:
-    """Whether the `pyxis-hook` command runs without Python's site scan: the one on the search path, and
-    the one running doctor (`env.command`).
+def check_node_artifact(config) -> list[Finding]:
+    """Whether the node artifact (`host/artifact.py`) is trusted and fresh: what every start then reads."""
+    from pyxis_hook import trust
+    from pyxis_hook.errors import ArtifactError
+    from pyxis_hook.host import artifact
 
-    pip drops the flags of the command's first line; its first run by its
-    owner puts `-IS` back (engines/command.py).  Only a hook registered by
-    that name, by hand, is concerned: `hookd --install` and `enroot
-    --install` write the interpreter and flags themselves.
-    """
-    from pyxis_hook.engines import command
-
-    search = ":".join(env.search_path if env.search_path is not None else config.path)
-    found = [env.command] if env.command else []
-    found.append(shutil.which("pyxis-hook", path=search) or "")
-    out: list[Finding] = []
-    seen: set[str] = set()
-    for exe in found:
-        if not exe or os.path.realpath(exe) in seen:
-            continue
-        seen.add(os.path.realpath(exe))
-        why, real, _ = command.why_not(exe, parent=env.package)
-        if why == "fast":
-            out.append(Finding("ok", "command", f"{exe}: runs without Python's site scan (-IS)"))
-        elif not why:
-            out.append(Finding("info", "command-pending", f"{exe}: runs Python's site scan until its next run",
-                               "its next run by its owner rewrites its first line to skip it", "nothing to do"))
-        else:
-            out.append(Finding("info", "command-site-scan", f"{why}: the command keeps pip's form and runs "
-                               "Python's site scan on every run",
-                               "a hook registered by this name pays ~3 ms more per container start than the "
-                               "forms `hookd --install` and `enroot --install` write",
-                               f"register the hook with `pyxis-hook hookd --install DIR`, or make {real} and "
-                               "its directory its owner's alone and run it once as that user"))
-    return out
-
-
-def check_start_images() -> list[Finding]:
-    """`check_start_image` for each kind of start's image that exists, or the runtime's when none does.
-
-    A node whose containers start only through enroot (Pyxis) or CDI has no
-    `prestart` image and never will: that is not a pending one.  Each kind's
-    planner tier (`-plan`) is checked where it exists: it appears after a
-    start that had to plan, and a node whose starts all take their plan from
-    the decision cache never needs it; so is its boot tier (`-boot`: what
-    its start imports before its image), which the start that wrote the
-    image wrote too.
-    """
-    from pyxis_hook import startimage
-
-    paths = [startimage.image_path(entry) for entry in startimage.ENTRIES]
-    present = [p for p in paths if os.path.lexists(p)]
-    tiers = [t for e in startimage.ENTRIES for tier in ("plan", startimage.BOOT)
-             if os.path.lexists(t := startimage.image_path(e, tier))]
-    return [f for p in (present or paths[:1]) + tiers for f in check_start_image(p)]
+    path = artifact.artifact_path(config)
+    try:
+        artifact.load(config)
+    except ArtifactError as e:
+        fix = ("run `pyxis-hook refresh` as root (after each driver upgrade, e.g. from a boot unit); "
+               "the next root start rebuilds it too")
+        return [Finding("warning" if trust.may_write() else "info", "node-artifact",
+                        f"node artifact not used: {e}",
+                        "a start that cannot use it discovers the driver in memory: ~3x slower for ordinary "
+                        "users' starts, which cannot rebuild it", fix)]
+    return [Finding("ok", "node-artifact", f"node artifact {path}: trusted and fresh")]
 
 
 def check_start_image(path: str = "") -> list[Finding]:
-    """Whether GPU starts run their modules from the start image (pyxis_hook/startimage.py) or import them."""
+    """Whether container starts run their modules from the start image (pyxis_hook/startimage.py) or import them."""
     from pyxis_hook import startimage
 
     path = path or startimage.image_path()
@@ -155,12 +117,11 @@ def check_start_image(path: str = "") -> list[Finding]:
     if startimage.writable(path):
         return [Finding("info", "start-image-pending", f"start image {path}: not used now ({why})",
                         "a GPU start imports its modules one by one until the image is (re)written",
-                        "nothing to do: the next GPU start that needs no snapshot rebuild writes it")]
+                        "nothing to do: the next GPU start as the package's owner writes it")]
     return [Finding("warning" if os.geteuid() == 0 else "info", "start-image-unwritable",
-                    f"start image {path}: not used ({why}) and not written: its directory is not writable "
-                    "by this user, or is another user's or writable by others (no start would trust what was "
-                    "written there), or Python runs with -B",
-                    "every GPU start then imports its ~50 modules through the import system, ~14% of a start",
+                    f"start image {path}: not used ({why}) and not written: only the package's owner writes it, "
+                    "in a directory nobody else may write, and not under python -B",
+                    "every GPU start then imports its modules through the import system",
                     "run one GPU container start as root after installing or upgrading (the image is written "
                     "beside the package's bytecode), or install the package in a directory root owns and "
                     "only root may write")]

@@ -202,14 +202,14 @@ def generate_spec(config, *, python: str | None = None, machine: str | None = No
     default directories, which holds for the Debian multiarch dirs in
     Debian/Ubuntu images) and no /proc/driver/nvidia view.
     """
-    from pyxis_hook.host import snapshot
+    from pyxis_hook.host import artifact
     from pyxis_hook.errors import DriverError
     from pyxis_hook.plan.prepare import read_proc_driver_files
     from pyxis_hook.plan.build import build_plan
     from pyxis_hook.spec.request import resolve_request
 
     kind = check_kind(config.cdi_kind)
-    inventory = snapshot.load_or_build(config, strict=False)
+    inventory = artifact.load_or_build(config, strict=False)
     host = inventory.host
     if host.mig_devices:
         # MIG UUIDs (procfs has none) name devices in the spec: ask the driver's NVML, here only

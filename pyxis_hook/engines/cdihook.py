@@ -170,31 +170,3 @@ def hook_plan(step: str, bundle, config, *, links: tuple[str, ...] = (), folders
         view_ = ProcDriverView(host_dir=os.path.join(config.proc_root, "driver/nvidia"), files=files, gpu_dirs=dirs)
         return Plan(rootfs=rootfs, proc_driver=view_)
     raise AssertionError(step)  # check_arguments refused any other step
-
-
-def run_hook(step: str, stdin_bytes: bytes, config, *, links=(), folders=(), libs=(),
-             host_driver_version: str = "") -> None:
-    """Read the state JSON, pin the rootfs, plan the step on the pinned image and apply it there."""
-    from pyxis_hook import log
-    from pyxis_hook.apply import rootpin
-    from pyxis_hook.apply.child import apply_plan
-    from pyxis_hook.spec import oci
-
-    check_arguments(step, links, folders, libs, host_driver_version)
-    state = oci.parse_state(stdin_bytes, require_pid=False, allow_zero_pid=True)
-    bundle = oci.load_bundle(state.bundle)
-    pid, ref = rootpin.hook_processes(state.pid or 0)
-    pinned = rootpin.pin_bundle(bundle, pid, config.writable_bundle, f"container {state.id}: cdi hook {step}", ref=ref)
-    try:
-        plan = hook_plan(step, bundle, config, links=tuple(links), folders=tuple(folders), libs=tuple(libs),
-                         host_driver_version=host_driver_version, view=pinned.view)
-        for note in plan.notes:  # the cuda-compat decision, a link path the image holds a directory at
-            if note.startswith("warning: "):
-                log.warning(f"container {state.id}: cdi hook {step}: {note[len('warning: '):]}")
-            else:
-                log.info(f"container {state.id}: cdi hook {step}: {note}")
-        if plan.empty and plan.ldcache.mode == "none":
-            return
-        apply_plan(plan, pid, config, root=pinned)  # hook plans carry no cgroup rules
-    finally:
-        pinned.close()

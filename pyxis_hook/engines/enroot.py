@@ -3,10 +3,10 @@
 enroot is not an OCI runtime: its hooks (`/etc/enroot/hooks.d/*.sh`) run
 before the container switches root, inside the container's mount namespace,
 with `ENROOT_PID` (the container process), `ENROOT_ROOTFS` and
-`ENROOT_ENVIRON` (the image's environment, `NAME=value` lines).  We read the
-NVIDIA_* variables exactly as enroot's own `98-nvidia.sh` does, then run the
-prestart hook's `hook.prepare` and `apply.apply_plan` with `no-cgroups` (enroot
-never gives a hook a device cgroup to program; under Slurm the step's cgroup
+`ENROOT_ENVIRON` (the image's environment, `NAME=value` lines).  `documents`
+reads the NVIDIA_* variables exactly as enroot's own `98-nvidia.sh` does;
+`pipeline.enroot` then decides and applies with `no-cgroups` (enroot never
+gives a hook a device cgroup to program; under Slurm the step's cgroup
 already confines the container).
 
 enroot's rules, kept on purpose so a site can swap hooks without surprises:
@@ -31,7 +31,7 @@ import posix
 
 from pyxis_hook import pathnames
 from pyxis_hook.errors import UsageError
-from pyxis_hook.record import replace
+from pyxis_hook.record import record
 from pyxis_hook.spec.allocation import is_job_var
 
 TYPE_CHECKING = False
@@ -128,27 +128,23 @@ def append_environ(path: str, items: tuple[tuple[str, str], ...]) -> None:
         raise UsageError(f"ENROOT_ENVIRON {path}: cannot append: {e.strerror}") from None
 
 
-def run_enroot_hook(config, environ: Mapping[str, str]):
-    """The whole hook; returns the ApplyResult (None for a void request)."""
-    from pyxis_hook import log
+@record
+class EnrootDocs:
+    """What enroot tells its hook: the container's pid and rootfs, the env file, the env the request reads.
 
+    `honoured`: the NVIDIA_* values of the hook's own environment to append
+    to the env file (`honoured_env`).
+    """
+
+    pid: int
+    rootfs: str
+    environ_path: str
+    env: dict
+    honoured: tuple[tuple[str, str], ...]
+
+
+def documents(environ: Mapping[str, str]) -> EnrootDocs:
+    """The container as enroot describes it to its hook (`environ`: the hook's own environment)."""
     pid, rootfs, environ_path = enroot_facts(environ)
     file_env = read_environ(environ_path)
-    env = container_env(file_env, environ)
-    honoured = honoured_env(file_env, environ)
-    from pyxis_hook.plan.prepare import prepare
-
-    config = replace(config, no_cgroups=True)
-    prepared = prepare(config, synthetic_bundle(rootfs, env), check=True, cache=True)
-    if prepared.request is not None and prepared.request.void:
-        log.debug(f"enroot container {pid}: {prepared.request.reasons[0]}")
-        append_environ(environ_path, honoured)
-        return None
-    from pyxis_hook.apply.child import apply_plan
-
-    plan = prepared.plan
-    log.info(f"enroot container {pid}: {len(plan.devices)} devices, {len(plan.mounts)} mounts")
-    # written before the mounts: a failed write leaves nothing mounted, and a failed apply makes
-    # enroot refuse the container, whose environment file is then never read
-    append_environ(environ_path, honoured + (plan.env if prepared.allocated else ()))
-    return apply_plan(plan, pid, config)
+    return EnrootDocs(pid, rootfs, environ_path, container_env(file_env, environ), honoured_env(file_env, environ))

@@ -9,7 +9,7 @@ needs libnvidia-glsi/-tls/-glcore, which older lists do not name) and records
 dependencies that are not driver files (libX11.so.6) without injecting them.
 
 Discovery reads every library with pyelftools, so the per-container path
-never loads this module: `snapshot.load_or_build` keeps the result on disk
+never loads this module: `artifact.load_or_build` keeps the result on disk
 and is its only library caller.  Imports neither pyelftools nor jsonschema at
 import time.
 """
@@ -27,7 +27,7 @@ from pyxis_hook.spec.require import version_key
 from pyxis_hook.rootfs import resolve_in_root, to_root_relative
 from pyxis_hook.host.inventory import (VERSIONED_RE, _VERSION_RE, DriverFile, Inventory, NonDriverDep,
                                        driver_major, ipc_files)
-from pyxis_hook.host.snapshot import stat_signature
+from pyxis_hook.host.freshness import stat_signature
 
 
 TYPE_CHECKING = False
@@ -93,7 +93,7 @@ def discover(config, *, strict: bool = True, host: HostGpus | None = None) -> In
     # the tree the driver root names now, pinned: when the root is a link flipped to another
     # driver (an upgrade by a link swap) every path below is still this one tree's, never the
     # old driver's names resolved in the new one's files.  pathnames.realpath, as the start that
-    # compares it (host/snapshot.load) computes it: one answer on every Python version
+    # compares it (host/artifact.load) computes it: one answer on every Python version
     root = pathnames.realpath(config.driver_root)
     # procfs files are not stat-signed: their inode times change when the kernel
     # re-instantiates them; the snapshot compares the version text instead

@@ -1,10 +1,7 @@
 """The parser of each file the NVIDIA kernel module publishes, for discovery (`host/gpuscan.py`).
 
-Apart from the records (`host/gpus.py`): a container start whose GPUs come
-from the GPU memo (`host/gpumemo.py`) replays discovery's looks and parses
-nothing, so it never loads this module.  Each parser takes the file's text
-and never raises for a malformed one: what it cannot read is left out, and
-discovery warns about the file.
+Each parser takes the file's text and never raises for a malformed one:
+what it cannot read is left out, and discovery warns about the file.
 """
 
 from __future__ import annotations

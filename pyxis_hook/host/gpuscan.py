@@ -1,11 +1,8 @@
-"""Reading the files the NVIDIA kernel module publishes into a HostGpus, every look kept.
+"""The files the NVIDIA kernel module publishes, read into a HostGpus on every start.
 
 `discover_gpus` reads `/proc/driver/nvidia`, `/proc/devices` and the device
 nodes under `/dev` (the records are `host/gpus.py`, the parser of each file
-`host/gpufiles.py`).  Each look at the host (a file read, a directory
-listed, a node stat'ed) goes through a `host/gpulooks.py` `Reader`, which
-keeps what it found: a start whose GPU memo replays those looks
-(`host/gpumemo.py`) never loads this module nor the parsers.
+`host/gpufiles.py`), each probe through a `host/probe.py` `Reader`.
 """
 
 from __future__ import annotations
@@ -16,7 +13,7 @@ import stat
 from pyxis_hook import pathnames
 from pyxis_hook.host.gpufiles import (majors_from_devices, numbered, parse_access_minor, parse_driver_version,
                                       parse_information, parse_mig_minors, parse_proc_devices, truthy)
-from pyxis_hook.host.gpulooks import Reader
+from pyxis_hook.host.probe import Reader
 from pyxis_hook.host.gpus import (MODESET_MINOR, NVIDIA_MAJOR, NVIDIACTL_MINOR, DeviceMajors, DeviceNode, Gpu,
                                   HostGpus, MigDevice, cap_node_path, format_bus_id, imex_node_path, parse_bus_id)
 
@@ -29,8 +26,8 @@ def _join(root: str, path: str) -> str:
 def discover_gpus(proc_root: str = "/proc", dev_root: str = "/", reader: Reader | None = None) -> HostGpus:
     """Read `<proc-root>/driver/nvidia`, `<proc-root>/devices` and `<dev-root>/dev` into a HostGpus.
 
-    Every file and directory is looked at through `reader` (a fresh one by
-    default), which keeps what each look found (`Reader.seen`).
+    Every file and directory is probed through `reader` (a fresh one by
+    default), which collects the warnings.
 
     MIG device UUIDs stay None: `host.nvml.fill_mig_uuids` asks the driver's NVML for them.
     """

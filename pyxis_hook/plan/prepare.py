@@ -1,22 +1,31 @@
-"""One container start: state -> bundle -> Request -> Inventory -> Plan (-> apply).
+"""The deciding part of a container start: bundle -> GPUs -> node artifact -> Request -> Plan.
 
-`prepare` is shared by `prestart` (which then applies), `plan` (which
-prints) and the enroot mode (which builds a synthetic bundle), so the dry
-run and the real run take every decision in the same code.
+`prepare` is shared by every container start (`pyxis_hook/pipeline.py`,
+which then applies), `plan` (which prints), `precreate` and the enroot
+mode, so the dry run and the real run take every decision in the same code.
+Loaded only once a container asks for a GPU.
 """
 
 from __future__ import annotations
 
 import posix
 
-from pyxis_hook import log, pathnames
-from pyxis_hook.rootfs import read_to_end
-from pyxis_hook.spec.config import Config
-from pyxis_hook.plan.build import Plan
+from pyxis_hook import asks, log, pathnames
+from pyxis_hook.errors import DriverError
+from pyxis_hook.host import artifact, cgroup, gpus
+from pyxis_hook.host.cudaversion import format_cuda_version
+from pyxis_hook.host.gpuscan import discover_gpus
+from pyxis_hook.plan.build import Plan, build_plan
+from pyxis_hook.plan import taskview
+from pyxis_hook.plan.container import container_facts
 from pyxis_hook.record import record, replace
+from pyxis_hook.rootfs import read_to_end
+from pyxis_hook.spec import envreads, oci
+from pyxis_hook.spec import request as req
+from pyxis_hook.spec.config import Config
 
 TYPE_CHECKING = False
-if TYPE_CHECKING:  # hints only: both are loaded by prepare() anyway, after the void check
+if TYPE_CHECKING:  # hints only
     from pyxis_hook.host.inventory import Inventory
     from pyxis_hook.spec.request import Request
 
@@ -28,7 +37,6 @@ PROC_FILE_LIMIT = 1 << 20
 class Prepared:
     """Everything decided for one container; `inventory` is None for a void request.
 
-    A plan from the decision cache comes without `request` and `inventory` (None).
     `allocated`: the GPUs are the batch scheduler's allocation (the enroot hook
     then exports the plan's env to the job).
     """
@@ -85,9 +93,6 @@ def confinement(env, host, proc_root: str = "/proc", pid: int | str | None = Non
     variables that hold the task's renumbered view are set aside
     (`taskview`); the log says which source won.
     """
-    from pyxis_hook.host import cgroup, gpus
-    from pyxis_hook.plan import taskview
-
     pid = posix.getpid() if pid is None else pid
     bound = cgroup.gpu_bound(proc_root, pid, [g.minor for g in host.gpus], host.majors.nvidia or gpus.NVIDIA_MAJOR)
     allowed = None
@@ -109,105 +114,43 @@ def confinement(env, host, proc_root: str = "/proc", pid: int | str | None = Non
 
 
 def prepare(config: Config, bundle, *, state=None, check: bool = False, confine: bool = True,
-            pin=None, cache: bool = False) -> Prepared:
+            view: str | None = None) -> Prepared:
     """Decide everything for `bundle` (an oci.Bundle); never touches the container.
 
-    `check`: raise DriverError with the plan's first problem (what the hook
-    and every mode that applies the plan want).  `confine`: bound the
-    selection by the GPUs this process's device cgroup allows (a hook run
-    inside a Slurm step); `plan` passes the same default, so the dry run
-    decides as the real run does.  `pin`: called once the container asks for
-    a GPU, before anything of its rootfs is read; it returns the path the
-    image is read through (prestart's `rootpin.PinnedRoot.view`: the rootfs
-    the runtime mounted, not whatever `bundle.rootfs` names by now).  The
-    plan still names `bundle.rootfs`.  `cache`: take the plan from the
-    decision cache when every input is as an earlier start found it
-    (`plan.decisions`; the result then has no request or inventory), and
-    keep this start's decision there otherwise.
+    The stages, in order: the no-GPU answer; the GPUs read now and the
+    device cgroup's bound; the node artifact; the request against the
+    job's allocation; the driver files selected for its capabilities; the
+    image's facts; the plan.  `check`: raise DriverError with the plan's
+    first problem.  `confine`: bound the selection by this process's device
+    cgroup (`plan` passes the default too, so the dry run decides as the
+    start does).  `view`: the path the image is read through (a start's
+    pinned rootfs, `rootpin.PinnedRoot.view`); the plan still names
+    `bundle.rootfs`.
     """
-    from pyxis_hook import asks
-    from pyxis_hook.spec import oci
-
     env = bundle.env_map()
     annotations = oci.state_annotations(state, bundle) if state is not None else bundle.annotation_map()
     if asks.void_reason(env) is not None:  # the rule request.void_request applies
-        from pyxis_hook.spec.request import void_request
-
-        void = void_request(env)
+        void = req.void_request(env)
         return Prepared(void, None, Plan(rootfs=bundle.rootfs, notes=void.reasons))
-
-    view = pin() if pin is not None else bundle.rootfs
-    from pyxis_hook.spec import envreads
-
-    looks = None
-    if cache:  # fresh on every start, never from the snapshot; parsed again only when a look differs
-        from pyxis_hook.host.gpumemo import start_gpus
-
-        # GPUs that must be discovered are a new key: the start plans, so discovery's modules join the
-        # planner's tier (`plan_tier`), not the image every start runs
-        host, looks = start_gpus(config, on_miss=plan_tier)
-    else:
-        from pyxis_hook.host.gpuscan import discover_gpus
-
-        host = discover_gpus(config.proc_root, config.dev_root)
+    view = view or bundle.rootfs
+    host = discover_gpus(config.proc_root, config.dev_root)
     allowed = None
     if confine:
         env, allowed = confinement(env, host)
     proc_files = read_proc_driver_files(config.proc_root)
-    lookup = None
-    if cache and not envreads.names_mig_uuid(env):  # NVML's MIG UUIDs are asked on every start
-        from pyxis_hook.plan import decisions
-
-        lookup = decisions.Lookup(config, host, env, annotations, bundle.privileged, allowed, view, proc_files,
-                                  gpu_looks=looks)
-        cached = lookup.plan()
-        log.debug(lookup.why)
-        if cached is not None:
-            plan, allocated = cached
-            return _checked(Prepared(None, None, replace(plan, rootfs=bundle.rootfs), allocated), check)
-        plan_tier()
-        from pyxis_hook.plan import decisionkeep
-
-        env = decisionkeep.ObservedEnv(env)  # records what the request reads of it, for the decision kept below
-
-    from pyxis_hook.host import snapshot
-    from pyxis_hook.plan.container import container_facts, with_occupants
-    from pyxis_hook.plan.build import build_plan
-    from pyxis_hook.spec import request as req
-
-    seen: list = []
-    inventory = snapshot.load_or_build(config, strict=False, host=host, seen=seen)
-    host = inventory.host
-    if envreads.names_mig_uuid(env) and any(m.uuid is None for m in host.mig_devices):
+    inventory = artifact.load_or_build(config, strict=False, host=host)
+    if envreads.names_mig_uuid(env) and any(m.uuid is None for m in inventory.host.mig_devices):
         inventory = with_mig_uuids(inventory)
-        host = inventory.host
-    cuda = None
-    if inventory.cuda_version:
-        from pyxis_hook.host.cudaversion import format_cuda_version
-
-        cuda = format_cuda_version(inventory.cuda_version)
-    request = req.resolve_request(env, annotations, host, config, allowed, cuda_version=cuda,
+    cuda = format_cuda_version(inventory.cuda_version) if inventory.cuda_version else None
+    request = req.resolve_request(env, annotations, inventory.host, config, allowed, cuda_version=cuda,
                                   privileged=bundle.privileged)
-    # what the image holds where the libraries' links go decides link or cover (plan.link_edit)
     files = inventory.select(request.capabilities)
-    # the lookup read the image's facts already: only the links' occupants depend on the request
-    facts = with_occupants(lookup.facts, view, files) if lookup is not None else container_facts(view, files=files)
+    # what the image holds where the libraries' links go decides link or cover (plan.link_edit)
+    facts = container_facts(view, files=files)
     if view != bundle.rootfs:
         facts = replace(facts, rootfs=bundle.rootfs)
     plan = build_plan(request, inventory, facts, config, proc_files=proc_files)
-    allocated = request.allocation is not None
-    if lookup is not None:
-        log.debug(decisionkeep.save(lookup, env, inventory, files, facts, plan, allocated, seen))
-    return _checked(Prepared(request, inventory, plan, allocated), check)
-
-
-def plan_tier() -> None:
-    """Load the start image's planning tier: the modules a start served by the decision cache never runs."""
-    from pyxis_hook import startimage
-
-    tier = startimage.load_tier("plan")
-    if tier is not None:
-        log.debug(tier.status)
+    return _checked(Prepared(request, inventory, plan, request.allocation is not None), check)
 
 
 def _checked(prepared: Prepared, check: bool) -> Prepared:
@@ -215,7 +158,5 @@ def _checked(prepared: Prepared, check: bool) -> Prepared:
     for note in prepared.plan.notes:
         log.debug(note)
     if check and prepared.plan.problems:
-        from pyxis_hook.errors import DriverError
-
         raise DriverError(prepared.plan.problems[0])
     return prepared

@@ -31,8 +31,8 @@ from fixtures.herd import mounts_under, run_herd
 from fixtures.maps import MAPS_C, mapped
 from fixtures.realdriver import CUDA_VERSION, TRIPLET_DIR, driver_version, require_driver_root
 from fixtures.synth import build_exe
-from pyxis_hook.errors import SnapshotError
-from pyxis_hook.host import gpumemo, snapshot
+from pyxis_hook.errors import ArtifactError
+from pyxis_hook.host import artifact
 from pyxis_hook.rootfs import resolve_in_root
 from pyxis_hook.spec.config import load_config
 
@@ -98,13 +98,8 @@ def _which_driver(out: str, trees: dict[str, dict[str, int]]) -> str | None:
 
 
 def _snapshots(d: Path) -> list[Path]:
-    """The inventory snapshots in `d` (not the build lock, nor the GPU memo or decisions beside them)."""
+    """The node artifacts in `d` (not the build lock beside them)."""
     return sorted(p for p in d.iterdir() if p.name.startswith("inventory-"))
-
-
-def _memos(d: Path) -> list[str]:
-    """The GPU memos (`host/gpumemo.py`): one per proc-root and dev-root, however many starts wrote it at once."""
-    return sorted(p.name for p in d.iterdir() if p.name.startswith("gpus-"))
 
 
 def test_herd_builds_one_snapshot_and_every_container_gets_the_host_driver(tmp_path):
@@ -126,9 +121,10 @@ def test_herd_builds_one_snapshot_and_every_container_gets_the_host_driver(tmp_p
         assert f"cuDriverGetVersion={CUDA_VERSION['535']}" in s.stdout, s.stdout
         assert mapped(s.stdout, STEMS) == {stem: {want[stem]} for stem in STEMS}, (s.stdout, want)
     files = _snapshots(snap)
-    assert [p.name for p in files] == [os.path.basename(snapshot.snapshot_path(load_config(str(host.conf))))]
-    assert _memos(snap) == [os.path.basename(gpumemo.memo_path(load_config(str(host.conf))))]
-    inv = snapshot.load(load_config(str(host.conf)))
+    assert [p.name for p in files] == [os.path.basename(artifact.artifact_path(load_config(str(host.conf))))]
+    # the node artifact is the one file a start keeps there (besides its hidden build lock)
+    assert sorted(p.name for p in snap.iterdir() if not p.name.startswith(".")) == [files[0].name]
+    inv = artifact.load(load_config(str(host.conf)))
     assert inv.driver_version == driver_version("535") and inv.driver_root == str(root)
 
 
@@ -182,14 +178,14 @@ def test_driver_upgraded_during_a_herd_gives_each_container_one_driver(tmp_path)
     # one snapshot file; the last writer may have been a start that took the old tree, which the
     # next start finds stale and replaces
     conf = load_config(str(host.conf))
-    assert [p.name for p in _snapshots(snap)] == [os.path.basename(snapshot.snapshot_path(conf))]
+    assert [p.name for p in _snapshots(snap)] == [os.path.basename(artifact.artifact_path(conf))]
     try:
-        inv = snapshot.load(conf)
-    except SnapshotError as e:
+        inv = artifact.load(conf)
+    except ArtifactError as e:
         assert "stale" in str(e)
-        inv = snapshot.load_or_build(conf)
+        inv = artifact.load_or_build(conf)
     assert inv.driver_version == driver_version("550") and inv.driver_root == str(trees["550"])
-    assert snapshot.load(conf) == inv
+    assert artifact.load(conf) == inv
 
 
 def test_driver_upgraded_between_plan_and_apply_gives_the_old_driver_whole(tmp_path):

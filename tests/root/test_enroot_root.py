@@ -152,22 +152,18 @@ def test_host_dev_bound_in_gets_no_mount_point(setup):
 
 
 @pytest.mark.root
-def test_shim_start_runs_from_its_own_start_image(setup):
-    """The shim's call skips the CLI and, once warm, runs its modules from the enroot start image.
+def test_shim_start_runs_from_the_start_image(setup):
+    """The shim's call skips the CLI and, once warm, runs its modules from the start image.
 
-    Cold (no image), then warm: each start injects the same nodes, and the
-    prestart hook's image is neither read nor written by these starts.
+    Cold (no image), then warm: each start injects the same nodes.
     """
     from pathlib import Path
 
     from pyxis_hook import startimage
 
     host, shim, c, tmp = setup
-    image, prestart_image = Path(startimage.image_path("enroot")), Path(startimage.image_path())
-    assert image != prestart_image
-    image.unlink(missing_ok=True)
-    Path(startimage.image_path("enroot", tier="plan")).unlink(missing_ok=True)  # cold: neither tier
-    prestart_before = prestart_image.stat().st_mtime_ns if prestart_image.exists() else None
+    image = Path(startimage.image_path())
+    image.unlink(missing_ok=True)  # cold
     env_file = _environ(tmp, ["PATH=/usr/bin", "NVIDIA_VISIBLE_DEVICES=1", "NVIDIA_DRIVER_CAPABILITIES=utility"])
     log = host.base / "hook.log"
     containers = [c] + [EnrootContainer(fresh_rootfs(tmp / f"rootfs{i}")) for i in (1, 2, 3)]
@@ -178,13 +174,11 @@ def test_shim_start_runs_from_its_own_start_image(setup):
             assert r.returncode == 0, r.stderr
             assert sorted(box.sh("ls /dev | grep nvidia").split()) == ["nvidia1", "nvidiactl"]  # utility: no uvm
             text = log.read_text()
-            assert f"start image {image}" in text, text  # this entry's own image, never prestart's
+            assert f"start image {image}" in text, text
             if i == 0:
-                assert f"start image {image}: not used" in text
-        assert re.search(rf"start image {re.escape(str(image))}: \d+ modules loaded", text)  # warm: from the image
-        assert "decisions from " in text  # and took its plan from the decision cache
+                assert f"start image {image}: boot section not used" in text
+        assert re.search(rf"start image {re.escape(str(image))}: start section: \d+ modules loaded", text)  # warm
         assert "argparse" not in startimage.held(str(image)) and "pyxis_hook.cli" not in startimage.held(str(image))
     finally:
         for box in containers[1:]:
             box.close()
-    assert (prestart_image.stat().st_mtime_ns if prestart_image.exists() else None) == prestart_before

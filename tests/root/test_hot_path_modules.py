@@ -52,10 +52,9 @@ def gpu_start_modules(tmp_path_factory) -> list[str]:
 
     # the first start then imports every module through the import system (-X importtime lists them all)
     # whatever an earlier run left
-    for path in (startimage.image_path(), startimage.image_path(tier="plan"), startimage.image_path(tier=startimage.BOOT)):
-        Path(path).unlink(missing_ok=True)
+    Path(startimage.image_path()).unlink(missing_ok=True)
     names: list[str] = []
-    # the first start builds the snapshot; the second plans (it finds no decision to take) and applies
+    # the first start builds the node artifact; the second reads it, plans and applies
     for _ in range(2):
         proc = start_standin(f'mount --bind "{rootfs}" "{rootfs}" && '
                              f'mount -t tmpfs tmpfs "{rootfs}/dev" && exec sleep 600')
@@ -71,8 +70,7 @@ def gpu_start_modules(tmp_path_factory) -> list[str]:
                  if line.startswith("import time:") and "self [us]" not in line]
     # what ran from the start image (pyxis_hook/startimage.py) bypassed the import system: -X importtime
     # does not list it
-    return names + [name for path in (startimage.image_path(), startimage.image_path(tier="plan"),
-                                      startimage.image_path(tier=startimage.BOOT)) for name in startimage.held(path)]
+    return names + list(startimage.held())
 
 
 def test_every_module_of_a_gpu_start_is_in_the_prestart_contract(gpu_start_modules):

@@ -42,7 +42,7 @@ def test_internal_error_without_log_file_says_how_to_get_one(tmp_path, monkeypat
 
 
 def test_internal_signals_are_no_user_errors(tmp_path, monkeypatch, capsys):
-    """CannotMerge, LoadFailed, SnapshotError and SyscallError are caught by their own callers:
+    """CannotMerge, LoadFailed, ArtifactError and SyscallError are caught by their own callers:
     one that reaches the CLI is a bug (exit 70), never a `pyxis-hook: error:` line of exit 3,
     and an `except PyxisHookError` around user errors never swallows one."""
     from pyxis_hook.apply.kernel import SyscallError
@@ -51,7 +51,7 @@ def test_internal_signals_are_no_user_errors(tmp_path, monkeypatch, capsys):
 
     conf = tmp_path / "pyxis.conf"
     conf.write_text("")
-    signals = (CannotMerge("c"), LoadFailed("libx.so", "file too short"), errors.SnapshotError("s"),
+    signals = (CannotMerge("c"), LoadFailed("libx.so", "file too short"), errors.ArtifactError("s"),
                SyscallError("mount /x: Permission denied", 1))
     for signal in signals:
         assert isinstance(signal, errors.InternalSignal) and not isinstance(signal, errors.PyxisHookError)

@@ -1,6 +1,6 @@
 """The hook's early exit for containers that ask for no GPU (at most 1.3x a bare interpreter).
 
-`prestart.first_look` must agree with `request.void_request` (the full
+`start.first_look` must agree with `request.void_request` (the full
 path's decision) and return False, never guess, on anything unusual.  Its
 point is what it does *not* import, checked in a fresh interpreter.
 """
@@ -19,7 +19,8 @@ from fixtures.oci_state import state_json
 import pyxis_hook
 from pyxis_hook import errors
 from pyxis_hook.spec import oci
-from pyxis_hook.commands.prestart import documents, first_look
+from pyxis_hook.pipeline import documents
+from pyxis_hook.start import first_look
 from pyxis_hook.spec.request import void_request
 
 NAMES = st.sampled_from(["NVIDIA_VISIBLE_DEVICES", "CUDA_VERSION", "NVIDIA_REQUIRE_CUDA", "PATH", "X"])
@@ -107,18 +108,17 @@ def test_bad_early_documents_fail_as_the_full_path_does(tmp_path):
     assert str(early.value) == str(full.value)
 
 
-def _loaded(importtime: bytes, entry: str = "prestart") -> set[str]:
-    """The modules a run with `-X importtime` loaded: those it lists, and its boot tier's when that is current.
+def _loaded(importtime: bytes) -> set[str]:
+    """The modules a run with `-X importtime` loaded: those it lists, and the image's boot section's when current.
 
-    What runs from `entry`'s boot tier (pyxis_hook/startimage.py, written by
-    an earlier GPU start of this checkout) bypasses the import system, so
-    importtime does not list it.
+    What runs from the start image's boot section (pyxis_hook/startimage.py,
+    written by an earlier GPU start of this checkout) bypasses the import
+    system, so importtime does not list it.
     """
     from pyxis_hook import startimage
 
     listed = {line.split("|")[-1].strip() for line in importtime.decode().splitlines() if line.startswith("import time:")}
-    boot = startimage.image_path(entry, startimage.BOOT)
-    return listed | (set(startimage.held(boot)) if not startimage.state(boot)[1] else set())
+    return listed | (set(startimage.held(section="boot")) if not startimage.state()[1] else set())
 
 
 def test_void_exit_imports_almost_nothing(tmp_path):
@@ -131,13 +131,13 @@ def test_void_exit_imports_almost_nothing(tmp_path):
     loaded = _loaded(r.stderr)
     heavy = {"os", "json", "re", "logging", "subprocess", "argparse", "tomllib", "dataclasses", "pyxis_hook.spec.config",
              "pyxis_hook.spec.oci", "pyxis_hook.spec.request", "pyxis_hook.log", "pyxis_hook.cli"}
-    assert "pyxis_hook.commands.prestart" in loaded
+    assert "pyxis_hook.start" in loaded
     assert not heavy & loaded, sorted(loaded)
     # of ours, only these: every other package `__init__` would be one more module on each start
     # (`installpaths` is __main__'s own code, kept as cached bytecode instead of compiled on each run)
     assert {m for m in loaded if m.startswith("pyxis_hook")} == {
-        "pyxis_hook", "pyxis_hook.startimage", "pyxis_hook.installpaths", "pyxis_hook.commands",
-        "pyxis_hook.commands.prestart", "pyxis_hook.asks", "pyxis_hook.fastjson"}
+        "pyxis_hook", "pyxis_hook.startimage", "pyxis_hook.trust", "pyxis_hook.installpaths",
+        "pyxis_hook.start", "pyxis_hook.asks", "pyxis_hook.fastjson"}
 
 
 def test_enroot_shim_call_skips_the_cli():
@@ -148,8 +148,8 @@ def test_enroot_shim_call_skips_the_cli():
     assert r.returncode != 0
     errors = [line for line in r.stderr.decode().splitlines() if not line.startswith("import time:")]
     assert len(errors) == 1 and "ENROOT_PID" in errors[0], errors  # the hook's own one-line error
-    loaded = _loaded(r.stderr, "enroot")
-    assert "pyxis_hook.commands.enroot" in loaded
+    loaded = _loaded(r.stderr)
+    assert "pyxis_hook.start" in loaded
     assert not {"argparse", "os", "pyxis_hook.cli", "pyxis_hook.commands.plan", "pyxis_hook.commands.doctor"} & loaded
 
 
@@ -196,14 +196,14 @@ def test_a_relative_or_empty_interpreter_path_never_picks_a_venv_from_the_workin
 
 
 def _gc_after_main_fast(tmp_path, env: list[str], pid: bool) -> tuple[int, str]:
-    """(exit code, gc.isenabled()) of `prestart.main_fast` for a bundle with `env`, in a fresh interpreter."""
+    """(exit code, gc.isenabled()) of `start.dispatch(["prestart"])` for a bundle with `env`, in a fresh interpreter."""
     (tmp_path / "config.json").write_text(json.dumps({"process": {"env": env}}))
     state = json.loads(state_json(tmp_path))
     if not pid:
         state.pop("pid", None)
-    code = ("import gc, io, sys; from pyxis_hook.commands import prestart; "
+    code = ("import gc, io, sys; from pyxis_hook import start; "
             f"sys.stdin = io.TextIOWrapper(io.BytesIO({json.dumps(state).encode()!r})); "
-            "rc = prestart.main_fast(); print(rc, gc.isenabled())")
+            "rc = start.dispatch(['prestart']); print(rc, gc.isenabled())")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        env={**os.environ, "PYXIS_HOOK_CONFIG": str(tmp_path / "none.conf")})
     rc, enabled = r.stdout.split()
@@ -225,7 +225,7 @@ def test_the_command_script_imports_no_re(tmp_path):
                        input=state_json(tmp_path).encode(), capture_output=True, env={"PYTHONPATH": repo})
     assert r.returncode == 0, r.stderr
     loaded = _loaded(r.stderr)
-    assert "pyxis_hook.commands.prestart" in loaded and "re" not in loaded, sorted(loaded)
+    assert "pyxis_hook.start" in loaded and "re" not in loaded, sorted(loaded)
 
 
 def test_the_runtimes_call_ends_without_teardown(tmp_path):
@@ -249,21 +249,18 @@ def test_the_runtimes_call_ends_without_teardown(tmp_path):
 
 
 def test_the_command_lines_a_start_runs_without_the_parser():
-    """One table says which command lines skip the parser and load their kind's boot tier first."""
+    """One table says which command lines skip the parser and load the start image's boot section first."""
     from pyxis_hook import startimage
 
     assert startimage.fast_kind(["prestart"]) == "prestart" == startimage.fast_kind(["createRuntime"])
     assert startimage.fast_kind(["enroot"]) == "enroot"
     for argv in ([], ["prestart", "--bundle", "/b"], ["cdi", "hook", "create-symlinks"], ["plan"], ["enroot", "x"]):
         assert startimage.fast_kind(argv) is None, argv
-    # each kind's boot tier lies beside its image: a prestart start never runs what only enroot's imports
-    assert startimage.image_path("prestart", startimage.BOOT) != startimage.image_path("enroot", startimage.BOOT)
-
 
 
 def test_the_early_look_reads_no_state_the_full_path_would_refuse_for_its_size():
     """The full path takes the early look's state document without `parse_state`'s size check: the cap covers it."""
-    from pyxis_hook.commands import prestart
+    from pyxis_hook import start
     from pyxis_hook.spec import oci
 
-    assert prestart._FAST_LIMIT <= oci.MAX_STATE_BYTES
+    assert start.FIRST_LOOK_LIMIT <= oci.MAX_STATE_BYTES

@@ -38,14 +38,14 @@ RUNNER = """
 import sys
 sys.path[:0] = [{repo!r}, {lib!r}]
 from pyxis_hook import startimage
-""" + SPY + """loaded = startimage.load({image!r})
+""" + SPY + """startimage.load({image!r})
 for name in sys.argv[1:]:
     __import__(name)
-saved = startimage.save(loaded)
+saved = startimage.save()
 import pkgx, pkgx.b
 order = [n for n in sys.modules if n.startswith("pkgx")]
 ext = sys.modules.get({ext!r})
-print(repr(dict(status=loaded.status, saved=saved, value=pkgx.b.VALUE, order=order,
+print(repr(dict(status="\\n".join(startimage.statuses()), saved=saved, value=pkgx.b.VALUE, order=order,
                 found=[n for n in found if n.startswith("pkgx")], found_all=found,
                 ext_file=getattr(ext, "__file__", None), ext_works=ext is not None and {ext_check},
                 b_file=pkgx.b.__file__, b_package=pkgx.b.__package__, b_spec=pkgx.b.__spec__.origin,
@@ -247,14 +247,14 @@ def test_nothing_is_written_where_no_start_could_use_it(pkg, how):
     assert not image.exists()
 
 
-def test_a_start_that_rebuilt_the_snapshot_writes_nothing(pkg):
+def test_a_start_that_rebuilt_the_node_artifact_writes_nothing(pkg):
     """pyxelftools imported means discovery ran: the image would otherwise run it on every start."""
     src, image, start = pkg
     elftools = src.parent / "elftools"
     elftools.mkdir()
     (elftools / "__init__.py").write_text("")
     r = start("pkgx.b", "elftools")
-    assert "rebuilt the host snapshot" in r["saved"] and not image.exists()
+    assert "rebuilt the node artifact" in r["saved"] and not image.exists()
 
 
 def test_the_package_image_lives_beside_its_bytecode(monkeypatch):
@@ -317,85 +317,52 @@ def test_the_package_itself_has_no_assert_statement():
     assert found == []
 
 
-TIER_RUNNER = """
-import sys
-sys.path[:0] = [{repo!r}, {lib!r}]
-from pyxis_hook import startimage
-first = startimage.load({image!r})
-import pkgx.a
-if "plan" in sys.argv:
-    startimage.load_tier("plan")
-    import pkgx.b
-    if startimage.load_tier("plan") is not None:  # asked again (a GPU discovery, then the plan): loaded once
-        raise SystemExit("the tier was loaded twice")
-saved = startimage.save_all()
-print(repr(dict(saved=saved, status=[i.status for i in startimage._started],
-                mods=sorted(n for n in sys.modules if n.startswith("pkgx")))))
-"""
-
-
-def test_a_later_tier_holds_what_was_imported_after_it_and_runs_only_when_loaded(pkg):
-    """The planning modules' tier: a start that never asks for it runs none of its modules."""
-    src, image, _start = pkg
-    script = TIER_RUNNER.format(repo=str(REPO), lib=str(src.parent), image=str(image))
-
-    def run(*args: str) -> dict:
-        r = subprocess.run([sys.executable, "-I", "-S", "-c", script, *args], capture_output=True, text=True)
-        assert r.returncode == 0, r.stderr
-        return ast.literal_eval(r.stdout.strip().splitlines()[-1])
-
-    cold = run("plan")
-    assert cold["saved"][0].endswith("written, 2 modules") and cold["saved"][1].endswith("written, 1 modules")
-    tier = image.parent / "start-image-plan.bin"
-    assert tier.exists()
-    served = run()  # the tier is not asked for: pkgx.b never runs
-    assert served["status"][0].endswith("2 modules loaded") and len(served["status"]) == 1
-    assert served["mods"] == ["pkgx", "pkgx.a"] and served["saved"] == []
-    planned = run("plan")
-    assert planned["status"] == [f"start image {image}: 2 modules loaded", f"start image {tier}: 1 modules loaded"]
-    assert planned["mods"] == ["pkgx", "pkgx.a", "pkgx.b"] and planned["saved"] == []
-
-
 BOOT_RUNNER = """
 import sys
 sys.path[:0] = [{repo!r}, {lib!r}]
 from pyxis_hook import startimage
-""" + SPY + """startimage.load_boot("prestart", {boot!r})
-import pkgx.a  # what a run imports before it knows its kind (the dispatch, the no-GPU check)
-startimage.load({image!r})
-import pkgx.b
-if "plan" in sys.argv:
-    startimage.load_tier("plan")
-    import pkgx.c
-saved = startimage.save_all()
-print(repr(dict(saved=saved, status=[i.status for i in startimage._started],
+""" + SPY + """startimage.load_boot({image!r})
+import pkgx.a  # what a run imports before it knows it has GPU work (the dispatch, the no-GPU check)
+if "void" not in sys.argv:
+    startimage.load({image!r})
+    for name in sys.argv[1:]:
+        __import__(name)
+saved = startimage.save()
+print(repr(dict(saved=saved, status=list(startimage.statuses()),
+                mods=sorted(n for n in sys.modules if n.startswith("pkgx")),
                 found=[n for n in found if n.startswith("pkgx")])))
 """
 
 
-def test_the_boot_image_holds_what_was_imported_before_the_entrys_image(pkg):
-    """A run loads the boot image first; a GPU start writes it with what it imported before its own image."""
+def test_the_boot_section_holds_what_was_imported_before_the_start_section(pkg):
+    """One file, two sections: a no-GPU run runs only the boot one; each kind of start adds what it imported."""
     src, image, _start = pkg
-    boot = image.parent / "start-image-boot.bin"
-    script = BOOT_RUNNER.format(repo=str(REPO), lib=str(src.parent), boot=str(boot), image=str(image))
+    script = BOOT_RUNNER.format(repo=str(REPO), lib=str(src.parent), image=str(image))
 
     def run(*args: str) -> dict:
         r = subprocess.run([sys.executable, "-I", "-S", "-c", script, *args], capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
         return ast.literal_eval(r.stdout.strip().splitlines()[-1])
 
-    cold = run("plan")
-    assert cold["found"] == ["pkgx", "pkgx.a", "pkgx.b", "pkgx.c"]
-    assert [line.rpartition(": ")[2] for line in cold["saved"]] == ["written, 2 modules", "written, 1 modules",
-                                                                  "written, 1 modules"]
-    # the planning tier lies beside the entry's image, not beside the boot image
-    tier = image.parent / "start-image-plan.bin"
-    assert tier.exists() and not (image.parent / "start-image-boot-plan.bin").exists()
-    warm = run("plan")
-    assert warm["found"] == [] and warm["saved"] == []
-    assert warm["status"] == [f"start image {boot}: 2 modules loaded", f"start image {image}: 1 modules loaded",
-                              f"start image {tier}: 1 modules loaded"]
-    (src / "a.py").write_text("A = 2\n")  # a boot module changed: the boot image is unused and rewritten
-    changed = run()
-    assert changed["found"] == ["pkgx", "pkgx.a"] and changed["saved"][0].endswith("written, 2 modules")
-    assert changed["status"][0].startswith(f"start image {boot}: not used: stale")
+    cold = run("pkgx.b")
+    assert cold["found"] == ["pkgx", "pkgx.a", "pkgx.b"] and cold["saved"].endswith("written, 3 modules")
+    from pyxis_hook import startimage
+
+    assert startimage.held(str(image), "boot") == ("pkgx", "pkgx.a")
+    assert startimage.held(str(image), "start") == ("pkgx.b",)
+    void = run("void")  # the no-GPU exit: the boot section only, nothing written
+    assert void["found"] == [] and void["mods"] == ["pkgx", "pkgx.a"] and void["saved"] == ""
+    assert void["status"] == [f"start image {image}: boot section: 2 modules loaded"]
+    other = run("pkgx.c")  # another kind of start: the image grows, keeping what the first one ran
+    assert other["found"] == ["pkgx.c"] and other["saved"].endswith("written, 4 modules")
+    assert set(startimage.held(str(image), "start")) == {"pkgx.b", "pkgx.c"}
+    warm = run("pkgx.b")
+    assert warm["found"] == [] and warm["saved"] == ""
+    assert warm["status"] == [f"start image {image}: boot section: 2 modules loaded",
+                              f"start image {image}: start section: 2 modules loaded"]
+    _bump(src / "a.py", "A = 2\n")  # a boot module changed: that section unused and rewritten, the other runs
+    changed = run("pkgx.b")
+    assert changed["found"] == ["pkgx", "pkgx.a"] and "stale" in changed["status"][0]
+    assert changed["status"][1].endswith("start section: 2 modules loaded")
+    assert changed["saved"].endswith("written, 4 modules")
+    assert run("pkgx.b")["found"] == []

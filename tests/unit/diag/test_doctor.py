@@ -213,47 +213,16 @@ def test_runtimes(tmp_path):
     assert [f.what for f in doctor.check_runtimes(Config(), env)] == [f"{fake}: crun version 9.9"]
 
 
-def test_command_form(tmp_path):
-    """The `pyxis-hook` command on the search path: pip's form until its first run, then -IS; or why not."""
-    import sys
+def test_node_artifact_finding(tmp_path, driver):
+    """Doctor says whether the node artifact is trusted and fresh, and how to rebuild it when not."""
+    from pyxis_hook.host import artifact
 
-    from pyxis_hook.engines import command
-
-    prefix = tmp_path / "prefix"
-    bindir = prefix / "bin"
-    site = prefix / "lib" / "python3" / "site-packages"
-    (site / "pyxis_hook").mkdir(parents=True)
-    bindir.mkdir()
-    for d in (tmp_path, prefix, bindir, prefix / "lib", site.parent, site, site / "pyxis_hook"):
-        os.chmod(d, 0o755)
-    env = denv(tmp_path, search_path=(str(bindir),), package=str(site))
-    assert installcheck.check_command(Config(), env) == []  # no command there: nothing to say
-    python = os.path.abspath(sys.executable)
-    script = bindir / "pyxis-hook"
-    script.write_text(f"#!{python}\n{command.SHIPPED_BODY}")
-    script.chmod(0o755)
-    f = only(installcheck.check_command(Config(), env), "command-pending")
-    assert f.severity == "info" and f.what.startswith(str(script))
-    assert command.upgrade(str(script), parent=str(site))
-    f = only(installcheck.check_command(Config(), env), "command")
-    assert f.severity == "ok" and "-IS" in f.what
-    script.write_text(f"#!{python}\n{command.SHIPPED_BODY}")
-    os.chmod(bindir, 0o777)  # others may write there: it stays pip's form, and doctor says why
-    f = only(installcheck.check_command(Config(), env), "command-site-scan")
-    assert f"{bindir}: not the caller's or root's, or writable by group or others" in f.what
-    assert "hookd --install" in f.fix
-    os.chmod(bindir, 0o755)
-    # another installation's package: not the one beside this command
-    f = only(installcheck.check_command(Config(), replace(env, package=None)), "command-site-scan")
-    assert "is not the one installed beside it" in f.what
-    # the command running doctor, found off the search path too, once per file
-    other = tmp_path / "venv"
-    other.mkdir(mode=0o755)
-    (other / "pyxis-hook").write_text(command.fast_text(python))
-    both = installcheck.check_command(Config(), replace(env, command=str(other / "pyxis-hook")))
-    assert [(f.code, f.what.split(":")[0]) for f in both] == [("command", str(other / "pyxis-hook")),
-                                                              ("command-pending", str(script))]
-    assert len(installcheck.check_command(Config(), replace(env, command=str(script)))) == 1
+    cfg = host_config(tmp_path, driver)
+    (f,) = installcheck.check_node_artifact(cfg)
+    assert f.code == "node-artifact" and f.severity in ("warning", "info") and "pyxis-hook refresh" in f.fix
+    artifact.load_or_build(cfg, strict=False)
+    (f,) = installcheck.check_node_artifact(cfg)
+    assert (f.code, f.severity) == ("node-artifact", "ok") and "trusted and fresh" in f.what
 
 
 def _self_cgroup(cfg: Config, text: str, mountinfo: str = "") -> None:
@@ -480,8 +449,9 @@ def test_start_image_findings(tmp_path, monkeypatch):
     src.write_text("X = 1\n")
     st = src.stat()
     entry = ("m", str(src), False, st.st_mtime_ns, st.st_size, compile("X = 1\n", str(src), "exec"))
+    boot, rest = marshal.dumps([]), marshal.dumps([entry])
     with open(path, "wb") as f:
-        f.write(startimage._header() + marshal.dumps([entry]))
+        f.write(startimage._header() + len(boot).to_bytes(8, "little") + len(rest).to_bytes(8, "little") + boot + rest)
     os.chmod(path, 0o644)
     (ok,) = check_start_image(path)
     assert (ok.severity, ok.code) == ("ok", "start-image") and "current, 1 modules" in ok.what
@@ -496,20 +466,3 @@ def test_start_image_findings(tmp_path, monkeypatch):
     os.chmod(tmp_path / "cache", 0o755)
     monkeypatch.setattr(sys, "dont_write_bytecode", True)  # python -B: no bytecode, no image either
     assert check_start_image(str(tmp_path / "cache" / "other.bin"))[0].code == "start-image-unwritable"
-
-
-def test_each_kind_of_start_image_that_exists_is_checked(tmp_path, monkeypatch):
-    """A Pyxis-only node has an enroot image and no prestart one: that is reported, not a pending prestart one."""
-    from pyxis_hook import startimage
-    from pyxis_hook.diag import installcheck
-
-    monkeypatch.setattr(startimage, "image_path",
-                        lambda entry="prestart", tier="": str(tmp_path / f"{entry}{'-' + tier if tier else ''}.bin"))
-    monkeypatch.setattr(installcheck, "check_start_image", lambda path="": [path])
-    assert installcheck.check_start_images() == [str(tmp_path / "prestart.bin")]  # none yet: the runtime's
-    (tmp_path / "enroot.bin").write_bytes(b"")
-    (tmp_path / "cdi-hook.bin").write_bytes(b"")
-    assert installcheck.check_start_images() == [str(tmp_path / "enroot.bin"), str(tmp_path / "cdi-hook.bin")]
-    (tmp_path / "enroot-plan.bin").write_bytes(b"")  # a planner tier, once a start had to plan
-    (tmp_path / "enroot-boot.bin").write_bytes(b"")  # and the boot tier its start imports first
-    assert installcheck.check_start_images()[-2:] == [str(tmp_path / "enroot-plan.bin"), str(tmp_path / "enroot-boot.bin")]

@@ -79,13 +79,13 @@ def test_a_device_per_index_uuid_and_all(host, spec):
 def test_common_edits_are_the_plan_for_default_capabilities(host, spec):
     """Same mounts, nodes and links as `build_plan` for NVIDIA_VISIBLE_DEVICES=none."""
     from pyxis_hook.host import gpuscan, inventory
-    from pyxis_hook.host import snapshot
+    from pyxis_hook.host import artifact
     from pyxis_hook.plan.prepare import read_proc_driver_files
     from pyxis_hook.plan.build import build_plan
     from pyxis_hook.spec.request import resolve_request
 
     config = load_config(str(host.conf))
-    inv = snapshot.load_or_build(config, strict=False)
+    inv = artifact.load_or_build(config, strict=False)
     hg = gpuscan.discover_gpus(config.proc_root, config.dev_root)
     inv = inventory.with_host(inv, hg)
     req = resolve_request({"NVIDIA_VISIBLE_DEVICES": "none",

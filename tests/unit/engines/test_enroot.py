@@ -172,6 +172,6 @@ def test_shim_names_the_config_absolute(tmp_path):
 
 
 def test_the_hook_reads_its_environment_as_os_environ_decodes_it():
-    from pyxis_hook.commands import enroot as command
+    from pyxis_hook import start
 
-    assert command._environ() == dict(os.environ)
+    assert start.environ() == dict(os.environ)

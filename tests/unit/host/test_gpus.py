@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from fixtures.hosttree import FakeGpu, fake_gpus, fake_uuid, make_host_tree
-from pyxis_hook.host import gpufiles, gpulooks
+from pyxis_hook.host import gpufiles, probe
 from pyxis_hook.host.gpuscan import discover_gpus
 from schema_check import validate
 from pyxis_hook.host.gpus import HostGpus, device_nodes_for, normalize_bus_id, parse_bus_id
@@ -310,5 +310,5 @@ def test_reader_reads_what_a_text_mode_open_reads(tmp_path_factory, data):
     path.write_bytes(data)
     with open(path, encoding="utf-8", errors="replace") as f:
         expected = f.read()
-    r = gpulooks.Reader()
+    r = probe.Reader()
     assert r.read(str(path)) == expected and r.warnings == []

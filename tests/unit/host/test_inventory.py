@@ -23,12 +23,12 @@ from fixtures import hosttree
 from fixtures.realdriver import run_ldconfig
 from fixtures.synth import build_lib
 from fixtures.synthdriver import LIB, OLD, V, make_driver
-from pyxis_hook.host import snapshot
+from pyxis_hook.host import artifact
 from pyxis_hook.spec.config import Config
-from pyxis_hook.errors import DriverError, SnapshotError
+from pyxis_hook.errors import DriverError, ArtifactError
 from pyxis_hook.host.inventory import DriverFile, Inventory
 from pyxis_hook.host.discovery import discover
-from pyxis_hook.host.snapshot import load_or_build
+from pyxis_hook.host.artifact import load_or_build
 from schema_check import validate
 
 
@@ -267,12 +267,12 @@ def test_snapshot_saved_atomically_with_modes_and_reused(tmp_path):
     root = make_driver(tmp_path / "root")
     c = cfg(root)
     inv = load_or_build(c)
-    path = Path(snapshot.snapshot_path(c))
+    path = Path(artifact.artifact_path(c))
     assert path.is_file()
     assert oct(path.stat().st_mode & 0o777) == oct(0o644)
     assert oct(path.parent.stat().st_mode & 0o777) == oct(0o755)
     assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
-    assert snapshot.load(c) == inv
+    assert artifact.load(c) == inv
     assert load_or_build(c) == inv
 
 
@@ -288,11 +288,11 @@ def test_a_start_waits_for_the_one_building_the_snapshot_and_loads_it(tmp_path, 
     c = cfg(root)
     built = discover(c)
     os.makedirs(c.snapshot_dir, mode=0o755, exist_ok=True)
-    held = os.open(snapshot.lock_path(c), os.O_RDWR | os.O_CREAT, 0o600)
+    held = os.open(artifact.lock_path(c), os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(held, fcntl.LOCK_EX)
 
     def holder_finishes():
-        snapshot.save(c, built)
+        artifact.save(c, built)
         os.close(held)  # releases the lock
 
     calls = []
@@ -305,7 +305,7 @@ def test_a_start_waits_for_the_one_building_the_snapshot_and_loads_it(tmp_path, 
         timer.join()
     assert calls == [] and inv.files == built.files
     assert sorted(p.name for p in Path(c.snapshot_dir).iterdir() if not p.name.startswith(".")) == \
-        [os.path.basename(snapshot.snapshot_path(c))]
+        [os.path.basename(artifact.artifact_path(c))]
 
 
 def test_a_lock_held_too_long_does_not_stop_the_start(tmp_path, monkeypatch):
@@ -314,14 +314,14 @@ def test_a_lock_held_too_long_does_not_stop_the_start(tmp_path, monkeypatch):
     root = make_driver(tmp_path / "root")
     c = cfg(root)
     os.makedirs(c.snapshot_dir, mode=0o755, exist_ok=True)
-    held = os.open(snapshot.lock_path(c), os.O_RDWR | os.O_CREAT, 0o600)
+    held = os.open(artifact.lock_path(c), os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(held, fcntl.LOCK_EX)
-    monkeypatch.setattr(snapshot, "BUILD_WAIT_S", 0.1)
+    monkeypatch.setattr(artifact, "BUILD_WAIT_S", 0.1)
     try:
         inv = load_or_build(c)  # builds without the lock
     finally:
         os.close(held)
-    assert inv.usable and snapshot.load(c) == inv
+    assert inv.usable and artifact.load(c) == inv
 
 
 def test_snapshot_stale_when_a_library_changes(tmp_path):
@@ -331,7 +331,7 @@ def test_snapshot_stale_when_a_library_changes(tmp_path):
     lib = root / LIB / f"libnvidia-ptxjitcompiler.so.{V}"
     lib.write_bytes(lib.read_bytes()[:300])  # size and mtime change
     with pytest.raises(Exception, match="stale"):
-        snapshot.load(c)
+        artifact.load(c)
     inv = load_or_build(c)
     assert f"libnvidia-ptxjitcompiler.so.{V}" not in names(inv)
 
@@ -345,7 +345,7 @@ def test_snapshot_stale_when_kernel_module_changes(tmp_path):
     assert load_or_build(c).driver_version == V
     hosttree.make_host_tree(tmp_path / "host", driver_version=OLD, make_nodes=False)
     with pytest.raises(Exception, match="stale"):
-        snapshot.load(c)
+        artifact.load(c)
     assert load_or_build(c).driver_version == OLD
 
 
@@ -355,32 +355,32 @@ def test_corrupt_snapshot_is_rebuilt(tmp_path, content):
     root = make_driver(tmp_path / "root", extra=False)
     c = cfg(root)
     good = load_or_build(c)
-    path = Path(snapshot.snapshot_path(c))
+    path = Path(artifact.artifact_path(c))
     path.write_bytes(content)
-    with pytest.raises(SnapshotError):
-        snapshot.load(c)
+    with pytest.raises(ArtifactError):
+        artifact.load(c)
     assert load_or_build(c) == good
-    assert snapshot.load(c) == good
+    assert artifact.load(c) == good
 
 
 def test_snapshot_for_other_config_or_world_writable_not_trusted(tmp_path):
     root = make_driver(tmp_path / "root", extra=False)
     c = cfg(root)
     load_or_build(c)
-    path = Path(snapshot.snapshot_path(c))
+    path = Path(artifact.artifact_path(c))
     os.chmod(path, 0o666)
     with pytest.raises(Exception, match="writable"):
-        snapshot.load(c)
+        artifact.load(c)
     os.chmod(path, 0o644)
-    assert snapshot.load(c).usable
+    assert artifact.load(c).usable
     os.chmod(path.parent, 0o777)
     with pytest.raises(Exception, match="writable by group or others"):
-        snapshot.load(c)
+        artifact.load(c)
     os.chmod(path.parent, 0o755)
     other = replace(c, mps_pipe_dir="/elsewhere")
-    assert snapshot.snapshot_path(other) != str(path)
-    with pytest.raises(SnapshotError):
-        snapshot.load(other)
+    assert artifact.artifact_path(other) != str(path)
+    with pytest.raises(ArtifactError):
+        artifact.load(other)
 
 
 def test_driver_root_link_flipped_keeps_each_inventory_on_one_tree(tmp_path):
@@ -401,13 +401,13 @@ def test_driver_root_link_flipped_keeps_each_inventory_on_one_tree(tmp_path):
     for f in inv.files:
         if f.kind in ("lib", "bin"):
             assert os.stat(f.host_path).st_ino == os.stat(old / f.path.lstrip("/")).st_ino, f
-    with pytest.raises(SnapshotError, match="stale"):
-        snapshot.load(c)
+    with pytest.raises(ArtifactError, match="stale"):
+        artifact.load(c)
     again = load_or_build(c)
     assert again.driver_version == V
     assert {f.host_path for f in again.files if f.kind == "lib"} == \
         {str(new / f.path.lstrip("/")) for f in again.files if f.kind == "lib"}
-    assert snapshot.load(c) == again
+    assert artifact.load(c) == again
 
 
 def test_snapshot_save_failure_is_a_warning(tmp_path, capsys):
@@ -417,7 +417,7 @@ def test_snapshot_save_failure_is_a_warning(tmp_path, capsys):
     c = replace(cfg(root), snapshot_dir=str(blocker / "snap"))
     inv = load_or_build(c)
     assert inv.usable
-    assert "cannot save the inventory snapshot" in capsys.readouterr().err
+    assert "cannot save the node artifact" in capsys.readouterr().err
 
 
 def test_snapshot_load_imports_neither_pyelftools_nor_jsonschema(tmp_path):
@@ -428,10 +428,10 @@ def test_snapshot_load_imports_neither_pyelftools_nor_jsonschema(tmp_path):
 import sys
 from pyxis_hook.record import replace
 from pyxis_hook.spec.config import Config
-from pyxis_hook.host import snapshot
+from pyxis_hook.host import artifact
 c = replace(Config(), driver_root={str(root)!r}, proc_root={c.proc_root!r}, dev_root={c.dev_root!r},
             snapshot_dir={c.snapshot_dir!r})
-inv = snapshot.load_or_build(c)
+inv = artifact.load_or_build(c)
 assert inv.driver_version == {V!r}
 bad = sorted(m for m in sys.modules if m.split('.')[0] in ('elftools', 'jsonschema') or m == 'pyxis_hook.loader.elf')
 print(bad)
@@ -450,7 +450,7 @@ def test_snapshot_load_takes_the_gpus_as_they_are_now(tmp_path):
     assert len(built.host.gpus) == 2
     gpus_dir = Path(host.proc_root) / "driver/nvidia/gpus"
     shutil.rmtree(gpus_dir / sorted(os.listdir(gpus_dir))[1])
-    loaded = snapshot.load(c)
+    loaded = artifact.load(c)
     assert [g.bus_id for g in loaded.host.gpus] == [built.host.gpus[0].bus_id]
     assert loaded.files == built.files
 
@@ -466,7 +466,7 @@ def test_snapshot_rechecks_ipc_sockets_on_load(tmp_path):
     s = socket.socket(socket.AF_UNIX)
     s.bind(str(root / "run/nvidia-persistenced/socket"))
     try:
-        inv = snapshot.load(c)
+        inv = artifact.load(c)
     finally:
         s.close()
     assert [f.path for f in inv.files if f.kind == "ipc"] == ["/run/nvidia-persistenced/socket"]
@@ -496,14 +496,14 @@ def test_inventory_dict_round_trip_property(files):
 def test_untrusted_snapshot_dir_is_not_written_and_says_so(tmp_path, capsys):
     """A dir load would refuse: save refuses too, with a warning, instead of a silent rebuild every start."""
     from pyxis_hook import log
-    from pyxis_hook.errors import SnapshotError
+    from pyxis_hook.errors import ArtifactError
 
     root = make_driver(tmp_path / "root", extra=False)
     c = cfg(root)
     os.makedirs(c.snapshot_dir, exist_ok=True)
     os.chmod(c.snapshot_dir, 0o777)
-    with pytest.raises(SnapshotError, match="writable by group or others"):
-        snapshot.save(c, discover(c))
+    with pytest.raises(ArtifactError, match="writable by group or others"):
+        artifact.save(c, discover(c))
     log.configure(stderr_level="warning")
     assert load_or_build(c).usable
     assert "writable by group or others" in capsys.readouterr().err
@@ -545,14 +545,14 @@ def test_a_snapshot_written_by_an_older_discovery_is_rebuilt(tmp_path):
     root = make_driver(tmp_path / "root", extra=False)
     c = cfg(root)
     good = load_or_build(c)
-    path = Path(snapshot.snapshot_path(c))
+    path = Path(artifact.artifact_path(c))
     doc = json_mod.loads(path.read_bytes())
-    assert doc["format"] == snapshot.FORMAT
-    doc["format"] = snapshot.FORMAT - 1
+    assert doc["format"] == artifact.FORMAT
+    doc["format"] = artifact.FORMAT - 1
     doc["inventory"]["files"] = []  # what an older discovery might have found: must not be used
     path.write_text(json_mod.dumps(doc))
-    with pytest.raises(Exception, match=f"format {snapshot.FORMAT - 1}, expected {snapshot.FORMAT}"):
-        snapshot.load(c)
+    with pytest.raises(Exception, match=f"format {artifact.FORMAT - 1}, expected {artifact.FORMAT}"):
+        artifact.load(c)
     assert load_or_build(c) == good
 
 
@@ -611,30 +611,18 @@ def test_the_snapshot_file_name_is_stable_and_differs_per_configuration():
     changed digest would leave every node's snapshot behind and rebuild it."""
     c = replace(Config(), driver_root="/", proc_root="/proc", dev_root="/dev", snapshot_dir="/var/cache/x",
                 path=("/usr/bin",), mps_pipe_dir="/tmp/nvidia-mps")
-    name = os.path.basename(snapshot.snapshot_path(c))
-    raw = repr(sorted(snapshot.config_key(c).items())).encode()
+    name = os.path.basename(artifact.artifact_path(c))
+    raw = repr(sorted(artifact.config_key(c).items())).encode()
     assert name == f"inventory-{int.from_bytes(raw, 'big') % (2**32 - 5):08x}.json"
-    code = ("from pyxis_hook.host import snapshot; from pyxis_hook.spec.config import Config; "
+    code = ("from pyxis_hook.host import artifact; from pyxis_hook.spec.config import Config; "
             "from pyxis_hook.record import replace; "
-            "print(snapshot.snapshot_path(replace(Config(), driver_root='/', proc_root='/proc', dev_root='/dev', "
+            "print(artifact.artifact_path(replace(Config(), driver_root='/', proc_root='/proc', dev_root='/dev', "
             "snapshot_dir='/var/cache/x', path=('/usr/bin',), mps_pipe_dir='/tmp/nvidia-mps')))")
     for seed in ("1", "2"):  # another process, another str hash seed: the same name
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            env={**os.environ, "PYTHONHASHSEED": seed})
-        assert r.stdout.strip() == snapshot.snapshot_path(c), r.stderr
-    others = {snapshot.snapshot_path(replace(c, **{k: v})) for k, v in
+        assert r.stdout.strip() == artifact.artifact_path(c), r.stderr
+    others = {artifact.artifact_path(replace(c, **{k: v})) for k, v in
               (("mps_pipe_dir", "/elsewhere"), ("dev_root", "/dev2"), ("path", ("/bin",)),
                ("graphics_config_files", not c.graphics_config_files))}
-    assert len(others | {snapshot.snapshot_path(c)}) == 5
-
-
-def test_kept_file_names_are_the_same_in_every_interpreter():
-    """What a start keeps beside the snapshot is found by name by the next start: the digest is never salted."""
-    key = bytes(range(256)) * 16  # a decision's key is a few KB
-    code = ("from pyxis_hook.host import snapshot; from pyxis_hook.spec.config import Config; "
-            f"print(snapshot.kept_path(Config(snapshot_dir='/s'), 'decisions-', {key!r}))")
-    names = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                            env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2", "random")}
-    assert len(names) == 1 and names.pop().startswith("/s/decisions-")
-    c = Config(snapshot_dir="/s")
-    assert snapshot.kept_path(c, "d-", key) != snapshot.kept_path(c, "d-", key[:-1] + b"\1")
+    assert len(others | {artifact.artifact_path(c)}) == 5

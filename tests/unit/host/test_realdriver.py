@@ -248,16 +248,16 @@ def test_dpkg_x_tree_without_ld_so_cache_is_indexed_by_scanning(line, tmp_path):
 def test_scanned_tree_snapshot_goes_stale_when_a_library_is_added(tmp_path):
     """The scanned directories are stat-signed: a new file there rebuilds the snapshot."""
     from fixtures.fakedriver import make_fake_driver
-    from pyxis_hook.host import snapshot
+    from pyxis_hook.host import artifact
 
     root = make_fake_driver(tmp_path / "drv", version="535.216.03")
     (root / "etc/ld.so.cache").unlink()
     cfg = config_for(root, tmp_path)
-    inv = snapshot.load_or_build(cfg, strict=False)
-    assert inv.usable and snapshot.load(cfg).driver_version == "535.216.03"
+    inv = artifact.load_or_build(cfg, strict=False)
+    assert inv.usable and artifact.load(cfg).driver_version == "535.216.03"
     (root / "usr/lib/x86_64-linux-gnu/libnvidia-extra.so.535.216.03").write_bytes(b"\x7fELF")
     with pytest.raises(Exception, match="stale"):
-        snapshot.load(cfg)
+        artifact.load(cfg)
 
 
 def test_stale_host_cache_without_driver_entries_is_completed_by_scanning(tmp_path):

@@ -1,14 +1,8 @@
-"""Discovery's looks at the host: each file read, directory listed and node stat'ed, kept as found.
+"""Probes of the host's GPU facts: a file read, a directory listed, a node stat'ed, failures as warnings.
 
-Discovery (`host/gpuscan.py`) makes every look through a `Reader`, which
-turns failures into warnings naming the path and keeps what the look found
-(`Reader.seen`).  Why keep them: discovery is a pure function of those
-looks, and the looks it makes depend only on what earlier ones found.  So a
-later start that makes the same looks in the same order and finds the same
-(`replay`) would decide exactly the same HostGpus: `host/gpumemo.py` then
-takes it from its memo instead of parsing every GPU's files again (on a
-64-GPU node, most of what a start spends per GPU), and loads neither
-discovery nor the parsers.
+`host/gpuscan.py` makes every probe through a `Reader`: a probe that fails
+adds a warning naming the path instead of raising.  Reads use `posix` calls
+and are capped at `rootfs.PROC_LIMIT` bytes.
 """
 
 from __future__ import annotations
@@ -50,29 +44,21 @@ def _stat_raw(path: str) -> tuple[int, int] | str | None:
     return st.st_mode, st.st_rdev
 
 
-#: each kind of look, by the name a `seen` entry gives it
+#: each kind of probe, by name
 _LOOKS = {"read": _read_raw, "list": _list_raw, "dir": pathnames.isdir, "stat": _stat_raw}
 
 
 class Reader:
-    """Looks at host files for discovery: failures become warnings naming the path; every look is kept in `seen`."""
+    """Probes host files for discovery; a failed probe becomes a warning naming the path (`warnings`)."""
 
     def __init__(self) -> None:
         self.warnings: list[str] = []
-        self.seen: list[tuple[str, str, object]] = []
 
     def _look(self, kind: str, path: str):
-        found = _LOOKS[kind](path)
-        self.seen.append((kind, path, found))
-        return found
+        return _LOOKS[kind](path)
 
     def read(self, path: str, *, missing_ok: bool = False) -> str | None:
-        """The file's text as `open(path, errors="replace").read()` gives it, read with `posix` calls.
-
-        Why not `open`: a buffered text file costs seven syscalls and two
-        objects a read, and a GPU start reads one of these per GPU (a
-        64-GPU node must cost at most 1.3x a one-GPU one).
-        """
+        """The file's text as `open(path, errors="replace").read()` gives it; None when missing or unreadable."""
         data = self._look("read", path)
         if data is None:
             if not missing_ok:
@@ -97,18 +83,3 @@ class Reader:
 
     def stat(self, path: str) -> tuple[int, int] | str | None:
         return self._look("stat", path)
-
-
-def replay(seen) -> bool:
-    """Whether each look in `seen` (a `Reader.seen`) finds now what it found then, in order.
-
-    Then discovery, which would make the very same looks, would decide the
-    same HostGpus.  Stops at the first difference.
-    """
-    try:
-        for kind, path, found in seen:
-            if _LOOKS[kind](path) != found:
-                return False
-    except (KeyError, TypeError, ValueError):  # not a list of looks (a damaged memo)
-        return False
-    return True

@@ -1,0 +1,44 @@
+"""The trust rule for the files the hook keeps between starts (the node artifact, the start image).
+
+A kept file is trusted when it, and the directory holding it, are owned by
+the owner of the installed package's files as this process sees them, and
+writable by nobody else (no group or other write bit).  The hook already
+runs that owner's code, so trusting that owner's files asks for no more
+(docs/security.md, "Files kept between starts").  Inside a user namespace
+root's files and the package's show the same overflow owner, so the rule
+holds there too: an ordinary user's start reads what root built.
+"""
+
+import posix
+
+_owner: list[int] = []
+
+
+def package_owner() -> int:
+    """The uid that owns this package's directory, as this process sees it (stat'ed once)."""
+    if not _owner:
+        _owner.append(posix.stat(__file__.rpartition("/")[0] or "/").st_uid)
+    return _owner[0]
+
+
+def why_untrusted(st) -> str:
+    """Why a file or directory with stat result `st` may not hold what the hook acts on ("" when it may)."""
+    owner = package_owner()
+    if st.st_uid != owner:
+        return f"owned by uid {st.st_uid}, not by the package's owner (uid {owner})"
+    if st.st_mode & 0o022:
+        return f"writable by group or others (mode {st.st_mode & 0o7777:04o})"
+    return ""
+
+
+#: the uid the kernel shows for an unmapped owner in a user namespace (kernel.overflowuid's default)
+OVERFLOW_UID = 65534
+
+
+def may_write() -> bool:
+    """Whether this process may write kept files: only as the package's owner (what others wrote, no start trusts).
+
+    Never as the overflow uid: in a user namespace that maps neither root
+    nor us, root's files and our own show as that uid, and it is nobody's.
+    """
+    return posix.geteuid() == package_owner() != OVERFLOW_UID

@@ -273,10 +273,10 @@ def check_cgroup(config, env: DoctorEnv) -> list[Finding]:
 
 
 def check_openat2() -> list[Finding]:
-    from pyxis_hook.apply import kernel
+    from pyxis_hook.kernel import lookup
 
     try:
-        ok = kernel.have_openat2()
+        ok = lookup.have_openat2()
     except Exception:  # a ctypes failure is the same answer
         ok = False
     if ok:

@@ -12,11 +12,8 @@ import os
 import shutil
 import sys
 
+from pyxis_hook.diag.doctorenv import DoctorEnv
 from pyxis_hook.diag.findings import Finding
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from pyxis_hook.diag.doctor import DoctorEnv
 
 
 def _strs(value) -> list[str]:

@@ -200,7 +200,7 @@ class RootFS:
         `fd` is how a rootfs pinned elsewhere (`rootpin`) is used without
         resolving its name again: whatever `path` names by now, only the fd counts.
         """
-        from pyxis_hook.apply import kernel
+        from pyxis_hook.kernel import lookup
 
         self.path = pathnames.normpath(pathnames.abspath(path))
         try:
@@ -208,9 +208,9 @@ class RootFS:
         except OSError as e:
             raise RootPathError(f"container rootfs {self.path}: {e.strerror}", e.errno or 0) from None
         self.owner = owner  # who gets what is created inside (WritableRoot, the cache file)
-        self.use_openat2 = kernel.have_openat2() if use_openat2 is None else use_openat2
+        self.use_openat2 = lookup.have_openat2() if use_openat2 is None else use_openat2
         # `open` runs once per mount point: an import statement there would ask the import system each time
-        self._kernel = kernel
+        self._lookup = lookup
 
     # -- lifetime -------------------------------------------------------
     def close(self) -> None:
@@ -233,15 +233,15 @@ class RootFS:
     def open(self, path: str, flags: int, mode: int = 0) -> int:
         """Open `path` inside the root (IN_ROOT semantics); the caller closes the fd."""
         if self.use_openat2:
-            kernel = self._kernel
+            lookup = self._lookup
             try:
-                return kernel.openat2(self.fd, path, flags, mode,
-                                      kernel.RESOLVE_IN_ROOT | kernel.RESOLVE_NO_MAGICLINKS)
-            except kernel.SyscallError as e:
+                return lookup.openat2(self.fd, path, flags, mode,
+                                      lookup.RESOLVE_IN_ROOT | lookup.RESOLVE_NO_MAGICLINKS)
+            except lookup.SyscallError as e:
                 if e.errno != errno.EAGAIN:
                     raise path_error(path, self.path, e.errno) from None
                 # the kernel kept asking to retry (mounts or renames elsewhere racing each `..` step,
-                # kernel.OPENAT2_TRIES times): the walk below takes `..` itself, one fd at a time, with
+                # lookup.OPENAT2_TRIES times): the walk below takes `..` itself, one fd at a time, with
                 # the same chroot semantics, so a busy host costs a slower lookup, never a failed start
         nofollow = bool(flags & posix.O_NOFOLLOW)
         for _ in range(RACE_RETRIES):
@@ -270,9 +270,9 @@ class RootFS:
     def reopen(fd: int, flags: int) -> int:
         """The inode an O_PATH fd of this root holds, opened with `flags`: through the magic link of the
         hook's own procfs, also inside a container's mount namespace whose /proc is the container's."""
-        from pyxis_hook.apply import kernel
+        from pyxis_hook.kernel import lookup
 
-        return kernel.reopen(fd, flags)
+        return lookup.reopen(fd, flags)
 
     def open_regular(self, path: str) -> int:
         """An O_RDONLY fd of the regular file at `path`; anything else is a RootPathError.

@@ -37,11 +37,11 @@ def cache_dir() -> Path:
 @pytest.fixture(params=["new-api", "legacy"])
 def mount_api(request, monkeypatch):
     """Run each test with open_tree/move_mount + openat2, and with bind+remount + the component walk."""
-    from pyxis_hook.apply import kernel
+    from pyxis_hook.kernel import lookup, mountapi
 
     if request.param == "legacy":
-        monkeypatch.setattr(kernel, "HAVE_NEW_MOUNT_API", False)
-        monkeypatch.setattr(kernel, "HAVE_OPENAT2", False)
+        monkeypatch.setattr(mountapi, "HAVE_NEW_MOUNT_API", False)
+        monkeypatch.setattr(lookup, "HAVE_OPENAT2", False)
     return request.param
 
 

@@ -14,7 +14,7 @@ a multi-threaded process and changes the caller's view of the filesystem
 until it sets it back.  When this process can come back (one thread, its
 own mount namespace owned by its own user namespace: `_home`), it works in
 place and returns to its namespace, root and directory right after
-(`kernel.leave_mount_ns`; a failed return ends the process at once); that
+(`namespaces.leave_mount_ns`; a failed return ends the process at once); that
 spares a start the fork of the interpreter and the exit of its copy.
 Otherwise (a CLI or test runner with a thread, a hook whose namespace
 belongs to an ancestor user namespace) a forked child does it: single-
@@ -50,7 +50,8 @@ import posix
 import sys
 from _signal import SIGKILL  # the C module: signal.py's enums cost the hook ~4 ms a start
 
-from pyxis_hook.apply import devcgroup, hostdirs, kernel, mounts, procview
+from pyxis_hook.apply import devcgroup, hostdirs, mounts, procview
+from pyxis_hook.kernel import mountapi, namespaces, process, syscall
 from pyxis_hook import log
 from pyxis_hook.errors import INTERNAL, ApplyError, PathError, PyxisHookError
 from pyxis_hook.plan.build import Plan
@@ -97,7 +98,7 @@ def apply_plan(plan: Plan, pid: int | str, config=None, *, proc: str = "/proc", 
         # With the new mount API each source is cloned on the host: a bind source must be a mount of
         # the caller's namespace, and a detached clone may then be moved into any namespace (the
         # legacy path re-opens instead).
-        new_api = kernel.have_new_mount_api()
+        new_api = mountapi.have_new_mount_api()
         binds = mounts.open_sources(plan, fds, clone=new_api)
         gpu_dirs = procview.open_gpu_dirs(plan, fds, messages, clone=new_api)
         try:
@@ -203,7 +204,7 @@ def _home() -> tuple[int, int, int] | None:
     and the exit of its copy (~5% of a start).  It needs what the way back
     needs: a single thread (setns(CLONE_NEWNS) fails with EINVAL in a
     threaded process), and this process's mount namespace owned by its own
-    user namespace (`kernel.owned_by_own_userns`), so the capability that
+    user namespace (`namespaces.owned_by_own_userns`), so the capability that
     enters the container's namespace also returns from it.
     """
     try:
@@ -216,7 +217,7 @@ def _home() -> tuple[int, int, int] | None:
         for path, flags in (("/proc/self/ns/mnt", posix.O_RDONLY), ("/", posix.O_PATH | posix.O_DIRECTORY),
                             (".", posix.O_PATH | posix.O_DIRECTORY)):
             fds.append(posix.open(path, flags | posix.O_CLOEXEC))
-        if kernel.owned_by_own_userns(fds[0]):
+        if namespaces.owned_by_own_userns(fds[0]):
             return fds[0], fds[1], fds[2]
     except OSError:
         pass
@@ -233,7 +234,7 @@ def _go_home(home: tuple[int, int, int]) -> None:
     the image's files): when the way back fails, it exits at once with one line.
     """
     try:
-        kernel.leave_mount_ns(*home)
+        namespaces.leave_mount_ns(*home)
     except BaseException as e:  # noqa: BLE001 - whatever it was, nothing else may run in there
         line = f"pyxis-hook: error: cannot return to the hook's own mount namespace: {e}\n"
         try:
@@ -251,7 +252,7 @@ def _outcome(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner, root, allow
         return _child(plan, ns_fd, binds, gpu_dirs, exe_fd, owner, root, allow, point)
     except PyxisHookError as e:
         return {"error": str(e), "class": type(e).__name__}
-    except kernel.SyscallError as e:  # a mount, setns or umount the kernel refused: its own line
+    except syscall.SyscallError as e:  # a mount, setns or umount the kernel refused: its own line
         return {"error": str(e), "class": "ApplyError"}
     except BaseException as e:  # noqa: BLE001 - a bug: log the frames, report one line
         log.error(f"apply: internal error\n{log.frames(e)}")  # no traceback module: nothing read here
@@ -281,7 +282,7 @@ def _in_child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner, root, allo
             # dies with the hook: a runtime that kills the hook (its hook timeout, a SIGKILL)
             # waits for the hook's stdout/stderr to close, which this process holds too, and
             # must not find the rootfs still being written after it gave up on the start
-            kernel.prctl(kernel.PR_SET_PDEATHSIG, SIGKILL)
+            process.prctl(process.PR_SET_PDEATHSIG, SIGKILL)
             if posix.getppid() != parent:  # the hook died before the line above
                 posix._exit(1)
             data = marshal.dumps(_outcome(plan, ns_fd, binds, gpu_dirs, exe_fd, owner, root, allow, point))
@@ -331,7 +332,7 @@ class _NoImports:
 def _child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner, root, allow, point) -> dict:
     sys.meta_path.insert(0, _NoImports)  # until the process dies or `_go_home` takes it out
     host_dirs = hostdirs.HostDirs(point)  # before setns: it keeps the hook's own mount table
-    kernel.enter_mount_ns(ns_fd)
+    namespaces.enter_mount_ns(ns_fd)
     undo = mounts.Undo()
     messages: list[str] = []
     mounted: list[str] = []
@@ -344,7 +345,7 @@ def _child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner, root, allow, 
     local_fds: list[int] = []
     try:
         try:
-            new_api = kernel.have_new_mount_api()
+            new_api = mountapi.have_new_mount_api()
             # the runtime's mounts of host files inside the rootfs (CDI hooks): sources of this namespace
             local = [mounts.open_in_rootfs(m, rfs, local_fds) for m in plan.mounts if m.in_rootfs]
             if new_api:

@@ -53,7 +53,7 @@ import stat
 from _signal import SIGKILL  # the C module: signal.py's enums cost the hook ~4 ms a start
 
 from pyxis_hook import pathnames
-from pyxis_hook.apply import kernel, runnercalls
+from pyxis_hook.kernel import lookup, mountapi, namespaces, process, syscall
 from pyxis_hook.errors import ApplyError
 
 #: The capabilities ldconfig keeps (a bit mask).  It writes /etc/ld.so.cache~, chmods it 0644,
@@ -66,22 +66,22 @@ from pyxis_hook.errors import ApplyError
 #: open_by_handle_at, the "shocker" way out of a container), CAP_CHOWN (ldconfig chowns nothing), and
 #: everything else (SYS_ADMIN, SYS_CHROOT, MKNOD, SETUID, NET_*, ...).  tests/root/test_confined.py
 #: shows each kept one is needed.
-KEEP_CAPS = 1 << runnercalls.CAP_DAC_OVERRIDE | 1 << runnercalls.CAP_FOWNER
+KEEP_CAPS = 1 << process.CAP_DAC_OVERRIDE | 1 << process.CAP_FOWNER
 
 #: (resource, limit) applied to ldconfig; FSIZE leaves room for large images' caches
 RLIMITS = (
-    (runnercalls.RLIMIT_CPU, 10),
-    (runnercalls.RLIMIT_AS, 2 << 30),
-    (runnercalls.RLIMIT_NOFILE, 64),
-    (runnercalls.RLIMIT_FSIZE, 64 << 20),
-    (runnercalls.RLIMIT_CORE, 0),
+    (process.RLIMIT_CPU, 10),
+    (process.RLIMIT_AS, 2 << 30),
+    (process.RLIMIT_NOFILE, 64),
+    (process.RLIMIT_FSIZE, 64 << 20),
+    (process.RLIMIT_CORE, 0),
 )
 
 DEFAULT_TIMEOUT = 30.0
 STDERR_LIMIT = 16384
 
 #: memfd seals: no writes, no resizing, no removing the seals
-_SEALS = runnercalls.F_SEAL_SEAL | runnercalls.F_SEAL_SHRINK | runnercalls.F_SEAL_GROW | runnercalls.F_SEAL_WRITE
+_SEALS = process.F_SEAL_SEAL | process.F_SEAL_SHRINK | process.F_SEAL_GROW | process.F_SEAL_WRITE
 
 
 def sealed_copy(host_path: str) -> int:
@@ -117,7 +117,7 @@ def sealed_copy_from_fd(src: int, what: str) -> int:
                     break
                 offset += n
             posix.fchmod(mfd, 0o555)
-            runnercalls.add_seals(mfd, _SEALS)
+            process.add_seals(mfd, _SEALS)
         except BaseException:
             posix.close(mfd)
             raise
@@ -250,7 +250,7 @@ def _wait(pid: int, errr: int, timeout: float) -> tuple[int | None, bytes]:
                 timed_out = True
                 break
             slice_s = left if pidfd is not None else min(left, _POLL_INTERVAL)
-            for fd, _ev in runnercalls.poll(watched, int(slice_s * 1000) + 1):
+            for fd, _ev in process.poll(watched, int(slice_s * 1000) + 1):
                 if fd == pidfd:
                     exited = True
                 elif pipe_open:
@@ -262,7 +262,7 @@ def _wait(pid: int, errr: int, timeout: float) -> tuple[int | None, bytes]:
         # drain what is left; bounded, in case a killed grandchild lingers a moment
         drain_deadline = time.monotonic() + 2.0
         while pipe_open and time.monotonic() < drain_deadline:
-            if not runnercalls.poll([errr], 200):
+            if not process.poll([errr], 200):
                 continue
             chunk = posix.read(errr, 4096)
             if not chunk:
@@ -287,17 +287,17 @@ def _runner(rootfs, root_fd, exe_fd, argv, owner, errw, stdin, host_devs) -> Non
     posix.dup2(stdin, 0)
     posix.dup2(errw, 1)
     posix.dup2(errw, 2)
-    kernel.prctl(kernel.PR_SET_PDEATHSIG, SIGKILL)
+    process.prctl(process.PR_SET_PDEATHSIG, SIGKILL)
     if root_fd is None:
         root_fd = posix.open(rootfs, posix.O_PATH | posix.O_DIRECTORY | posix.O_CLOEXEC)
     expect = posix.fstat(root_fd)
-    flags = kernel.CLONE_NEWNS | kernel.CLONE_NEWIPC | kernel.CLONE_NEWUTS | kernel.CLONE_NEWPID
-    kernel.unshare(flags)
+    flags = namespaces.CLONE_NEWNS | namespaces.CLONE_NEWIPC | namespaces.CLONE_NEWUTS | namespaces.CLONE_NEWPID
+    namespaces.unshare(flags)
     try:
-        kernel.unshare(kernel.CLONE_NEWNET)
-    except kernel.SyscallError:
+        namespaces.unshare(namespaces.CLONE_NEWNET)
+    except syscall.SyscallError:
         pass  # not essential: ldconfig opens no sockets
-    kernel.mount(None, "/", None, kernel.MS_REC | kernel.MS_PRIVATE, what="/ (make rprivate)")
+    mountapi.mount(None, "/", None, mountapi.MS_REC | mountapi.MS_PRIVATE, what="/ (make rprivate)")
     root_fd = posix.open(rootfs, posix.O_PATH | posix.O_DIRECTORY | posix.O_CLOEXEC)
     st = posix.fstat(root_fd)
     if (st.st_dev, st.st_ino) != (expect.st_dev, expect.st_ino):
@@ -329,9 +329,9 @@ def _runner(rootfs, root_fd, exe_fd, argv, owner, errw, stdin, host_devs) -> Non
 
 
 #: statvfs flags a bind remount must repeat (it resets the per-mount flags it is not given)
-_KEPT_FLAGS = ((posix.ST_RDONLY, kernel.MS_RDONLY), (posix.ST_NOSUID, kernel.MS_NOSUID), (posix.ST_NOEXEC, kernel.MS_NOEXEC),
-               (posix.ST_NOATIME, kernel.MS_NOATIME), (posix.ST_NODIRATIME, kernel.MS_NODIRATIME),
-               (posix.ST_RELATIME, kernel.MS_RELATIME))
+_KEPT_FLAGS = ((posix.ST_RDONLY, mountapi.MS_RDONLY), (posix.ST_NOSUID, mountapi.MS_NOSUID), (posix.ST_NOEXEC, mountapi.MS_NOEXEC),
+               (posix.ST_NOATIME, mountapi.MS_NOATIME), (posix.ST_NODIRATIME, mountapi.MS_NODIRATIME),
+               (posix.ST_RELATIME, mountapi.MS_RELATIME))
 
 
 def _nodev_view(rootfs: str, root_fd: int, host_devs: frozenset[str] = frozenset()) -> int:  # pragma: no cover
@@ -348,38 +348,38 @@ def _nodev_view(rootfs: str, root_fd: int, host_devs: frozenset[str] = frozenset
     on one of `host_devs` (a host directory bound in) is made read-only too.
     """
     real = pathnames.realpath(rootfs)
-    if kernel.have_new_mount_api():
-        tree = kernel.open_tree(root_fd, "", kernel.OPEN_TREE_CLONE | kernel.OPEN_TREE_CLOEXEC | kernel.AT_EMPTY_PATH
-                                | kernel.AT_RECURSIVE, what=f"{rootfs} (nodev view)")
-        kernel.mount_setattr(tree, "", kernel.AT_EMPTY_PATH | kernel.AT_RECURSIVE, kernel.MOUNT_ATTR_NODEV,
+    if mountapi.have_new_mount_api():
+        tree = mountapi.open_tree(root_fd, "", mountapi.OPEN_TREE_CLONE | mountapi.OPEN_TREE_CLOEXEC | syscall.AT_EMPTY_PATH
+                                | mountapi.AT_RECURSIVE, what=f"{rootfs} (nodev view)")
+        mountapi.mount_setattr(tree, "", syscall.AT_EMPTY_PATH | mountapi.AT_RECURSIVE, mountapi.MOUNT_ATTR_NODEV,
                              what=f"{rootfs} (nodev view)")
-        kernel.move_mount(tree, "", root_fd, "", kernel.MOVE_MOUNT_F_EMPTY_PATH | kernel.MOVE_MOUNT_T_EMPTY_PATH,
+        mountapi.move_mount(tree, "", root_fd, "", mountapi.MOVE_MOUNT_F_EMPTY_PATH | mountapi.MOVE_MOUNT_T_EMPTY_PATH,
                           what=f"{rootfs} (nodev view)")
         posix.close(root_fd)
         if host_devs:
             for point, dev in _mounts_under(real):
                 if point != real and dev in host_devs:
-                    kernel.mount_setattr(kernel.AT_FDCWD, point, 0, kernel.MOUNT_ATTR_RDONLY,
+                    mountapi.mount_setattr(syscall.AT_FDCWD, point, 0, mountapi.MOUNT_ATTR_RDONLY,
                                          what=f"{point} (host directory, read-only for ldconfig)")
         return tree
-    kernel.mount(kernel.proc_fd_path(root_fd), rootfs, None, kernel.MS_BIND | kernel.MS_REC,
+    mountapi.mount(lookup.proc_fd_path(root_fd), rootfs, None, mountapi.MS_BIND | mountapi.MS_REC,
                  what=f"{rootfs} (nodev view)")
     posix.close(root_fd)
     for point, dev in _mounts_under(real):
-        flags = kernel.MS_REMOUNT | kernel.MS_BIND | kernel.MS_NODEV
+        flags = mountapi.MS_REMOUNT | mountapi.MS_BIND | mountapi.MS_NODEV
         have = posix.statvfs(point).f_flag
         for st_flag, ms_flag in _KEPT_FLAGS:
             if have & st_flag:
                 flags |= ms_flag
         if point != real and dev in host_devs:
-            flags |= kernel.MS_RDONLY
-        kernel.mount(None, point, None, flags, what=f"{point} (nodev view)")
+            flags |= mountapi.MS_RDONLY
+        mountapi.mount(None, point, None, flags, what=f"{point} (nodev view)")
     return posix.open(rootfs, posix.O_PATH | posix.O_DIRECTORY | posix.O_CLOEXEC)
 
 
 def _mounts_under(root: str) -> list[tuple[str, str]]:  # pragma: no cover - child
     """(mount point, major:minor of the mount on top there) at or below `root` in this namespace, parents first."""
-    with open(kernel.proc_self_path("mountinfo"), "rb") as f:
+    with open(lookup.proc_self_path("mountinfo"), "rb") as f:
         lines = f.read().splitlines()
     out: dict[str, str] = {}
     for line in lines:
@@ -416,14 +416,14 @@ def _drop_bounding_and_ambient(keep: int) -> None:  # pragma: no cover - child
     set is already small enough still works.  The last cap comes from the
     kernel (PR_CAPBSET_READ), not /proc: procfs is masked in here.
     """
-    last = runnercalls.cap_last_cap()
-    drop = [c for c in range(last + 1) if not keep >> c & 1 and runnercalls.capbset_has(c)]
-    if runnercalls.CAP_SETPCAP in drop:
-        drop.remove(runnercalls.CAP_SETPCAP)
-        drop.append(runnercalls.CAP_SETPCAP)
+    last = process.cap_last_cap()
+    drop = [c for c in range(last + 1) if not keep >> c & 1 and process.capbset_has(c)]
+    if process.CAP_SETPCAP in drop:
+        drop.remove(process.CAP_SETPCAP)
+        drop.append(process.CAP_SETPCAP)
     for cap in drop:
-        runnercalls.capbset_drop(cap)
-    runnercalls.clear_ambient()
+        process.capbset_drop(cap)
+    process.clear_ambient()
 
 
 def _exec_ldconfig(root_fd, exe_fd, argv, owner) -> None:  # pragma: no cover - child
@@ -437,13 +437,13 @@ def _exec_ldconfig(root_fd, exe_fd, argv, owner) -> None:  # pragma: no cover - 
         except OSError:
             continue
         if stat.S_ISDIR(st.st_mode):
-            kernel.mount("tmpfs", d, "tmpfs",
-                         kernel.MS_RDONLY | kernel.MS_NOSUID | kernel.MS_NODEV | kernel.MS_NOEXEC, "size=4k",
+            mountapi.mount("tmpfs", d, "tmpfs",
+                         mountapi.MS_RDONLY | mountapi.MS_NOSUID | mountapi.MS_NODEV | mountapi.MS_NOEXEC, "size=4k",
                          what=f"{d} (mask)")
     for res, value in RLIMITS:
-        soft, hard = runnercalls.getrlimit(res)
-        lim = value if hard == runnercalls.RLIM_INFINITY else min(value, hard)
-        runnercalls.setrlimit(res, lim, lim)
+        soft, hard = process.getrlimit(res)
+        lim = value if hard == process.RLIM_INFINITY else min(value, hard)
+        process.setrlimit(res, lim, lim)
     _drop_bounding_and_ambient(KEEP_CAPS)
     if owner and owner != (0, 0):
         posix.setgroups([])
@@ -451,10 +451,10 @@ def _exec_ldconfig(root_fd, exe_fd, argv, owner) -> None:  # pragma: no cover - 
         posix.setuid(owner[0])  # clears the permitted and effective sets (no SECBIT_KEEP_CAPS)
     # what is left of the kept set (none once no longer root); inheritable empty: after exec as
     # root the permitted set is inheritable | bounding, so nothing outside KEEP_CAPS comes back
-    keep = KEEP_CAPS & runnercalls.capget()[1] if posix.getuid() == 0 else 0
-    runnercalls.capset(keep, keep, 0)
-    kernel.prctl(kernel.PR_SET_PDEATHSIG, SIGKILL)
-    runnercalls.no_new_privs()
+    keep = KEEP_CAPS & process.capget()[1] if posix.getuid() == 0 else 0
+    process.capset(keep, keep, 0)
+    process.prctl(process.PR_SET_PDEATHSIG, SIGKILL)
+    process.no_new_privs()
     posix.closerange(3, exe_fd)
     posix.closerange(exe_fd + 1, 65536)
     try:

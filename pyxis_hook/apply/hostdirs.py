@@ -37,7 +37,7 @@ from __future__ import annotations
 import posix
 
 from pyxis_hook import pathnames
-from pyxis_hook.apply import kernel
+from pyxis_hook.kernel import lookup
 from pyxis_hook.rootfs import PROC_LIMIT, read_to_end
 
 #: what mountinfo escapes in a mount point (fs/proc_namespace.c: seq_path_root(..., " \t\n\\"))
@@ -139,16 +139,16 @@ class HostDirs:
         container's mount table does not list (it went away meanwhile) is
         not judged the container's.
         """
-        mid = kernel.mount_id(dir_fd)  # one statx (or an fdinfo read before Linux 5.8)
+        mid = lookup.mount_id(dir_fd)  # one statx (or an fdinfo read before Linux 5.8)
         if self._root_mount is None:
-            self._root_mount = kernel.mount_id(root_fd)
+            self._root_mount = lookup.mount_id(root_fd)
         if mid == self._root_mount:
             return None
         if mid in self._verdicts:
             return self._verdicts[mid]
         if self._theirs is None or mid not in self._theirs:  # read again for a mount made since (a dir bind)
             # now: the container's namespace
-            fd = posix.open(kernel.proc_self_path("mountinfo"), posix.O_RDONLY | posix.O_CLOEXEC)
+            fd = posix.open(lookup.proc_self_path("mountinfo"), posix.O_RDONLY | posix.O_CLOEXEC)
             self._theirs = mount_devices(_read_text(fd))
         dev = self._theirs.get(mid)
         if dev is None:

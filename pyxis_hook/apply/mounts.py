@@ -20,7 +20,7 @@ import posix
 import stat
 
 from pyxis_hook import log, pathnames
-from pyxis_hook.apply import kernel
+from pyxis_hook.kernel import lookup, mountapi, syscall
 from pyxis_hook.errors import ApplyError, PyxisHookError
 from pyxis_hook.plan.build import DEV_OPTIONS, MountEdit, Plan
 from pyxis_hook.record import record, replace
@@ -32,8 +32,8 @@ if TYPE_CHECKING:
 
 #: mount option -> (MOUNT_ATTR_* for mount_setattr, MS_* for the legacy remount); the values
 #: happen to be equal, the two names are kept so each call site says which API it speaks
-_FLAGS = {"ro": (kernel.MOUNT_ATTR_RDONLY, kernel.MS_RDONLY), "nosuid": (kernel.MOUNT_ATTR_NOSUID, kernel.MS_NOSUID),
-          "nodev": (kernel.MOUNT_ATTR_NODEV, kernel.MS_NODEV), "noexec": (kernel.MOUNT_ATTR_NOEXEC, kernel.MS_NOEXEC)}
+_FLAGS = {"ro": (mountapi.MOUNT_ATTR_RDONLY, mountapi.MS_RDONLY), "nosuid": (mountapi.MOUNT_ATTR_NOSUID, mountapi.MS_NOSUID),
+          "nodev": (mountapi.MOUNT_ATTR_NODEV, mountapi.MS_NODEV), "noexec": (mountapi.MOUNT_ATTR_NOEXEC, mountapi.MS_NOEXEC)}
 
 
 @record
@@ -110,7 +110,7 @@ def open_in_rootfs(m: MountEdit, rfs: RootFS, fds: list[int]) -> Bind:
                          f"that would cover {m.container_path}")
     parent = rfs.open(pathnames.dirname(m.host_path), posix.O_PATH | posix.O_DIRECTORY)
     try:
-        own_mount = kernel.mount_id(fd) != kernel.mount_id(parent)
+        own_mount = lookup.mount_id(fd) != lookup.mount_id(parent)
     finally:
         posix.close(parent)
     if not own_mount:
@@ -132,9 +132,9 @@ def clone_tree(fd: int, options: tuple[str, ...], what: str, fds: list[int]) -> 
     attrs = 0
     for o in options:
         attrs |= _FLAGS.get(o, (0, 0))[0]
-    tree = kernel.open_tree(fd, "", kernel.OPEN_TREE_CLONE | kernel.OPEN_TREE_CLOEXEC | kernel.AT_EMPTY_PATH, what=what)
+    tree = mountapi.open_tree(fd, "", mountapi.OPEN_TREE_CLONE | mountapi.OPEN_TREE_CLOEXEC | syscall.AT_EMPTY_PATH, what=what)
     fds.append(tree)
-    kernel.mount_setattr(tree, "", kernel.AT_EMPTY_PATH, attrs, 0, kernel.MS_PRIVATE, what=what)
+    mountapi.mount_setattr(tree, "", syscall.AT_EMPTY_PATH, attrs, 0, mountapi.MS_PRIVATE, what=what)
     return tree
 
 
@@ -167,8 +167,8 @@ class Undo:
         while self.mount_fds:
             fd, path, owned = self.mount_fds.pop()
             try:
-                kernel.umount2(kernel.proc_fd_path(fd), kernel.MNT_DETACH, what=path)
-            except (ApplyError, kernel.SyscallError) as e:
+                mountapi.umount2(lookup.proc_fd_path(fd), mountapi.MNT_DETACH, what=path)
+            except (ApplyError, syscall.SyscallError) as e:
                 problems.append(str(e))
             finally:
                 if owned:
@@ -197,7 +197,7 @@ def bind(b: Bind, entry: Entry, undo: Undo) -> int:
     owner, the list of fds `clone` put it in, closes it), no copy per mount.
     """
     if b.tree >= 0:
-        kernel.move_mount(b.tree, "", entry.fd, "", kernel.MOVE_MOUNT_F_EMPTY_PATH | kernel.MOVE_MOUNT_T_EMPTY_PATH,
+        mountapi.move_mount(b.tree, "", entry.fd, "", mountapi.MOVE_MOUNT_F_EMPTY_PATH | mountapi.MOVE_MOUNT_T_EMPTY_PATH,
                           what=entry.path)
         undo.add(b.tree, entry.path, owned=False)
         return b.tree
@@ -218,16 +218,16 @@ def bind(b: Bind, entry: Entry, undo: Undo) -> int:
         flags = 0
         for o in b.options:
             flags |= _FLAGS.get(o, (0, 0))[1]
-        kernel.mount(kernel.proc_fd_path(src), kernel.proc_fd_path(entry.fd), None, kernel.MS_BIND, what=entry.path)
+        mountapi.mount(lookup.proc_fd_path(src), lookup.proc_fd_path(entry.fd), None, mountapi.MS_BIND, what=entry.path)
     finally:
         posix.close(src)
     top = reopen_mounted(entry, undo)
     got = posix.fstat(top)
     if (want.st_dev, want.st_ino) != (got.st_dev, got.st_ino):
         raise ApplyError(f"{entry.path}: the mount point changed while mounting {b.host_path}")
-    target = kernel.proc_fd_path(top)
-    kernel.mount(None, target, None, kernel.MS_REMOUNT | kernel.MS_BIND | flags, what=entry.path)
-    kernel.mount(None, target, None, kernel.MS_PRIVATE, what=entry.path)
+    target = lookup.proc_fd_path(top)
+    mountapi.mount(None, target, None, mountapi.MS_REMOUNT | mountapi.MS_BIND | flags, what=entry.path)
+    mountapi.mount(None, target, None, mountapi.MS_PRIVATE, what=entry.path)
     return top
 
 
@@ -242,9 +242,9 @@ def reopen_mounted(entry: Entry, undo: Undo) -> int:
         top = entry.reopen()
     except (OSError, PyxisHookError) as e:
         try:
-            kernel.umount2(f"{kernel.proc_fd_path(entry.parent_fd)}/{entry.name}",
-                           kernel.MNT_DETACH | kernel.UMOUNT_NOFOLLOW, what=entry.path)
-        except (ApplyError, kernel.SyscallError) as u:
+            mountapi.umount2(f"{lookup.proc_fd_path(entry.parent_fd)}/{entry.name}",
+                           mountapi.MNT_DETACH | mountapi.UMOUNT_NOFOLLOW, what=entry.path)
+        except (ApplyError, syscall.SyscallError) as u:
             log.error(f"rollback: {u}")
         if isinstance(e, PyxisHookError):
             raise

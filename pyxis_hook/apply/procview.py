@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import posix
 
-from pyxis_hook.apply import kernel
+from pyxis_hook.kernel import lookup, mountapi, syscall
 from pyxis_hook.apply.mounts import Bind, Undo, bind, clone_tree, reopen_mounted
 from pyxis_hook.errors import ApplyError, PathError
 from pyxis_hook.host import gpus
@@ -111,26 +111,26 @@ def mount_view(plan: Plan, rfs: WritableRoot, gpu_dirs, undo: Undo, new_api: boo
         return []
     entry = rfs.ensure_entry(target, "dir")
     try:
-        base = kernel.MOUNT_ATTR_NOSUID | kernel.MOUNT_ATTR_NODEV | kernel.MOUNT_ATTR_NOEXEC
+        base = mountapi.MOUNT_ATTR_NOSUID | mountapi.MOUNT_ATTR_NODEV | mountapi.MOUNT_ATTR_NOEXEC
         if new_api:
-            fsfd = kernel.fsopen("tmpfs")
+            fsfd = mountapi.fsopen("tmpfs")
             try:
-                kernel.fsconfig_string(fsfd, "mode", "0555")
-                kernel.fsconfig_string(fsfd, "size", "1m")
-                kernel.fsconfig_create(fsfd)
-                mnt = kernel.fsmount(fsfd, base)
+                mountapi.fsconfig_string(fsfd, "mode", "0555")
+                mountapi.fsconfig_string(fsfd, "size", "1m")
+                mountapi.fsconfig_create(fsfd)
+                mnt = mountapi.fsmount(fsfd, base)
             finally:
                 posix.close(fsfd)
             try:
-                kernel.move_mount(mnt, "", entry.fd, "", kernel.MOVE_MOUNT_F_EMPTY_PATH | kernel.MOVE_MOUNT_T_EMPTY_PATH,
+                mountapi.move_mount(mnt, "", entry.fd, "", mountapi.MOVE_MOUNT_F_EMPTY_PATH | mountapi.MOVE_MOUNT_T_EMPTY_PATH,
                                   what=target)
             except BaseException:
                 posix.close(mnt)
                 raise
             undo.add(mnt, target)
         else:
-            kernel.mount("tmpfs", kernel.proc_fd_path(entry.fd), "tmpfs",
-                         kernel.MS_NOSUID | kernel.MS_NODEV | kernel.MS_NOEXEC, "mode=0555,size=1m", what=target)
+            mountapi.mount("tmpfs", lookup.proc_fd_path(entry.fd), "tmpfs",
+                         mountapi.MS_NOSUID | mountapi.MS_NODEV | mountapi.MS_NOEXEC, "mode=0555,size=1m", what=target)
             mnt = reopen_mounted(entry, undo)
         for name, content in view.files:
             fd = posix.open(name, posix.O_WRONLY | posix.O_CREAT | posix.O_EXCL | posix.O_NOFOLLOW | posix.O_CLOEXEC, 0o444, dir_fd=mnt)
@@ -166,10 +166,10 @@ def mount_view(plan: Plan, rfs: WritableRoot, gpu_dirs, undo: Undo, new_api: boo
                 posix.close(gfd)
         # populated: now make the tmpfs itself read-only
         if new_api:
-            kernel.mount_setattr(mnt, "", kernel.AT_EMPTY_PATH, kernel.MOUNT_ATTR_RDONLY, 0, 0, what=target)
+            mountapi.mount_setattr(mnt, "", syscall.AT_EMPTY_PATH, mountapi.MOUNT_ATTR_RDONLY, 0, 0, what=target)
         else:
-            kernel.mount(None, kernel.proc_fd_path(mnt), None,
-                         kernel.MS_REMOUNT | kernel.MS_RDONLY | kernel.MS_NOSUID | kernel.MS_NODEV | kernel.MS_NOEXEC,
+            mountapi.mount(None, lookup.proc_fd_path(mnt), None,
+                         mountapi.MS_REMOUNT | mountapi.MS_RDONLY | mountapi.MS_NOSUID | mountapi.MS_NODEV | mountapi.MS_NOEXEC,
                          "mode=0555", what=target)
         return done
     finally:

@@ -200,13 +200,13 @@ def _runtime_mount(rootfs: str, pid: int, root_fd: int, where: str, proc: str,
 
 def _judge(fd: int, pid: int, where: str, proc: str, ref: int | str) -> tuple[str, str | None]:
     """(mount point of the mount `fd` is on, why it is not the runtime's rootfs or None)."""
-    from pyxis_hook.apply import kernel
+    from pyxis_hook.kernel import lookup
     from pyxis_hook.host.cgroup import parse_mountinfo, read_text
 
-    mount_id = kernel.mount_id(fd, f"{proc}/self")
+    mount_id = lookup.mount_id(fd, f"{proc}/self")
     up = posix.open("..", posix.O_PATH | posix.O_DIRECTORY | posix.O_CLOEXEC, dir_fd=fd)
     try:
-        is_mount_root = kernel.mount_id(up, f"{proc}/self") != mount_id  # '..' of a mount's root is on the mount below
+        is_mount_root = lookup.mount_id(up, f"{proc}/self") != mount_id  # '..' of a mount's root is on the mount below
     finally:
         posix.close(up)
     theirs = _mounts(read_text(f"{where}/mountinfo") or "")

@@ -21,40 +21,15 @@ import subprocess
 from pyxis_hook.host.cgroup import read_text
 from pyxis_hook.errors import ConfigError, ElfError, LdCacheError
 from pyxis_hook.diag import installcheck
+from pyxis_hook.diag.doctorenv import DoctorEnv
 from pyxis_hook.diag.findings import Finding
-from pyxis_hook.record import record
 from pyxis_hook.rootfs import try_resolve_in_root
 
-DEFAULT_HOOKS_DIRS = ("/usr/share/containers/oci/hooks.d", "/etc/containers/oci/hooks.d")
 PERSISTENCED_SOCKET = "/var/run/nvidia-persistenced/socket"
 PERSISTENCED_PID = "/var/run/nvidia-persistenced/nvidia-persistenced.pid"
 RUNTIMES = ("runc", "crun")
 #: nodes many healthy hosts lack (modeset needs nvidia-modeset.ko; uvm-tools is optional)
 OPTIONAL_NODES = ("/dev/nvidia-modeset", "/dev/nvidia-uvm-tools")
-
-
-@record
-class DoctorEnv:
-    """What the checks read besides the configured roots.
-
-    `environ`: the caller's environment (Slurm variables).  `hooks_dirs`: where
-    podman/CRI-O read oci-hooks files.  `search_path`: dirs searched for
-    runc/crun (None: pyxis.conf's `path`).  `self_pid`: the process whose
-    cgroup is examined under proc-root.  `python`: the interpreter the hooks.d
-    file must name (None: this install's, `hookd.interpreter()`).  `command`:
-    the `pyxis-hook` script running doctor, when it is one.  `package`: the
-    directory holding the package the commands are checked against (None:
-    this process's).
-    """
-
-    environ: tuple[tuple[str, str], ...] = ()
-    hooks_dirs: tuple[str, ...] = DEFAULT_HOOKS_DIRS
-    search_path: tuple[str, ...] | None = None
-    self_pid: str = "self"
-    python: str | None = None
-    run_runtimes: bool = True
-    command: str | None = None
-    package: str | None = None
 
 
 # ------------------------------------------------------------------ driver
@@ -273,10 +248,10 @@ def check_cgroup(config, env: DoctorEnv) -> list[Finding]:
 
 
 def check_openat2() -> list[Finding]:
-    from pyxis_hook.apply import kernel
+    from pyxis_hook.kernel import lookup
 
     try:
-        ok = kernel.have_openat2()
+        ok = lookup.have_openat2()
     except Exception:  # a ctypes failure is the same answer
         ok = False
     if ok:

@@ -11,11 +11,8 @@ import json
 import os
 import sys
 
+from pyxis_hook.diag.doctorenv import DoctorEnv
 from pyxis_hook.diag.findings import Finding
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from pyxis_hook.diag.doctor import DoctorEnv
 
 
 def _strs(value) -> list[str]:

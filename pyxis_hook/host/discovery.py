@@ -23,7 +23,7 @@ from pyxis_hook.errors import DriverError, ElfError, LdCacheError, PathError
 from pyxis_hook.host.gpus import HostGpus
 from pyxis_hook.host.gpuscan import discover_gpus
 from pyxis_hook.record import field, record, replace
-from pyxis_hook.spec.require import version_key
+from pyxis_hook.host.inventory import version_key
 from pyxis_hook.rootfs import resolve_in_root, to_root_relative
 from pyxis_hook.host.inventory import (VERSIONED_RE, _VERSION_RE, DriverFile, Inventory, NonDriverDep,
                                        driver_major, ipc_files)

@@ -206,6 +206,14 @@ class Inventory:
         )
 
 
+def version_key(value: str) -> tuple[int, ...]:
+    """Dotted numeric value with trailing zero components dropped (`11` == `11.0`), for ordering versions."""
+    parts = [int(p) for p in value.split(".")]
+    while len(parts) > 1 and parts[-1] == 0:
+        parts.pop()
+    return tuple(parts)
+
+
 def driver_major(version: str | None) -> int | None:
     """535 of "535.104.05"; None when unknown or not a dotted number."""
     head = (version or "").split(".")[0]

@@ -143,7 +143,7 @@ def require_safe(rfs: RootFS, conf: str = "/etc/ld.so.conf") -> LdSoConf:
 def dir_identity(where: Where, path: str) -> tuple[int, int] | None:
     """(st_dev, st_ino) of the directory `path` inside the root, or None when it is not one we can reach.
 
-    A lookup the host kept racing (RootFS: EAGAIN after kernel.OPENAT2_TRIES) raises its PathError:
+    A lookup the host kept racing (RootFS: EAGAIN after lookup.OPENAT2_TRIES) raises its PathError:
     it says nothing about the directory.
     """
     if isinstance(where, str):
@@ -156,7 +156,7 @@ def dir_identity(where: Where, path: str) -> tuple[int, int] | None:
         fd = where.open(path, posix.O_PATH | posix.O_DIRECTORY)
     except PathError as e:
         if getattr(e, "errno", 0) == errno.EAGAIN:
-            raise  # the host kept racing the lookup (kernel.OPENAT2_TRIES): not "no such directory"
+            raise  # the host kept racing the lookup (lookup.OPENAT2_TRIES): not "no such directory"
         return None
     try:
         st = posix.fstat(fd)

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from pyxis_hook.spec.envreads import prefixed
 from pyxis_hook.errors import RequirementError
+# the driver versions' order, which NVIDIA_REQUIRE_* compares by too
+from pyxis_hook.host.inventory import version_key
 from pyxis_hook.record import record
 
 #: typing.TYPE_CHECKING without importing typing (~3 ms on the hook's path)
@@ -180,14 +182,6 @@ def parse_requirements(env: Mapping[str, str], config_disable: bool = False) -> 
     if legacy is not None:
         result.append(parse_expression(f"cuda>={legacy}", "CUDA_VERSION"))
     return tuple(result)
-
-
-def version_key(value: str) -> tuple[int, ...]:
-    """Dotted numeric value with trailing zero components dropped (`11` == `11.0`)."""
-    parts = [int(p) for p in value.split(".")]
-    while len(parts) > 1 and parts[-1] == 0:
-        parts.pop()
-    return tuple(parts)
 
 
 def compare_versions(a: str, b: str) -> int:

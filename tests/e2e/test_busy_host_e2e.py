@@ -3,7 +3,7 @@
 The load case of many starts on one node: every start's lookups through
 `..` (here the image's multiarch lib dir is the relative link `../lib64`)
 race the mounts of other starts; openat2 then answers EAGAIN and the hook
-retries (kernel.OPENAT2_TRIES).  Before, some starts failed with "Resource
+retries (lookup.OPENAT2_TRIES).  Before, some starts failed with "Resource
 temporarily unavailable" (7 of 60 in a mount storm).
 """
 

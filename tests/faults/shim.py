@@ -3,14 +3,14 @@
 Nothing of this is in the product: `hook.py` (this directory) imports this
 module, arms the fault named by `PYXIS_FAULT` (set in the hook's `env` in
 config.json, which only a test writes) and then runs pyxis_hook/__main__.py
-as the runtime would.  The patches are module attributes (`kernel.mount`,
+as the runtime would.  The patches are module attributes (`mountapi.mount`,
 `posix.symlink`, ...) set before the hook starts, so apply's forked child and the
 confined ldconfig's runner inherit them.  Everything a patch calls is
 imported here, on the host: the child refuses imports after setns.
 
 PYXIS_FAULT = "STEP[=ARG]:N:ACTION"
 
-STEP: mount (kernel.move_mount/mount: each bind, the /proc view), link
+STEP: mount (mountapi.move_mount/mount: each bind, the /proc view), link
 (posix.symlink: a SONAME or dev link, made under a temp name), cgroup (the
 write of a rule to devices.allow), cache (the rename that puts the new
 ld.so.cache in place), ldconfig (the confined run of the host ldconfig:
@@ -32,7 +32,8 @@ import posix  # what the hook's modules call (they do not import os): the patche
 import signal
 import time
 
-from pyxis_hook.apply import confined, kernel
+from pyxis_hook.apply import confined
+from pyxis_hook.kernel import mountapi, syscall
 
 HOOK_PID = os.getpid()
 SLEEP_S = 60
@@ -74,7 +75,7 @@ def _syscall_error(fault: Fault, what: str):
     try:
         fault.act()
     except OSError as e:
-        raise kernel.SyscallError(f"{what}: {e.strerror}", e.errno) from None
+        raise syscall.SyscallError(f"{what}: {e.strerror}", e.errno) from None
 
 
 def arm(spec: str) -> None:
@@ -84,14 +85,14 @@ def arm(spec: str) -> None:
     fault = Fault(spec)
     if fault.step == "mount":
         for name in ("mount", "move_mount"):
-            real = getattr(kernel, name)
+            real = getattr(mountapi, name)
 
             def call(*args, _real=real, _name=name, **kwargs):
                 if fault.hit():
                     _syscall_error(fault, f"{_name} {kwargs.get('what', '')}")
                 return _real(*args, **kwargs)
 
-            setattr(kernel, name, call)
+            setattr(mountapi, name, call)
     elif fault.step == "link":
         real_symlink = posix.symlink
 

@@ -23,7 +23,7 @@ from fixtures.standin import start_standin
 from fixtures.synth import build_lib
 from pyxis_hook.apply import child as apply_mod
 from pyxis_hook.apply import devcgroup
-from pyxis_hook.apply import kernel
+from pyxis_hook.kernel import lookup, mountapi, namespaces, syscall
 from pyxis_hook import log
 from pyxis_hook.apply.child import apply_plan
 from pyxis_hook.spec.config import Config
@@ -825,8 +825,8 @@ def test_legacy_reopen_failure_leaves_no_mount(world, monkeypatch):
     from pyxis_hook.apply import rootwrite
 
     host, root, pid = world
-    monkeypatch.setattr(kernel, "HAVE_NEW_MOUNT_API", False)
-    monkeypatch.setattr(kernel, "HAVE_OPENAT2", False)
+    monkeypatch.setattr(mountapi, "HAVE_NEW_MOUNT_API", False)
+    monkeypatch.setattr(lookup, "HAVE_OPENAT2", False)
 
     def reopen(self):
         raise OSError(errno.ESTALE, os.strerror(errno.ESTALE))
@@ -867,9 +867,9 @@ def test_a_syscall_the_kernel_refuses_in_the_child_is_the_runtime_s_one_apply_er
     host, root, pid = world
 
     def refused(fd, nstype, what=""):
-        raise kernel.SyscallError(f"setns {what}: Operation not permitted", errno.EPERM)
+        raise syscall.SyscallError(f"setns {what}: Operation not permitted", errno.EPERM)
 
-    monkeypatch.setattr(kernel, "setns", refused)
+    monkeypatch.setattr(namespaces, "setns", refused)
     with pytest.raises(ApplyError, match=r"^setns container mount namespace: Operation not permitted$"):
         apply_plan(_basic_plan(host, root), pid)
     assert _mounts_under(pid, root) == {}
@@ -990,7 +990,7 @@ def test_in_place_a_bug_comes_back_before_it_is_reported(world, tmp_path, monkey
     host, root, pid = world
 
     def broken(*args, **kwargs):
-        kernel.enter_mount_ns(args[1])
+        namespaces.enter_mount_ns(args[1])
         raise KeyError("boom")
 
     def frames_fails(exc):
@@ -1012,14 +1012,14 @@ def test_in_place_a_failed_return_ends_the_process_with_one_line(world):
     if child == 0:  # pragma: no cover - reported through the pipe and the exit status
         try:
             os.dup2(w, 2)
-            real = kernel.setns
+            real = namespaces.setns
 
             def back_refused(fd, nstype, what=""):
                 if what.startswith("the hook's own"):
-                    raise kernel.SyscallError(f"setns {what}: Operation not permitted", errno.EPERM)
+                    raise syscall.SyscallError(f"setns {what}: Operation not permitted", errno.EPERM)
                 real(fd, nstype, what)
 
-            kernel.setns = back_refused
+            namespaces.setns = back_refused
             apply_plan(_basic_plan(host, root), pid)
         finally:
             os._exit(99)  # never reached when the hook ends itself
@@ -1063,9 +1063,10 @@ def test_in_place_only_where_the_way_back_is_allowed():
     namespace the host's) could be entered but never returned to: such a hook forks instead.
     One whose mount namespace belongs to its own user namespace works in place."""
     code = ("import os, sys; sys.path.insert(0, %r)\n"
-            "from pyxis_hook.apply import child, kernel\n"
+            "from pyxis_hook.apply import child\n"
+            "from pyxis_hook.kernel import namespaces\n"
             "fd = os.open('/proc/self/ns/mnt', os.O_RDONLY)\n"
-            "print(kernel.owned_by_own_userns(fd), child._home() is not None)\n") % os.path.dirname(
+            "print(namespaces.owned_by_own_userns(fd), child._home() is not None)\n") % os.path.dirname(
                 os.path.dirname(apply_mod.__file__.rsplit("/", 1)[0]))
     for flags, expected in ((["-U", "-r"], "False False"), (["-U", "-r", "-m"], "True True"), ([], "True True")):
         r = subprocess.run(["unshare", *flags, sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True)

@@ -18,7 +18,8 @@ import pytest
 
 from fixtures.forked import run_forked
 from fixtures.synth import build_lib
-from pyxis_hook.apply import confined, kernel, runnercalls
+from pyxis_hook.apply import confined
+from pyxis_hook.kernel import mountapi, process
 from pyxis_hook.apply.child import _NoImports
 from pyxis_hook.errors import ApplyError
 
@@ -262,7 +263,7 @@ int main(void) {
 
 CAP_NET_RAW = 13
 PR_CAP_AMBIENT_RAISE = 2
-DAC, FOWNER = 1 << runnercalls.CAP_DAC_OVERRIDE, 1 << runnercalls.CAP_FOWNER
+DAC, FOWNER = 1 << process.CAP_DAC_OVERRIDE, 1 << process.CAP_FOWNER
 
 
 def _probe_fields(text: str) -> dict[str, int]:
@@ -281,11 +282,11 @@ def test_exec_holds_only_the_kept_caps(rootfs, tmp_path):
     first: neither may reach ldconfig.
     """
     probe = _static(tmp_path, "capprobe", _CAP_PROBE)
-    eff, prm, _inh = runnercalls.capget()
+    eff, prm, _inh = process.capget()
 
     def run() -> str:
-        runnercalls.capset(eff, prm, prm)
-        kernel.prctl(runnercalls.PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, CAP_NET_RAW)
+        process.capset(eff, prm, prm)
+        process.prctl(process.PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, CAP_NET_RAW)
         exe = confined.sealed_copy(str(probe))
         try:
             return confined.run_ldconfig(str(rootfs), exe, ["/" + LIBDIR])
@@ -293,7 +294,7 @@ def test_exec_holds_only_the_kept_caps(rootfs, tmp_path):
             os.close(exe)
 
     got = _probe_fields(run_forked(run))
-    bounding = sum(1 << c for c in range(runnercalls.cap_last_cap() + 1) if runnercalls.capbset_has(c))
+    bounding = sum(1 << c for c in range(process.cap_last_cap() + 1) if process.capbset_has(c))
     keep = confined.KEEP_CAPS & prm & bounding
     assert keep == DAC | FOWNER  # this test machine's root has both
     assert got == {"eff": keep, "prm": keep, "inh": 0, "bnd": keep, "amb": 0, "nnp": 1, "uid": 0}
@@ -442,7 +443,7 @@ def devices_in_rootfs(rootfs):
 def test_no_device_node_of_the_image_can_be_opened(devices_in_rootfs, tmp_path, monkeypatch, api):
     """ldconfig's rootfs is a nodev copy (mounts under it too): every device node of the image is EACCES."""
     if api == "legacy":  # kernels < 5.12: recursive bind + a bind remount per mount (read by the forked child)
-        monkeypatch.setattr(kernel, "HAVE_NEW_MOUNT_API", False)
+        monkeypatch.setattr(mountapi, "HAVE_NEW_MOUNT_API", False)
     probe = _static(tmp_path, "devprobe", _DEV_PROBE)
     with open("/proc/self/mountinfo") as f:
         before = f.read()

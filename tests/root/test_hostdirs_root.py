@@ -27,7 +27,7 @@ from fixtures.forked import run_forked
 from fixtures.standin import start_standin
 from fixtures.synth import build_lib
 from root.test_apply import _snapshot
-from pyxis_hook.apply import kernel
+from pyxis_hook.kernel import mountapi, namespaces
 from pyxis_hook.apply.child import apply_plan
 from pyxis_hook.errors import ApplyError
 from pyxis_hook.loader.ldcache import written_flags
@@ -174,14 +174,14 @@ def test_the_runtimes_own_tmpfs_dirs_get_everything(world, mount_api):
 def _in_own_namespace(world: World, dev_mount: str, plan: Plan) -> str:
     """Like an enroot hook: the hook runs in the container's namespace, whose rootfs is bound onto itself."""
     def body() -> str:
-        kernel.unshare(kernel.CLONE_NEWNS)
-        kernel.mount(None, "/", None, kernel.MS_REC | kernel.MS_PRIVATE)
+        namespaces.unshare(namespaces.CLONE_NEWNS)
+        mountapi.mount(None, "/", None, mountapi.MS_REC | mountapi.MS_PRIVATE)
         root = str(world.root)
-        kernel.mount(root, root, None, kernel.MS_BIND)
+        mountapi.mount(root, root, None, mountapi.MS_BIND)
         if dev_mount == "tmpfs":  # ENROOT_RESTRICT_DEV: a fresh tmpfs
-            kernel.mount("tmpfs", f"{root}/dev", "tmpfs", 0, "mode=755")
+            mountapi.mount("tmpfs", f"{root}/dev", "tmpfs", 0, "mode=755")
         else:  # enroot's mounts.d/10-system.fstab: the host's /dev, rbind
-            kernel.mount(str(world.hostdev), f"{root}/dev", None, kernel.MS_BIND | kernel.MS_REC)
+            mountapi.mount(str(world.hostdev), f"{root}/dev", None, mountapi.MS_BIND | mountapi.MS_REC)
         try:
             res = apply_plan(plan, "self")
         except ApplyError as e:

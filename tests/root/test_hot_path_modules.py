@@ -81,12 +81,12 @@ def test_every_module_of_a_gpu_start_is_in_the_prestart_contract(gpu_start_modul
 
 
 def test_a_gpu_start_loads_no_heavy_stdlib_module(gpu_start_modules):
-    """ctypes' __init__ (the syscalls use _ctypes: apply/cabi.py), typing, re, json, dataclasses stay off.
+    """ctypes' __init__ (the syscalls use _ctypes: kernel/cabi.py), typing, re, json, dataclasses stay off.
 
     So does `os` (~1.5 ms of a ~32 ms start, with the ~30 ABCs of _collections_abc): the start's
     modules call `posix`, its builtin core, and `pyxis_hook.pathnames` for the path strings.  And
     `fcntl`, `resource`, `select` (three shared libraries to map, ~0.6 ms): the confined ldconfig's
-    calls go through `_ctypes` (apply/runnercalls.py).  And `struct` (its `_struct` is one more
+    calls go through `_ctypes` (kernel/process.py).  And `struct` (its `_struct` is one more
     shared library): the ld.so.cache's words are read with memoryview.cast and int.from_bytes."""
     heavy = {"ctypes", "typing", "re", "json", "dataclasses", "enum", "logging", "subprocess", "argparse",
              "tomllib", "traceback", "elftools", "jsonschema", "os", "fcntl", "resource", "select",

@@ -64,21 +64,21 @@ def test_read_bytes_refuses_devices_and_dirs_and_caps_size(tree, use_openat2):
 def test_a_directory_mounted_over_between_two_entries_is_not_reused_stale(tree, use_openat2):
     """Entries into /opt/a, a tmpfs mounted onto /opt/a through its directory entry, more entries there:
     they land in the tmpfs (what the path names now), not in the directory it covers."""
-    from pyxis_hook.apply import kernel
+    from pyxis_hook.kernel import lookup, mountapi
 
     root, _ = tree
     (root / "opt/a").mkdir(parents=True)
     with WritableRoot(str(root), use_openat2=use_openat2) as r:
         r.ensure_entry("/opt/a/x").close()
         d = r.ensure_entry("/opt/a", "dir")
-        kernel.mount("tmpfs", kernel.proc_fd_path(d.fd), "tmpfs", 0)
+        mountapi.mount("tmpfs", lookup.proc_fd_path(d.fd), "tmpfs", 0)
         d.close()
         try:
             r.ensure_entry("/opt/a/y").close()
             assert sorted(os.listdir(root / "opt/a")) == ["y"]  # the tmpfs, where the path leads now
             assert os.stat(root / "opt/a/y").st_dev != os.stat(root / "opt").st_dev
         finally:
-            kernel.umount2(str(root / "opt/a"))
+            mountapi.umount2(str(root / "opt/a"))
         assert sorted(os.listdir(root / "opt/a")) == ["x"]
         assert r.rollback() == []
     assert os.listdir(root / "opt/a") == []

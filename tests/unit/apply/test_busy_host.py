@@ -2,7 +2,7 @@
 
 openat2(RESOLVE_IN_ROOT) answers EAGAIN when a mount, unmount or rename
 anywhere on the system races a `..` step ("the caller may choose to
-retry", openat2(2)); `kernel.openat2` retries, boundedly.  Images reach
+retry", openat2(2)); `lookup.openat2` retries, boundedly.  Images reach
 `..` all the time: a lib dir that is a relative link (`usr/lib64 ->
 ../lib64`), an `include ../x` in ld.so.conf.  Each test shows that nothing
 the hook does fails or sees a different image while the storm runs, and
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from fixtures.synth import build_lib
-from pyxis_hook.apply import kernel
+from pyxis_hook.kernel import lookup, syscall
 from pyxis_hook.loader.ldconf import dirs_by_inode, read_ld_so_conf
 from pyxis_hook.rootfs import RootFS, RootPathError
 from root.test_apply_writes import LIBDIR
@@ -50,10 +50,10 @@ def dotdot_image(tmp_path) -> Path:
 
 
 def test_a_race_that_never_ends_falls_back_to_the_walk(tmp_path, monkeypatch):
-    """After kernel.OPENAT2_TRIES answers of EAGAIN, RootFS walks the path itself: the answer a quiet
+    """After lookup.OPENAT2_TRIES answers of EAGAIN, RootFS walks the path itself: the answer a quiet
     host gives (the file, or a true 'no such file'), never an error made by the race."""
     calls = []
-    real = kernel._call
+    real = syscall.call
 
     def always_eagain(name, *args):
         calls.append(name)
@@ -65,13 +65,13 @@ def test_a_race_that_never_ends_falls_back_to_the_walk(tmp_path, monkeypatch):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").write_text("b\n")
     with RootFS(str(tmp_path), use_openat2=True) as rfs:
-        monkeypatch.setattr(kernel, "_call", always_eagain)
+        monkeypatch.setattr(syscall, "call", always_eagain)
         fd = rfs.open("a/../../../b", os.O_RDONLY)  # `..` at the root stays there, as chroot does
         try:
             assert os.read(fd, 10) == b"b\n"
         finally:
             os.close(fd)
-        assert calls.count("openat2") == kernel.OPENAT2_TRIES
+        assert calls.count("openat2") == lookup.OPENAT2_TRIES
         with pytest.raises(RootPathError) as e:
             rfs.open("a/../missing", os.O_RDONLY)
     assert e.value.errno == errno.ENOENT
@@ -81,7 +81,7 @@ def test_a_race_that_never_ends_leaves_the_ld_so_conf_unread(dotdot_image, monke
     """An endless race changes nothing the reader sees: it walks `..` one component at a time itself
     (no openat2 lookup to race), so the tree reads as on a quiet host; and a configured dir whose
     openat2 lookup stays EAGAIN is found by RootFS's own walk, the same directory as on a quiet host."""
-    real = kernel._call
+    real = syscall.call
 
     def eagain_through_dotdot(name, *args):
         if name == "openat2" and b".." in args[1].value:
@@ -91,9 +91,9 @@ def test_a_race_that_never_ends_leaves_the_ld_so_conf_unread(dotdot_image, monke
 
     with RootFS(str(dotdot_image), use_openat2=True) as rfs:
         quiet = read_ld_so_conf(rfs.path, rfs=rfs)
-        monkeypatch.setattr(kernel, "_call", eagain_through_dotdot)
+        monkeypatch.setattr(syscall, "call", eagain_through_dotdot)
         conf = read_ld_so_conf(rfs.path, rfs=rfs)
         assert conf == quiet and not conf.truncated and "/opt/b" in conf.dirs
         raced = dirs_by_inode(rfs, ("/opt/a", "/usr/lib/../lib64"))
-        monkeypatch.setattr(kernel, "_call", real)
+        monkeypatch.setattr(syscall, "call", real)
         assert raced == dirs_by_inode(rfs, ("/opt/a", "/usr/lib/../lib64"))

@@ -45,7 +45,7 @@ def test_internal_signals_are_no_user_errors(tmp_path, monkeypatch, capsys):
     """CannotMerge, LoadFailed, ArtifactError and SyscallError are caught by their own callers:
     one that reaches the CLI is a bug (exit 70), never a `pyxis-hook: error:` line of exit 3,
     and an `except PyxisHookError` around user errors never swallows one."""
-    from pyxis_hook.apply.kernel import SyscallError
+    from pyxis_hook.kernel.syscall import SyscallError
     from pyxis_hook.loader.ldmerge import CannotMerge
     from pyxis_hook.loader.resolve import LoadFailed
 

@@ -76,7 +76,7 @@ def test_step_env_keeps_a_view_that_counts_the_step():
 def test_doctor_reads_the_job_as_the_hook_does(tmp_path):
     """doctor's scheduler line comes from the hook's own decision: a task's renumbered
     SLURM_STEP_GPUS=0 is set aside there too, not reported as the job's GPUs."""
-    from pyxis_hook.diag.doctor import DoctorEnv
+    from pyxis_hook.diag.doctorenv import DoctorEnv
     from pyxis_hook.diag.schedcheck import check_scheduler
 
     proc = _slurm_tree(tmp_path, STEP_RULES, TASK_RULES, True)

@@ -13,23 +13,23 @@ import posix  # what the modules under test call (they do not import os)
 import pytest
 
 from fixtures.forked import run_forked
-from pyxis_hook.apply import kernel, runnercalls
+from pyxis_hook.kernel import cabi, lookup, mountapi, namespaces, process, syscall
 from pyxis_hook.errors import ApplyError, InternalSignal
 
 
 def test_errors_are_one_line_with_errno(tmp_path):
-    with pytest.raises(kernel.SyscallError) as e:
-        kernel.openat2(kernel.AT_FDCWD, str(tmp_path / "missing"), os.O_RDONLY)
+    with pytest.raises(syscall.SyscallError) as e:
+        lookup.openat2(syscall.AT_FDCWD, str(tmp_path / "missing"), os.O_RDONLY)
     assert e.value.errno == errno.ENOENT
     assert isinstance(e.value, InternalSignal) and not isinstance(e.value, ApplyError)  # apply's child words it
     assert str(e.value) == f"open {tmp_path}/missing: No such file or directory"
-    with pytest.raises(kernel.SyscallError, match="setns fd 9999: Bad file descriptor"):
-        kernel.setns(9999, kernel.CLONE_NEWNS)
+    with pytest.raises(syscall.SyscallError, match="setns fd 9999: Bad file descriptor"):
+        namespaces.setns(9999, namespaces.CLONE_NEWNS)
 
 
 def test_probes_on_this_kernel():
-    assert kernel.have_openat2() is True
-    assert kernel.have_new_mount_api() is True
+    assert lookup.have_openat2() is True
+    assert mountapi.have_new_mount_api() is True
 
 
 def test_openat2_resolve_modes(tmp_path):
@@ -41,17 +41,17 @@ def test_openat2_resolve_modes(tmp_path):
     rfd = os.open(root, os.O_PATH | os.O_DIRECTORY)
     try:
         for p in ("abs/etc/x", "up/etc/x", "/etc/x", "../../etc/x"):
-            fd = kernel.openat2(rfd, p, os.O_RDONLY, 0, kernel.RESOLVE_IN_ROOT)
+            fd = lookup.openat2(rfd, p, os.O_RDONLY, 0, lookup.RESOLVE_IN_ROOT)
             assert os.read(fd, 100) == b"in root"
             os.close(fd)
-        with pytest.raises(kernel.SyscallError) as e:
-            kernel.openat2(rfd, "abs/etc/x", os.O_RDONLY, 0, kernel.RESOLVE_BENEATH)
+        with pytest.raises(syscall.SyscallError) as e:
+            lookup.openat2(rfd, "abs/etc/x", os.O_RDONLY, 0, lookup.RESOLVE_BENEATH)
         assert e.value.errno == errno.EXDEV
     finally:
         os.close(rfd)
     # magic links refused
-    with pytest.raises(kernel.SyscallError) as e:
-        kernel.openat2(kernel.AT_FDCWD, "/proc/self/root/etc/passwd", os.O_RDONLY, 0, kernel.RESOLVE_NO_MAGICLINKS)
+    with pytest.raises(syscall.SyscallError) as e:
+        lookup.openat2(syscall.AT_FDCWD, "/proc/self/root/etc/passwd", os.O_RDONLY, 0, lookup.RESOLVE_NO_MAGICLINKS)
     assert e.value.errno == errno.ELOOP
 
 
@@ -63,8 +63,8 @@ def _bind_case(tmp_path, body) -> None:
     tgt.write_text("")
 
     def child():
-        kernel.unshare(kernel.CLONE_NEWNS)
-        kernel.mount(None, "/", None, kernel.MS_REC | kernel.MS_PRIVATE)
+        namespaces.unshare(namespaces.CLONE_NEWNS)
+        mountapi.mount(None, "/", None, mountapi.MS_REC | mountapi.MS_PRIVATE)
         body(src, tgt, os.open(src, os.O_PATH), os.open(tgt, os.O_PATH | os.O_NOFOLLOW))
 
     run_forked(child)
@@ -77,7 +77,7 @@ def _options(tgt) -> set[str]:
 
 def test_no_new_privs():
     def child():
-        runnercalls.no_new_privs()
+        process.no_new_privs()
         status = open("/proc/self/status").read()
         assert "NoNewPrivs:\t1" in status
 
@@ -93,13 +93,13 @@ def _status_caps() -> dict[str, int]:
 
 def test_cap_last_cap_is_procfs_without_procfs():
     with open("/proc/sys/kernel/cap_last_cap") as f:
-        assert runnercalls.cap_last_cap() == int(f.read())
+        assert process.cap_last_cap() == int(f.read())
 
 
 def test_capget_matches_proc_status():
     caps = _status_caps()
-    assert runnercalls.capget() == (caps["CapEff"], caps["CapPrm"], caps["CapInh"])
-    bounding = {c for c in range(runnercalls.cap_last_cap() + 1) if runnercalls.capbset_has(c)}
+    assert process.capget() == (caps["CapEff"], caps["CapPrm"], caps["CapInh"])
+    bounding = {c for c in range(process.cap_last_cap() + 1) if process.capbset_has(c)}
     assert sum(1 << c for c in bounding) == caps["CapBnd"]
 
 
@@ -117,25 +117,25 @@ def test_arch_syscall_numbers_match_kernel_headers(arch, header):
     if not os.path.exists(header):
         pytest.skip(f"no {header}")
     nrs = _header_nrs(header)
-    for name, nr in kernel._ARCH_NR[arch].items():
+    for name, nr in syscall.ARCH_NR[arch].items():
         assert nrs[name] == nr, (arch, name)
-    for name, nr in kernel._GENERIC_NR.items():
+    for name, nr in syscall.GENERIC_NR.items():
         assert nrs[name] == nr, name
 
 
 def test_every_arch_table_is_complete(monkeypatch):
     """ppc64le (arch/powerpc syscall.tbl) and the others name every per-arch syscall the wrappers use."""
     names = {"unshare", "setns", "mount", "umount2", "statx"}
-    assert {"x86_64", "aarch64", "ppc64le"} <= set(kernel._ARCH_NR)
-    for arch, table in kernel._ARCH_NR.items():
+    assert {"x86_64", "aarch64", "ppc64le"} <= set(syscall.ARCH_NR)
+    for arch, table in syscall.ARCH_NR.items():
         assert set(table) == names, arch
     real = os.uname()
     monkeypatch.setattr(posix, "uname", lambda: os.uname_result(real[:4] + ("ppc64le",)))
-    assert kernel._nr("setns") == 350 and kernel._nr("mount") == 21 and kernel._nr("open_tree") == 428
-    assert kernel._nr("statx") == 383
+    assert syscall.nr("setns") == 350 and syscall.nr("mount") == 21 and syscall.nr("open_tree") == 428
+    assert syscall.nr("statx") == 383
     monkeypatch.setattr(posix, "uname", lambda: os.uname_result(real[:4] + ("s390x",)))
     with pytest.raises(ApplyError, match="unsupported architecture s390x"):
-        kernel._nr("setns")
+        syscall.nr("setns")
 
 
 def _fdinfo_mount_id(fd: int) -> int:
@@ -148,11 +148,11 @@ def test_mount_id_by_statx_is_the_fdinfo_one(path):
     """One statx where the kernel tells the mount id (Linux >= 5.8): the very id mountinfo and fdinfo show."""
     fd = os.open(path, os.O_PATH)
     try:
-        got = kernel.mount_id(fd)
-        assert got == _fdinfo_mount_id(fd) == kernel.mount_id(fd, "/proc/self")
-        assert kernel.HAVE_STATX_MNT_ID in (True, False)
-        if kernel.HAVE_STATX_MNT_ID:
-            assert kernel._statx_mount_id(fd) == got
+        got = lookup.mount_id(fd)
+        assert got == _fdinfo_mount_id(fd) == lookup.mount_id(fd, "/proc/self")
+        assert lookup.HAVE_STATX_MNT_ID in (True, False)
+        if lookup.HAVE_STATX_MNT_ID:
+            assert lookup._statx_mount_id(fd) == got
     finally:
         os.close(fd)
 
@@ -162,27 +162,27 @@ def test_mount_id_without_statx_reads_fdinfo(monkeypatch, how):
     """statx missing (before 4.11, a seccomp filter) or without STATX_MNT_ID (before 5.8): the fdinfo read, once
     decided for the process."""
     calls = []
-    real = kernel._call
+    real = syscall.call
 
     def call(name, *args):
         if name != "statx":
             return real(name, *args)
         calls.append(name)
         if how == "ENOSYS":
-            kernel.cabi.set_errno(errno.ENOSYS)
+            cabi.set_errno(errno.ENOSYS)
             return -1
         r = real(name, *args)
-        kernel._STATX_ARGS[4][0] &= ~kernel.STATX_MNT_ID  # as a 5.7 kernel leaves stx_mask
+        lookup._STATX_ARGS[4][0] &= ~lookup.STATX_MNT_ID  # as a 5.7 kernel leaves stx_mask
         return r
 
-    monkeypatch.setattr(kernel, "_call", call)
-    monkeypatch.setattr(kernel, "HAVE_STATX_MNT_ID", None)
+    monkeypatch.setattr(syscall, "call", call)
+    monkeypatch.setattr(lookup, "HAVE_STATX_MNT_ID", None)
     fd = os.open("/proc", os.O_PATH)
     try:
-        assert kernel.mount_id(fd) == kernel.mount_id(fd) == _fdinfo_mount_id(fd)
+        assert lookup.mount_id(fd) == lookup.mount_id(fd) == _fdinfo_mount_id(fd)
     finally:
         os.close(fd)
-    assert calls == ["statx"] and kernel.HAVE_STATX_MNT_ID is False
+    assert calls == ["statx"] and lookup.HAVE_STATX_MNT_ID is False
 
 
 def test_path_arguments_are_fsencode(tmp_path):
@@ -190,7 +190,7 @@ def test_path_arguments_are_fsencode(tmp_path):
     from pyxis_hook import pathnames
 
     for p in ("/dev/nvidia0", "/x/\udcff\u00e9", "", b"/raw\xff", tmp_path):
-        assert kernel._path(p) == pathnames.fsencode(p)
-    assert kernel._path(None) is None
-    assert kernel._path_arg("") is kernel._path_arg("") and kernel._path_arg("").value == b""
-    assert kernel._path_arg("/a").value == b"/a"
+        assert syscall.encode_path(p) == pathnames.fsencode(p)
+    assert syscall.encode_path(None) is None
+    assert syscall.path_arg("") is syscall.path_arg("") and syscall.path_arg("").value == b""
+    assert syscall.path_arg("/a").value == b"/a"

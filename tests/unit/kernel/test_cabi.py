@@ -1,4 +1,4 @@
-"""apply/cabi.py: ctypes' own classes built from _ctypes behave as ctypes' (sizes, values, errno)."""
+"""kernel/cabi.py: ctypes' own classes built from _ctypes behave as ctypes' (sizes, values, errno)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from pyxis_hook.apply import cabi
+from pyxis_hook.kernel import cabi
 
 
 @pytest.mark.parametrize("name", ["c_int", "c_uint", "c_long", "c_ulong", "c_uint32", "c_uint64", "c_char_p",
@@ -53,17 +53,17 @@ def test_structures_pass_by_reference():
 
 
 def test_kernel_does_not_import_ctypes():
-    code = "import sys, pyxis_hook.apply.kernel; print('ctypes' in sys.modules)"
+    code = "import sys, pyxis_hook.kernel.lookup, pyxis_hook.kernel.mountapi, pyxis_hook.kernel.namespaces; print('ctypes' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.strip() == "False"
 
 
 def test_the_rare_types_are_made_once_when_first_asked_for():
     """Importing the syscall modules (every GPU start does) makes none; each is made once, then the same class."""
-    code = ("from pyxis_hook.apply import cabi, kernel, runnercalls\n"
+    code = ("from pyxis_hook.kernel import cabi, lookup, mountapi, namespaces, process\n"
             "before = sorted(cabi._MADE)\n"
-            "caps = runnercalls.capget()\n"
-            "again = runnercalls.capget()\n"
+            "caps = process.capget()\n"
+            "again = process.capget()\n"
             "short = cabi.made('c_short')\n"
             "print(before, sorted(cabi._MADE), caps == again, short is cabi.made('c_short'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -1,4 +1,4 @@
-"""The C types and libc calls `kernel` needs, built from `_ctypes` directly.
+"""The C types and libc calls the syscall wrappers (`pyxis_hook.kernel`) need, built from `_ctypes` directly.
 
 `import ctypes` costs ~1.3 ms of every GPU start (its `__init__` defines some
 40 types and imports `struct`, `types` and `ctypes._endian` for byte-swapped
@@ -10,7 +10,7 @@ functions as `CFuncPtr` subclasses with `FUNCFLAG_CDECL | FUNCFLAG_USE_ERRNO`),
 so they behave identically, `get_errno` included.
 """
 
-from _ctypes import (  # noqa: F401 - re-exported: kernel's vocabulary
+from _ctypes import (  # noqa: F401 - re-exported: the wrappers' vocabulary
     FUNCFLAG_CDECL,
     FUNCFLAG_USE_ERRNO,
     CFuncPtr,
@@ -37,7 +37,7 @@ c_uint = _simple("c_uint", "I")
 c_long = _simple("c_long", "l")
 c_ulong = _simple("c_ulong", "L")
 c_char_p = _simple("c_char_p", "z")  # also the NULL of any pointer argument: c_char_p(None)
-# LP64, every architecture the hook supports (kernel._ARCH_NR): the aliases ctypes itself makes
+# LP64, every architecture the hook supports (syscall.ARCH_NR): the aliases ctypes itself makes
 # there (its `for kind in [c_ushort, c_uint, c_ulong, c_ulonglong]` by size), one class less each
 c_uint32 = c_uint
 c_uint64 = c_ulong

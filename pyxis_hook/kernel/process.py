@@ -1,29 +1,32 @@
-"""The libc calls the confined ldconfig runner needs beyond `posix`: memfd seals, rlimits, poll, capabilities.
+"""Calls on the calling process and its fds that `posix` lacks: prctl, capabilities, rlimits, memfd seals, poll.
 
 Why not the stdlib's `fcntl`, `resource` and `select`: each is an extension
 module, a shared library the loader maps and relocates, ~0.6 ms of every GPU
 start together, and a start must have them loaded before it enters the
 container's mount namespace (apply's child imports nothing there) although
-only a merge that cannot model the image ever runs ldconfig.  `_ctypes`,
-which the syscalls need anyway (`cabi`), calls the same libc functions.
+only a merge that cannot model the image ever runs ldconfig (the confined
+runner, `apply/confined.py`, is what calls most of them).  `_ctypes`, which
+the syscalls need anyway (`cabi`), calls the same libc functions.
 
 The constants are the kernel's ABI for every architecture the hook supports
-(`kernel._ARCH_NR`: x86_64, aarch64, ppc64le all take them from
+(`syscall.ARCH_NR`: x86_64, aarch64, ppc64le all take them from
 include/uapi/asm-generic): <linux/fcntl.h> F_ADD_SEALS and the F_SEAL_*
 bits, asm-generic/resource.h's RLIMIT_* numbers and RLIM_INFINITY,
-asm-generic/poll.h's POLL* bits.  tests/unit/apply/test_runnercalls.py
+asm-generic/poll.h's POLL* bits.  tests/unit/kernel/test_process.py
 checks each against the stdlib module that names it.  The capability calls
 (capget/capset, the bounding and ambient sets through prctl, no_new_privs:
 linux/capability.h, linux/prctl.h) drop what the runner must not keep; they
-raise `kernel.SyscallError`, as the namespace's other syscalls do.
+raise `syscall.SyscallError`, as the other syscall wrappers do.  They change
+this process's privileges, so only apply/ imports this module (setup.cfg's
+kernel contract).
 """
-
 from __future__ import annotations
 
 import errno as _errno
 import posix
 
-from pyxis_hook.apply import cabi, kernel
+from pyxis_hook.kernel import cabi, syscall
+from pyxis_hook.kernel.syscall import SyscallError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # hints only
@@ -43,6 +46,8 @@ RLIMIT_AS = 9
 RLIM_INFINITY = (1 << 64) - 1  # (rlim_t)~0UL on LP64
 
 POLLIN = 0x0001
+
+PR_SET_PDEATHSIG = 1
 
 PR_CAPBSET_READ = 23
 PR_CAPBSET_DROP = 24
@@ -127,12 +132,25 @@ def poll(fds: list[int], timeout_ms: int) -> list[tuple[int, int]]:
     return [(slot.fd, slot.revents) for slot in array if slot.revents]
 
 
+#: glibc's wrapper, looked up now: a child that calls it may be chrooted into an image
+_prctl = cabi.libc_function("prctl", cabi.c_int)
+
+
+def prctl(option: int, arg: int = 0, arg3: int = 0) -> int:
+    """prctl(2) with up to two arguments; returns its (non-negative) result."""
+    cabi.set_errno(0)
+    r = _prctl(cabi.c_int(option), cabi.c_ulong(arg), cabi.c_ulong(arg3), cabi.c_ulong(0), cabi.c_ulong(0))
+    if r < 0:
+        raise syscall.syscall_error("prctl", str(option))
+    return r
+
+
 # ------------------------------------------------------------------ capabilities
 
 
 def no_new_privs() -> None:
     """PR_SET_NO_NEW_PRIVS: nothing exec'd after this can gain privileges (setuid, file caps)."""
-    kernel.prctl(PR_SET_NO_NEW_PRIVS, 1)
+    prctl(PR_SET_NO_NEW_PRIVS, 1)
 
 
 def _cap_structs() -> tuple:
@@ -155,7 +173,7 @@ def capget(pid: int = 0) -> tuple[int, int, int]:
     data = (cap_data * 2)()
     cabi.set_errno(0)
     if _capget(cabi.byref(head), data) != 0:
-        raise kernel.syscall_error("capget", str(pid))
+        raise syscall.syscall_error("capget", str(pid))
     lo, hi = data[0], data[1]
     return (lo.effective | hi.effective << 32, lo.permitted | hi.permitted << 32,
             lo.inheritable | hi.inheritable << 32)
@@ -173,7 +191,7 @@ def capset(effective: int, permitted: int, inheritable: int) -> None:
         data[i].inheritable = (inheritable >> shift) & 0xFFFFFFFF
     cabi.set_errno(0)
     if _capset(cabi.byref(head), data) != 0:
-        raise kernel.syscall_error("capset", f"effective={effective:#x} permitted={permitted:#x}")
+        raise syscall.syscall_error("capset", f"effective={effective:#x} permitted={permitted:#x}")
 
 
 def cap_last_cap() -> int:
@@ -185,8 +203,8 @@ def cap_last_cap() -> int:
     cap = 0
     while cap < 63:
         try:
-            kernel.prctl(PR_CAPBSET_READ, cap + 1)
-        except kernel.SyscallError as e:
+            prctl(PR_CAPBSET_READ, cap + 1)
+        except SyscallError as e:
             if e.errno != _errno.EINVAL:
                 raise
             break
@@ -196,18 +214,18 @@ def cap_last_cap() -> int:
 
 def capbset_has(cap: int) -> bool:
     """Whether `cap` is in this thread's bounding set."""
-    return kernel.prctl(PR_CAPBSET_READ, cap) == 1
+    return prctl(PR_CAPBSET_READ, cap) == 1
 
 
 def capbset_drop(cap: int) -> None:
     """Remove `cap` from the bounding set for good (needs CAP_SETPCAP in the effective set)."""
-    kernel.prctl(PR_CAPBSET_DROP, cap)
+    prctl(PR_CAPBSET_DROP, cap)
 
 
 def clear_ambient() -> None:
     """Empty the ambient set (EINVAL before Linux 4.3, which has none: nothing to clear)."""
     try:
-        kernel.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
-    except kernel.SyscallError as e:
+        prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
+    except SyscallError as e:
         if e.errno != _errno.EINVAL:
             raise

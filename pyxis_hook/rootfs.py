@@ -463,8 +463,8 @@ class RootFS:
                     st = posix.stat(comp, dir_fd=cur, follow_symlinks=False)
                 except OSError:
                     return None
-                if stat.S_ISLNK(st.st_mode):
-                    return None
+                if stat.S_ISLNK(st.st_mode) or stat.S_ISDIR(st.st_mode):
+                    return None  # changed type (and maybe back) since the open: look again
                 raise path_error(path, self.path, errno.ENOTDIR) from None
             raise path_error(path, self.path, e) from None
         if not stat.S_ISDIR(posix.fstat(fd).st_mode):

@@ -18,14 +18,23 @@ from pyxis_hook import pathnames
 from pyxis_hook.errors import PathError
 
 MAX_SYMLINKS = 40
+#: top-level directories of an image that do not exist for what reads the image's facts: the confined
+#: ldconfig masks them (apply/confined.py), and a path that reaches one, however it gets there, is missing
+HIDDEN = ("proc", "sys")
+#: how often a component that changes type under us (dir <-> symlink) is re-examined before giving up
+RACE_RETRIES = 8
 
 
 def resolve_in_root(root: str, path: str, *, follow_last: bool = True) -> str:
     """Return the host path that `path` names when `root` is '/'.
 
     Missing components are kept as they are (callers decide whether a missing
-    file is an error).  The result always starts with `root` (normalised).
-    Raises PathError on a symlink loop.
+    file is an error); so is a link whose text cannot be read (`self` of a
+    procfs of another PID namespace), which the kernel cannot follow either.
+    The result always starts with `root` (normalised).  Raises RootPathError
+    on a symlink loop, on an error that is not 'missing', and when a component
+    keeps changing between a link and something else while it is looked at
+    (RACE_RETRIES times); a component that changes once is taken as it is then.
     """
     root = pathnames.normpath(pathnames.abspath(root))
     if root == "/":
@@ -35,7 +44,7 @@ def resolve_in_root(root: str, path: str, *, follow_last: bool = True) -> str:
     todo = [c for c in path.split("/") if c not in ("", ".")]
     todo.reverse()
     done: list[str] = []
-    links = 0
+    links = changes = 0
     while todo:
         comp = todo.pop()
         if comp == "..":
@@ -50,12 +59,24 @@ def resolve_in_root(root: str, path: str, *, follow_last: bool = True) -> str:
             if e.errno in (errno.ENOENT, errno.ENOTDIR):
                 done.append(comp)
                 continue
-            raise PathError(f"{candidate}: {e.strerror}") from None
+            raise RootPathError(f"{candidate}: {e.strerror}", e.errno or 0) from None
         if stat.S_ISLNK(st.st_mode) and (follow_last or not is_last):
+            try:
+                target = posix.readlink(candidate)
+            except OSError as e:
+                if e.errno in (errno.ENOENT, errno.ENOTDIR):  # gone, or a link nobody can follow: missing
+                    done.append(comp)
+                    continue
+                if e.errno != errno.EINVAL:
+                    raise RootPathError(f"{candidate}: {e.strerror}", e.errno or 0) from None
+                changes += 1  # no longer a link: look at it again
+                if changes > RACE_RETRIES:
+                    raise path_error(path, root, errno.ELOOP, "changed while resolving: ") from None
+                todo.append(comp)
+                continue
             links += 1
             if links > MAX_SYMLINKS:
-                raise PathError(f"{path}: too many levels of symbolic links inside {root}")
-            target = posix.readlink(candidate)
+                raise RootPathError(f"{path}: too many levels of symbolic links inside {root}", errno.ELOOP)
             parts = [c for c in target.split("/") if c not in ("", ".")]
             if target.startswith("/"):
                 done = []
@@ -88,9 +109,6 @@ def to_root_relative(root: str, host_path: str) -> str:
 # --------------------------------------------------------------------------
 # fd-based access for writes and mounts
 # --------------------------------------------------------------------------
-
-#: how often a component that changes type under us (dir <-> symlink) is re-examined before giving up
-RACE_RETRIES = 8
 
 
 def open_regular_path(path: str) -> int:
@@ -189,16 +207,19 @@ class RootFS:
     are refused.  With openat2 (kernel >= 5.6) the kernel does the walk; the
     fallback walks one component at a time with O_PATH|O_NOFOLLOW fds and
     readlinkat, splicing link text itself, so no kernel-level link is ever
-    followed.  This class only reads; creation (mount points, links, their
+    followed.  With `hidden` (HIDDEN: what reads the image's facts), those
+    top-level directories are missing however a path reaches them, and every
+    lookup is the walk.  This class only reads; creation (mount points, links, their
     rollback) is `apply.rootwrite.WritableRoot`, the writing half.
     """
 
     def __init__(self, path: str, *, fd: int | None = None, owner: tuple[int, int] | None = None,
-                 use_openat2: bool | None = None):
+                 use_openat2: bool | None = None, hidden: tuple[str, ...] = ()):
         """Open `path`; or, with `fd`, work on a copy of that directory fd and use `path` only as its name.
 
         `fd` is how a rootfs pinned elsewhere (`rootpin`) is used without
         resolving its name again: whatever `path` names by now, only the fd counts.
+        `hidden`: the top-level directories every lookup treats as missing (HIDDEN or none).
         """
         from pyxis_hook.kernel import lookup
 
@@ -208,7 +229,9 @@ class RootFS:
         except OSError as e:
             raise RootPathError(f"container rootfs {self.path}: {e.strerror}", e.errno or 0) from None
         self.owner = owner  # who gets what is created inside (WritableRoot, the cache file)
-        self.use_openat2 = lookup.have_openat2() if use_openat2 is None else use_openat2
+        self.hidden = hidden
+        # openat2 cannot be told to leave a directory out: a RootFS that hides some walks
+        self.use_openat2 = not hidden and (lookup.have_openat2() if use_openat2 is None else use_openat2)
         # `open` runs once per mount point: an import statement there would ask the import system each time
         self._lookup = lookup
 
@@ -231,7 +254,12 @@ class RootFS:
 
     # -- resolution -----------------------------------------------------
     def open(self, path: str, flags: int, mode: int = 0) -> int:
-        """Open `path` inside the root (IN_ROOT semantics); the caller closes the fd."""
+        """Open `path` inside the root (IN_ROOT semantics); the caller closes the fd.
+
+        Whatever stops it is a RootPathError with the errno: ENOENT or ENOTDIR for a
+        missing path (a hidden directory, a link that cannot be followed), ELOOP for a
+        loop or for a component that keeps changing type while it is looked at.
+        """
         if self.use_openat2:
             lookup = self._lookup
             try:
@@ -243,18 +271,33 @@ class RootFS:
                 # the kernel kept asking to retry (mounts or renames elsewhere racing each `..` step,
                 # lookup.OPENAT2_TRIES times): the walk below takes `..` itself, one fd at a time, with
                 # the same chroot semantics, so a busy host costs a slower lookup, never a failed start
-        nofollow = bool(flags & posix.O_NOFOLLOW)
+        return self._open_walked(path, flags, mode, [], self.hidden)
+
+    def _open_walked(self, path: str, flags: int, mode: int, names: list[str], hidden: tuple[str, ...]) -> int:
+        """`open` by the component walk; `names` receives the resolved components (no link, no `..`)."""
+        follow = not flags & posix.O_NOFOLLOW
         for _ in range(RACE_RETRIES):
-            parent, name = self._walk(path, follow_last=not nofollow, create_mode=None)
+            names.clear()
+            parent, name = self._walk(path, follow_last=follow, create_mode=None, names=names, hidden=hidden)
             try:
                 fd = posix.open(name or ".", flags | posix.O_NOFOLLOW | posix.O_CLOEXEC, mode, dir_fd=parent)
             except OSError as e:
+                # O_NOFOLLOW met a link the walk did not see (ELOOP; ENOTDIR with O_DIRECTORY): walk again
+                if follow and name and e.errno in (errno.ELOOP, errno.ENOTDIR) and _is_link(parent, name):
+                    continue
                 raise path_error(path, self.path, e) from None
             finally:
                 posix.close(parent)
-            if nofollow or not stat.S_ISLNK(posix.fstat(fd).st_mode):
-                return fd
-            posix.close(fd)  # became a symlink between the walk and the open: walk again
+            st_mode = posix.fstat(fd).st_mode
+            if follow and stat.S_ISLNK(st_mode):
+                posix.close(fd)  # became a symlink between the walk and the open: walk again
+                continue
+            if hidden and not names and name in hidden and stat.S_ISDIR(st_mode):
+                posix.close(fd)
+                raise path_error(path, self.path, errno.ENOENT)
+            if name:
+                names.append(name)
+            return fd
         raise path_error(path, self.path, errno.ELOOP, "changed while resolving: ")
 
     def exists(self, path: str) -> bool:
@@ -316,36 +359,19 @@ class RootFS:
         """Read a small regular text file of the image; FIFOs, devices and huge files are refused."""
         return self.read_bytes(path, limit).decode("utf-8", "replace")
 
-    def locate(self, path: str, *, hidden: tuple[str, ...] = ()) -> tuple[int, str]:
+    def locate(self, path: str, *, hidden: tuple[str, ...] | None = None) -> tuple[int, str]:
         """(O_PATH fd of what `path` names, the path it resolves to: no symlink, no `..`).
 
         Always the component walk, openat2 or not: a caller that needs the
         resolved name gets it from the very fds it opened (relative includes
-        of ld.so.conf), and a top-level directory named in `hidden` (/proc,
-        /sys) is missing however the path reaches it, as in a view where
-        they are masked.  A missing path is a RootPathError with ENOENT.
+        of ld.so.conf), and a top-level directory named in `hidden` (this
+        root's own by default; HIDDEN: /proc, /sys) is missing however the
+        path reaches it, as in a view where they are masked.  A missing path
+        is a RootPathError with ENOENT or ENOTDIR (see `open`).
         """
-        for _ in range(RACE_RETRIES):
-            names: list[str] = []
-            parent, name = self._walk(path, follow_last=True, create_mode=None, names=names, hidden=hidden)
-            if name is None:
-                return parent, "/" + "/".join(names)
-            try:
-                fd = posix.open(name, posix.O_PATH | posix.O_NOFOLLOW | posix.O_CLOEXEC, dir_fd=parent)
-            except OSError as e:
-                raise path_error(path, self.path, e) from None
-            finally:
-                posix.close(parent)
-            mode = posix.fstat(fd).st_mode
-            if stat.S_ISLNK(mode):
-                posix.close(fd)
-                continue  # became a symlink between the walk and the open: walk again
-            if not names and name in hidden and stat.S_ISDIR(mode):
-                posix.close(fd)
-                raise path_error(path, self.path, errno.ENOENT)
-            return fd, "/" + "/".join([*names, name])
-        raise path_error(path, self.path, errno.ELOOP, "changed while resolving: ")
-
+        names: list[str] = []
+        fd = self._open_walked(path, posix.O_PATH, 0, names, self.hidden if hidden is None else hidden)
+        return fd, "/" + "/".join(names)
     def _walk(self, path: str, *, follow_last: bool, create_mode: int | None,
               names: list[str] | None = None, hidden: tuple[str, ...] = ()) -> tuple[int, str | None]:
         """Resolve all but the last component; return (owned parent dir fd, last name or None).
@@ -378,6 +404,10 @@ class RootFS:
                             target = None
                         elif e.errno == errno.ENOENT:
                             target = None
+                            if (follow_last or not is_last) and _is_link(cur, comp):
+                                # a link whose text nobody can read (`self` of a procfs of another
+                                # PID namespace): the kernel cannot follow it either
+                                raise path_error(path, self.path, e) from None
                             if not is_last:
                                 if create_mode is None:
                                     raise path_error(path, self.path, e) from None
@@ -433,8 +463,8 @@ class RootFS:
                     st = posix.stat(comp, dir_fd=cur, follow_symlinks=False)
                 except OSError:
                     return None
-                if stat.S_ISLNK(st.st_mode):
-                    return None
+                if stat.S_ISLNK(st.st_mode) or stat.S_ISDIR(st.st_mode):
+                    return None  # changed type (and maybe back) since the open: look again
                 raise path_error(path, self.path, errno.ENOTDIR) from None
             raise path_error(path, self.path, e) from None
         if not stat.S_ISDIR(posix.fstat(fd).st_mode):
@@ -443,3 +473,9 @@ class RootFS:
         return fd
 
 
+def _is_link(dir_fd: int, name: str) -> bool:
+    """Whether `name` in `dir_fd` is a symlink now (False when it cannot be looked at)."""
+    try:
+        return stat.S_ISLNK(posix.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False

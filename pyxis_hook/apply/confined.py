@@ -55,6 +55,7 @@ from _signal import SIGKILL  # the C module: signal.py's enums cost the hook ~4 
 from pyxis_hook import pathnames
 from pyxis_hook.kernel import lookup, mountapi, namespaces, process, syscall
 from pyxis_hook.errors import ApplyError
+from pyxis_hook.rootfs import HIDDEN
 
 #: The capabilities ldconfig keeps (a bit mask).  It writes /etc/ld.so.cache~, chmods it 0644,
 #: renames it over /etc/ld.so.cache and replaces SONAME links in the library dirs: as root with
@@ -431,7 +432,8 @@ def _exec_ldconfig(root_fd, exe_fd, argv, owner) -> None:  # pragma: no cover - 
     posix.fchdir(root_fd)
     posix.chroot(".")
     posix.chdir("/")
-    for d in ("/proc", "/sys"):
+    for name in HIDDEN:  # the directories the readers of the image's facts leave out too
+        d = "/" + name
         try:
             st = posix.lstat(d)
         except OSError:

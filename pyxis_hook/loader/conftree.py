@@ -12,9 +12,10 @@ the same files without any of that:
 * every path is resolved by `RootFS.locate`'s fd walk, so a symlink in an
   image never leads out of it and `..` at the root stays there (as in the
   kernel); a name is handed on under its resolved directory;
-* the root's `/proc` and `/sys` are absent (`HIDDEN`), as in the confined
-  ldconfig's view (apply/confined.py masks them with empty tmpfs): no
-  lookup reaches `/proc/kmsg` and no listing walks `/sys`;
+* the root's `/proc` and `/sys` are absent (`rootfs.HIDDEN`, the rule every
+  reader of the image's facts follows), as in the confined ldconfig's view
+  (apply/confined.py masks them with empty tmpfs): no lookup reaches
+  `/proc/kmsg` and no listing walks `/sys`;
 * a file's type is taken from the O_PATH fd the walk opened, and only a
   regular file is opened for reading, as that same inode: a FIFO never
   blocks and a device's driver never sees an open();
@@ -33,7 +34,7 @@ import posix
 import stat
 import time
 
-from pyxis_hook.rootfs import RootFS, RootPathError, read_to_end
+from pyxis_hook.rootfs import HIDDEN, RootFS, RootPathError, read_to_end
 
 #: the configuration files' bytes, all together (Debian's whole tree is < 1 KiB)
 CONF_LIMIT = 1 << 20
@@ -45,8 +46,6 @@ MAX_SECONDS = 5.0
 MAX_HELD = 16
 #: what one read(2) of a configuration file asks for after the first (which asks for its size)
 _CHUNK = 1 << 16
-#: top-level directories of the root that do not exist for ldconfig (apply/confined.py masks them)
-HIDDEN = ("proc", "sys")
 
 #: why a read stopped (`ldconf.LdSoConf.stop`; "" when it did not)
 NOT_REGULAR = "not-regular"  # a FIFO or socket: ldconfig's fopen blocks (FIFO) or fails

@@ -56,10 +56,10 @@ def compat_facts(rootfs: str, machine: str | None = None):
     file): the plan then runs ldconfig instead.  Never raises on what the
     image holds: an unreadable dir is a problem string.
     """
-    from pyxis_hook.rootfs import RootFS
+    from pyxis_hook.rootfs import HIDDEN, RootFS
 
     try:
-        with RootFS(rootfs) as rfs:
+        with RootFS(rootfs, hidden=HIDDEN) as rfs:  # /proc and /sys missing, as for the other facts
             return _compat_facts(rfs, machine or posix.uname().machine)
     except (PathError, OSError) as e:
         return "", None, (), f"cannot be read ({getattr(e, 'strerror', None) or e})"

@@ -355,3 +355,233 @@ def test_read_to_end_reads_past_one_chunk_caps_and_closes(tmp_path):
     assert e.value.errno == _errno.EFBIG
     with pytest.raises(OSError):
         os.fstat(fd)
+
+
+# ------------------------------------------------------------ links nobody can follow, components that change
+
+
+def _foreign_readlink(monkeypatch, name):
+    """readlink of `name` fails with ENOENT although lstat sees a link: `self` of another PID namespace's procfs."""
+    real = posix.readlink
+
+    def readlink(path, *args, **kw):
+        if os.fsdecode(path).endswith("/" + name) or os.fsdecode(path) == name:
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
+        return real(path, *args, **kw)
+
+    monkeypatch.setattr(posix, "readlink", readlink)
+
+
+def test_a_link_whose_text_cannot_be_read_is_missing(tmp_path, monkeypatch):
+    """A link through /proc/self: the string walk keeps it as a missing component, the fd walk says ENOENT."""
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc/self").symlink_to("4242")
+    (tmp_path / "opt/compat").mkdir(parents=True)
+    (tmp_path / "usr/local").mkdir(parents=True)
+    (tmp_path / "usr/local/cuda").symlink_to("/proc/self/root/opt")
+    _foreign_readlink(monkeypatch, "self")
+    assert resolve_in_root(str(tmp_path), "/usr/local/cuda/compat") == f"{tmp_path}/proc/self/root/opt/compat"
+    with WritableRoot(str(tmp_path), use_openat2=False) as r:
+        for path in ("/usr/local/cuda/compat", "/proc/self"):
+            with pytest.raises(RootPathError) as e:
+                r.open(path, posix.O_PATH)
+            assert e.value.errno == errno.ENOENT
+            assert not r.exists(path)
+        os.close(r.open("/proc/self", posix.O_PATH | posix.O_NOFOLLOW))  # the link itself is there
+
+
+def test_a_component_that_stops_being_a_link_is_looked_at_again(tmp_path, monkeypatch):
+    """lstat saw a link, readlink finds a directory (EINVAL): the answer is the directory's, not an OSError."""
+    (tmp_path / "a").mkdir()
+    real_lstat = posix.lstat
+    seen = []
+
+    def lstat(path, *args, **kw):
+        st = real_lstat(path, *args, **kw)
+        if os.fsdecode(path).endswith("/a") and not seen:
+            seen.append(path)
+            return os.stat_result((stat.S_IFLNK | 0o777,) + tuple(st)[1:])  # what it was a moment ago
+        return st
+
+    monkeypatch.setattr(posix, "lstat", lstat)
+    assert resolve_in_root(str(tmp_path), "/a/f") == f"{tmp_path}/a/f"
+    assert seen
+
+    def always_a_link(path, *args, **kw):
+        st = real_lstat(path, *args, **kw)
+        return os.stat_result((stat.S_IFLNK | 0o777,) + tuple(st)[1:]) if os.fsdecode(path).endswith("/a") else st
+
+    monkeypatch.setattr(posix, "lstat", always_a_link)
+    with pytest.raises(RootPathError, match="changed while resolving"):
+        resolve_in_root(str(tmp_path), "/a/f")
+
+
+@pytest.mark.parametrize("err", [errno.EACCES, errno.EIO, errno.ENAMETOOLONG])
+def test_any_other_readlink_error_is_one_line(tmp_path, monkeypatch, err):
+    (tmp_path / "l").symlink_to("x")
+
+    def readlink(*_a, **_k):
+        raise OSError(err, os.strerror(err))
+
+    monkeypatch.setattr(posix, "readlink", readlink)
+    with pytest.raises(RootPathError) as e:
+        resolve_in_root(str(tmp_path), "/l/y")
+    assert e.value.errno == err and "\n" not in str(e.value)
+    with WritableRoot(str(tmp_path), use_openat2=False) as r, pytest.raises(RootPathError) as e:
+        r.open("/l/y", posix.O_PATH)
+    assert e.value.errno == err
+
+
+def test_hidden_dirs_are_missing_with_openat2_too(tmp_path):
+    """A RootFS made with HIDDEN walks (openat2 cannot leave a directory out) and agrees with locate."""
+    from pyxis_hook.rootfs import HIDDEN, RootFS
+
+    (tmp_path / "proc/self/root").mkdir(parents=True)
+    (tmp_path / "sys").mkdir()
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc/a").symlink_to("/proc/self/root")
+    (tmp_path / "etc/b").symlink_to("../sys")
+    (tmp_path / "proc.d").symlink_to("proc")  # a link named otherwise is followed to the hidden dir
+    with RootFS(str(tmp_path), use_openat2=True, hidden=HIDDEN) as r:
+        assert r.use_openat2 is False
+        for path in ("/proc", "/proc/self/root", "/etc/a", "/etc/b", "/etc/../sys", "/proc.d/self", "/sys/"):
+            assert not r.exists(path), path
+        assert r.exists("/etc") and r.exists("/etc/..")
+    with RootFS(str(tmp_path), use_openat2=True) as r:
+        assert r.exists("/etc/a") and r.exists("/etc/b")
+
+
+@pytest.mark.root
+def test_a_link_through_a_procfs_of_another_pid_namespace(tmp_path):
+    """The container's own /proc mounted (another PID namespace's procfs: readlink of `self` is ENOENT there):
+    `/usr/local/cuda -> /proc/self/root/opt` names nothing, and nothing raises."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare(1)")
+    root = tmp_path / "rootfs"
+    (root / "proc").mkdir(parents=True)
+    (root / "opt/compat").mkdir(parents=True)
+    (root / "usr/local").mkdir(parents=True)
+    (root / "usr/local/cuda").symlink_to("/proc/self/root/opt")
+    code = r"""
+import json, posix, sys
+from pyxis_hook.plan.container import container_facts
+from pyxis_hook.rootfs import HIDDEN, RootFS, RootPathError, resolve_in_root
+root = sys.argv[1]
+out = {"readlink": None, "resolved": resolve_in_root(root, "/usr/local/cuda/compat")}
+try:
+    posix.readlink(root + "/proc/self")
+except OSError as e:
+    out["readlink"] = e.errno
+for name, kw in (("openat2", {"use_openat2": True}), ("walk", {"use_openat2": False}), ("hidden", {"hidden": HIDDEN})):
+    with RootFS(root, **kw) as r:
+        out[name] = [r.exists(p) for p in ("/usr/local/cuda/compat", "/proc/self", "/opt/compat")]
+facts = container_facts(root)
+out["facts"] = [facts.compat_problem, facts.compat_libcuda, facts.has_ld_so_conf]
+print(json.dumps(out))
+"""
+    (tmp_path / "probe.py").write_text(code)
+    inner = f"unshare -p -f mount -t proc proc '{root}/proc' && exec '{sys.executable}' '{tmp_path}/probe.py' '{root}'"
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    # the mount lives in a mount namespace of its own: it goes away with the probe
+    run = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", inner], capture_output=True,
+                         text=True, timeout=60, env={**os.environ, "PYTHONPATH": repo})
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    assert out["readlink"] == errno.ENOENT  # the kernel's answer this test stands in for
+    assert out["resolved"] == f"{root}/proc/self/root/opt/compat"
+    assert out["openat2"] == out["walk"] == out["hidden"] == [False, False, True]
+    assert out["facts"] == ["", "", False]
+
+
+def _exchange_forever(root):
+    """In a child process: swap `a` (a directory) and `spare` (a link to `b`) with renameat2(RENAME_EXCHANGE)."""
+    import ctypes
+
+    pid = os.fork()
+    if pid:
+        return pid
+    try:  # pragma: no cover - the child
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+        while libc.renameat2(fd, b"a", fd, b"spare", 2) == 0:
+            pass
+    finally:
+        os._exit(0)
+
+
+@pytest.fixture
+def swapping(tmp_path):
+    """A rootfs whose `/a` flips between a directory holding `f` and a link to `b` (holding another `f`)."""
+    import signal
+
+    root = tmp_path / "rootfs"
+    (root / "a").mkdir(parents=True)
+    (root / "a/f").write_text("dir state\n")
+    (root / "b").mkdir()
+    (root / "b/f").write_text("link state\n")
+    (root / "spare").symlink_to("b")
+    answers = {"dir": (root / "a/f").stat(), "link": (root / "b/f").stat()}
+    pid = _exchange_forever(str(root))
+    for _ in range(50000):  # the swapping has begun before the lookups do
+        if (root / "a").is_symlink():
+            break
+    yield root, {k: (st.st_dev, st.st_ino) for k, st in answers.items()}
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+
+
+SWAP_LOOKUPS = 3000
+
+
+def test_a_component_swapped_while_the_string_walk_resolves(swapping):
+    """Every answer is the directory's or the link's, or the one-line 'changed while resolving': never an OSError."""
+    import time
+
+    root, _ = swapping
+    allowed = {f"{root}/a/f", f"{root}/b/f"}
+    seen: dict[str, int] = {}
+    start = time.monotonic()
+    for _ in range(SWAP_LOOKUPS):
+        try:
+            got = resolve_in_root(str(root), "/a/f")
+        except RootPathError as e:  # only when it kept changing: the kinds of both states are no error
+            got = "error"
+            assert e.errno == errno.ELOOP and "changed while resolving" in str(e)
+        assert got in allowed or got == "error"
+        seen[got] = seen.get(got, 0) + 1
+    assert time.monotonic() - start < 10
+    assert set(allowed) <= set(seen)  # both states were seen: the swap ran while resolving
+
+
+@pytest.mark.parametrize("kind", ["openat2", "walk", "hidden"])
+def test_a_component_swapped_while_rootfs_resolves(swapping, kind):
+    import time
+
+    from pyxis_hook.rootfs import HIDDEN, RootFS
+
+    root, answers = swapping
+    kw = {"hidden": HIDDEN} if kind == "hidden" else {"use_openat2": kind == "openat2"}
+    seen: dict[str, int] = {}
+    start = time.monotonic()
+    with RootFS(str(root), **kw) as r:
+        for i in range(SWAP_LOOKUPS):
+            try:
+                if i % 2:
+                    fd, real = r.locate("/a/f")
+                    assert real in ("/a/f", "/b/f")
+                else:
+                    fd = r.open("/a/f", posix.O_RDONLY)
+            except RootPathError as e:  # only when it kept changing: the kinds of both states are no error
+                seen["error"] = seen.get("error", 0) + 1
+                assert e.errno == errno.ELOOP and "changed while resolving" in str(e)
+                continue
+            got = _ident(fd)
+            state = next(k for k, v in answers.items() if v == got)  # StopIteration: neither state's file
+            seen[state] = seen.get(state, 0) + 1
+    assert time.monotonic() - start < 10
+    assert {"dir", "link"} <= set(seen)

@@ -155,7 +155,8 @@ def prepare(config: Config, bundle, *, state=None, check: bool = False, confine:
         env, allowed = confinement(env, host)
     proc_files = read_proc_driver_files(config.proc_root)
     lookup = None
-    if cache and not envreads.names_mig_uuid(env):  # NVML's MIG UUIDs are asked on every start
+    # NVML's MIG UUIDs and Torque's GPU file are read on every start
+    if cache and not envreads.names_mig_uuid(env) and not envreads.reads_gpu_file(env):
         from pyxis_hook.plan import decisions
 
         lookup = decisions.Lookup(config, host, env, annotations, bundle.privileged, allowed, view, proc_files,

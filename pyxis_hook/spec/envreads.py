@@ -17,6 +17,15 @@ def names_mig_uuid(env) -> bool:
     return any(is_mig_uuid(t) for t in split_tokens(env.get(VISIBLE, "")))
 
 
+def reads_gpu_file(env) -> bool:
+    """True when the allocation may come from Torque's GPU file (PBS_GPUFILE without CUDA_VISIBLE_DEVICES).
+
+    Its lines are not in the env, so a decision kept over what the request
+    read of the env cannot tell another file's: such a start is never cached.
+    """
+    return bool(env.get("PBS_GPUFILE")) and env.get("CUDA_VISIBLE_DEVICES") is None
+
+
 def prefixed(env, prefix: str) -> dict[str, str]:
     """The variables of `env` whose name starts with `prefix`.
 

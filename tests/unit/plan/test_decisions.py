@@ -181,6 +181,21 @@ def test_a_mig_device_named_by_uuid_is_never_taken_from_the_cache(tmp_path):
     assert sorted(Path(config.snapshot_dir).glob("decisions-*.bin")) == before
 
 
+def test_a_torque_gpu_file_is_read_on_every_start(tmp_path):
+    # its lines are not in the env the decision is kept over: a start that reads it is never served from the cache
+    import posix
+
+    config, _tree, _gpus = _world(tmp_path / "w")
+    gpufile = tmp_path / "77.torquegpu"
+    env = ("NVIDIA_VISIBLE_DEVICES=all", "PBS_JOBID=77.torque", "PBS_VERSION=TORQUE-6.1.3", f"PBS_GPUFILE={gpufile}")
+    bundle = _bundle(tmp_path / "b", env)
+    for index in (1, 2, 1):
+        gpufile.write_text(f"{posix.uname().nodename}-gpu{index}\nelsewhere-gpu0\n")
+        prepared = prepare(config, bundle, check=True, cache=True, confine=False)
+        assert prepared.request is not None and [g.index for g in prepared.request.gpus] == [index]
+    assert not list(Path(config.snapshot_dir).glob("decisions-*.bin"))
+
+
 def test_the_observed_env_records_what_was_read():
     env = decisionkeep.ObservedEnv({"A": "1", "NVIDIA_REQUIRE_CUDA": "cuda>=12", "NVIDIA_REQUIRE_X": "", "B": "2"})
     from pyxis_hook.spec.envreads import prefixed

@@ -20,6 +20,10 @@ can try every form.  The rules are NCT's (hook) and libnvidia-container's
   checked against what the container will see.
 * `allowed_minors` (from the hook's own device cgroup) is a hard bound too
   (and the set an LSF job's renumbered ids count in).
+* The allocation is the scheduler's, never the image's: a caller holding the
+  two apart passes `allocation.request_env(container, scheduler)` as `env`
+  (the enroot mode does); `process.env` holds both as one list
+  (docs/schedulers.md, "The allocation rule").
 
 Every decision appends a sentence to `reasons`, which `plan` prints.
 """

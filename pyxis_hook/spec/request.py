@@ -3,7 +3,8 @@
 `resolve_request` turns the container environment (config.json
 `process.env`, last duplicate already applied), its annotations, the host's
 GPUs (`gpus.HostGpus`) and pyxis.conf into a `Request`.  It is pure: no file
-is read, so `plan` can show the decision for any environment and the tests
+is read but the GPU file a Torque job without CUDA_VISIBLE_DEVICES names
+(`spec.allocation`), so `plan` can show the decision for any environment and the tests
 can try every form.  The rules are NCT's (hook) and libnvidia-container's
 (CLI: `src/cli/common.c`, `src/cli/dsl.c`); the Slurm policy is docs/slurm.md's:
 

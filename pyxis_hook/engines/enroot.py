@@ -10,13 +10,18 @@ gives a hook a device cgroup to program; under Slurm the step's cgroup
 already confines the container).
 
 enroot's rules, kept on purpose so a site can swap hooks without surprises:
-- the file is read from its last line up and a variable already in the
-  hook's own environment is not overridden (the environment `enroot start`
-  runs in, which under Pyxis is the job's, wins over the file; in the file,
-  which holds the image's environment, then environ.d, then `enroot start
-  --env`, the last definition wins over earlier ones);
+- the file is read from its last line up and an `NVIDIA_*` variable already
+  in the hook's own environment is not overridden (the environment `enroot
+  start` runs in, which under Pyxis is the job's, wins over the file; in the
+  file, which holds the image's environment, then environ.d, then `enroot
+  start --env`, the last definition wins over earlier ones);
 - `NVIDIA_VISIBLE_DEVICES` unset means `void` (even for legacy CUDA images);
 - `NVIDIA_DRIVER_CAPABILITIES` unset or empty means `utility`.
+
+The allocation is the scheduler's, never the image's (docs/schedulers.md,
+"The allocation rule"): every scheduler-owned variable
+(`allocation.is_scheduler_var`) comes from the hook's own environment only,
+and one the file defines is not read (`allocation.request_env`).
 
 What the hook honoured is written back to the file (`honoured_env`): enroot
 gives the container exactly the file (enroot-switchroot's `--envfile`, the
@@ -32,7 +37,7 @@ import posix
 from pyxis_hook import pathnames
 from pyxis_hook.errors import UsageError
 from pyxis_hook.record import record
-from pyxis_hook.spec.allocation import is_job_var
+from pyxis_hook.spec.allocation import request_env
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # hints only: `collections` is ~1 ms of an enroot container start
@@ -66,11 +71,17 @@ def read_environ(path: str) -> tuple[tuple[str, str], ...]:
 
 
 def container_env(file_env: tuple[tuple[str, str], ...], own: Mapping[str, str]) -> dict[str, str]:
-    """The environment the request is resolved from, with enroot's precedence rules (module doc)."""
-    env = dict(file_env)  # last definition in the file wins
+    """The environment the request is resolved from, with enroot's precedence rules (module doc).
+
+    `file_env`: ENROOT_ENVIRON's lines (the image's choices); `own`: the
+    hook's own environment (the job's: its NVIDIA_* win over the file's, and
+    it alone holds the scheduler's variables).
+    """
+    image = dict(file_env)  # last definition in the file wins
     for key, value in own.items():
-        if key.startswith("NVIDIA_") or is_job_var(key):  # the job's (docs/schedulers.md)
-            env[key] = value  # `[ -v key ] || export key=value`: the hook's own variable wins
+        if key.startswith("NVIDIA_"):
+            image[key] = value  # `[ -v key ] || export key=value`: the hook's own variable wins
+    env = request_env(image, own)
     env.setdefault("NVIDIA_VISIBLE_DEVICES", "void")
     if not env.get("NVIDIA_DRIVER_CAPABILITIES"):
         env["NVIDIA_DRIVER_CAPABILITIES"] = "utility"

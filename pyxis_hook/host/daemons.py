@@ -1,11 +1,9 @@
 """The driver's daemons as they are now: which IPC sockets exist and whether the MPS pipe dir does.
 
 Daemons (persistenced, fabricmanager, MPS) start and stop at any time, so
-no snapshot may freeze their sockets: every start looks again.  This is
-that look, and only that: `inventory.ipc_files` turns it into the
-inventory's files, and a start served by the decision cache
-(`plan.decisions`) compares it with what the cached decision saw, without
-loading the inventory's code.
+no node artifact may freeze their sockets: every start looks again.  This
+is that look, and only that: `inventory.ipc_files` turns it into the
+inventory's files.
 """
 
 from __future__ import annotations

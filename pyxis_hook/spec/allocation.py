@@ -7,9 +7,14 @@ renumbered inside a device cgroup, a full UUID, a UUID prefix, a
 `/dev/nvidiaN` minor, HTCondor's `CUDA<N>` or `10000`, Flux's `-1`, PBS's
 empty value), so the scheduler is identified first and only then is the
 value parsed.  Pure like `spec.request`: the environment, the host's GPUs
-and the device cgroup's allowed minors in, an `Allocation` out; no file is
-read (Torque's PBS_GPUFILE lists every node of the job and is not needed:
-each node's own CUDA_VISIBLE_DEVICES is already this node's share).
+and the device cgroup's allowed minors in, an `Allocation` out; the one file
+read is Torque's GPU file, for a Torque job without CUDA_VISIBLE_DEVICES.
+
+The scheduler's variables are the scheduler's, never the image's:
+`SCHEDULER_VARS` (and LSF's `CUDA_VISIBLE_DEVICES<N>`) is the one table of
+them, and `request_env` builds the env a request reads from the container's
+env and the scheduler's, each name from its owner (docs/schedulers.md, "The
+allocation rule").
 
 Sources, first match wins:
 
@@ -22,7 +27,9 @@ Sources, first match wins:
   the job is in a device cgroup (`LSB_RESOURCE_ENFORCE="gpu"`), global
   otherwise: counted inside `allowed_minors` when that bound is known.
 * Torque (`PBS_JOBID` with PBS_GPUFILE or `PBS_VERSION=TORQUE-...`):
-  CUDA_VISIBLE_DEVICES, this node's global indices.
+  CUDA_VISIBLE_DEVICES, this node's global indices; without it (the MoM's
+  `$cuda_visible_devices false`), this node's lines of PBS_GPUFILE
+  (`host.torquegpus`); a GPU file Torque did not write = no GPU.
 * OpenPBS / PBS Pro (`PBS_JOBID`): CUDA_VISIBLE_DEVICES from the
   pbs_cgroups hook: full UUIDs (>= 20), minors (<= 19); empty = none.
 * Flux (`FLUX_JOB_ID`): CUDA_VISIBLE_DEVICES, global indices; `-1` = none.
@@ -30,6 +37,7 @@ Sources, first match wins:
 
 from __future__ import annotations
 
+from pyxis_hook import log
 from pyxis_hook.asks import split_tokens
 from pyxis_hook.spec.envreads import prefixed
 from pyxis_hook.spec.slurmvars import GPUS_ON_NODE, SLURM_VARS
@@ -44,10 +52,12 @@ if TYPE_CHECKING:  # hints only: typing costs ~3 ms on the hook's path
 CVD = "CUDA_VISIBLE_DEVICES"
 CONDOR_ASSIGNED = "_CONDOR_AssignedGPUs"
 CONDOR_VARS = (CONDOR_ASSIGNED, CVD, "GPU_DEVICE_ORDINAL")
-#: every variable a scheduler decision reads (and LSF's `CUDA_VISIBLE_DEVICES<N>`, `is_job_var`): the enroot
-#: mode takes these from the hook's own environment
-JOB_VARS = (*SLURM_VARS, GPUS_ON_NODE, CVD, "LSB_JOBID", "PBS_JOBID", "PBS_GPUFILE", "PBS_VERSION", CONDOR_ASSIGNED,
-            "BATCH_SYSTEM", "GPU_DEVICE_ORDINAL", "FLUX_JOB_ID")
+GPUFILE = "PBS_GPUFILE"
+#: the scheduler-owned variables: every variable a scheduler decision reads (`scheduler_of`, the readers below,
+#: `plan.taskview`), and LSF's `CUDA_VISIBLE_DEVICES<N>` (`is_scheduler_var`).  Only the scheduler sets them:
+#: `request_env` takes them from the scheduler's env, never from the container's
+SCHEDULER_VARS = frozenset((*SLURM_VARS, GPUS_ON_NODE, CVD, "LSB_JOBID", "PBS_JOBID", GPUFILE, "PBS_VERSION",
+                            CONDOR_ASSIGNED, "BATCH_SYSTEM", "GPU_DEVICE_ORDINAL", "FLUX_JOB_ID"))
 #: HTCondor's value for a slot without GPUs (condor_gpu_discovery's "no device" ordinal)
 CONDOR_NO_GPU = "10000"
 
@@ -78,9 +88,29 @@ def _is_lsf_task_var(name: str) -> bool:
     return name.startswith(CVD) and _is_index(name[len(CVD):])
 
 
-def is_job_var(name: str) -> bool:
-    """A variable a scheduler decision reads: the enroot mode takes these from the hook's own environment."""
-    return name in JOB_VARS or _is_lsf_task_var(name)
+def is_scheduler_var(name: str) -> bool:
+    """A scheduler-owned variable (`SCHEDULER_VARS`, LSF's `CUDA_VISIBLE_DEVICES<N>`)."""
+    return name in SCHEDULER_VARS or _is_lsf_task_var(name)
+
+
+def request_env(container: Mapping[str, str], scheduler: Mapping[str, str]) -> dict[str, str]:
+    """The env a request is resolved from: the container's choices, the scheduler's allocation.
+
+    `container`: the container's env (the image's, the user's); its
+    scheduler-owned variables are dropped, each logged at debug.
+    `scheduler`: the env the scheduler gave the job (the hook's own, in the
+    enroot mode); only its scheduler-owned variables are taken.  Nothing
+    else is read or changed.
+    """
+    env = {}
+    for key, value in container.items():
+        if is_scheduler_var(key):
+            log.debug(f"{key}={value} in the container's environment is not read: the allocation is the "
+                      f"scheduler's, never the image's")
+        else:
+            env[key] = value
+    env.update((k, v) for k, v in scheduler.items() if is_scheduler_var(k))
+    return env
 
 
 def _usable(host: HostGpus) -> list[Gpu]:
@@ -239,9 +269,29 @@ def _lsf(env: Mapping[str, str], host: HostGpus, allowed: frozenset[int] | None)
 
 def _torque(env: Mapping[str, str], host: HostGpus, value: str, label: str) -> Allocation:
     gpus = _global_indices(host, label, value)
-    note = " (PBS_GPUFILE lists every node's GPUs; this node's are these)" if env.get("PBS_GPUFILE") else ""
+    note = " (PBS_GPUFILE lists every node's GPUs; this node's are these)" if env.get(GPUFILE) else ""
     return Allocation("Torque", label, gpus, f"Torque job {env.get('PBS_JOBID')}: {label}: host GPUs "
                                              f"{_indices(gpus)} (global indices){note}")
+
+
+def _torque_gpufile(env: Mapping[str, str], host: HostGpus, node: str | None) -> Allocation | None:
+    """A Torque job without CUDA_VISIBLE_DEVICES: this node's lines of PBS_GPUFILE; None without the variable."""
+    path = env.get(GPUFILE, "")
+    if not path:
+        return None
+    from pyxis_hook.host import torquegpus
+
+    node = torquegpus.node_name() if node is None else node
+    label = f"{GPUFILE}={path}"
+    job = f"Torque job {env.get('PBS_JOBID')}"
+    text = torquegpus.read_gpufile(path)
+    if text is None:
+        return Allocation("Torque", label, (), f"{job} without GPUs: {label} does not exist (Torque writes it "
+                                               f"only for a job with GPUs)")
+    nums = torquegpus.node_indices(text, node)
+    gpus = tuple(_by_index(host, f"{label} ({node}-gpu{n})", str(n)) for n in nums)
+    return Allocation("Torque", label, gpus, f"{job}: {label}, the lines of this node ({node}): host GPUs "
+                                             f"{_indices(gpus)} (global indices; {CVD} is not set)")
 
 
 def _openpbs(env: Mapping[str, str], host: HostGpus, value: str, label: str) -> Allocation:
@@ -284,13 +334,15 @@ def scheduler_of(env: Mapping[str, str]) -> str | None:
 
 
 def job_allocation(env: Mapping[str, str], host: HostGpus,
-                   allowed_minors: frozenset[int] | None = None) -> Allocation | None:
+                   allowed_minors: frozenset[int] | None = None, *, node: str | None = None) -> Allocation | None:
     """The job's GPUs on this node; None outside a job or when its scheduler set no GPU variable.
 
     `allowed_minors`: the GPU minors the device cgroup this process runs in
     allows (None: not confined, or cannot tell); LSF's renumbered ids are
-    read inside it.  Raises RequestError (one line, naming the variable) for
-    a value that names no GPU of this host.
+    read inside it.  `node`: the host name Torque's GPU file is matched by
+    (None: this machine's).  Raises RequestError (one line, naming the
+    variable) for a value that names no GPU of this host, or a GPU file
+    that cannot be read.
     """
     which = scheduler_of(env)
     if which is None:
@@ -303,7 +355,7 @@ def job_allocation(env: Mapping[str, str], host: HostGpus,
         return _lsf(env, host, allowed_minors)
     value = env.get(CVD)
     if value is None:
-        return None
+        return _torque_gpufile(env, host, node) if which == "Torque" else None
     label = f"{CVD}={value}"
     if which == "Torque":
         return _torque(env, host, value, label)

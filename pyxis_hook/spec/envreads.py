@@ -21,11 +21,6 @@ def prefixed(env, prefix: str) -> dict[str, str]:
     """The variables of `env` whose name starts with `prefix`.
 
     The one way the request reads a family of variables (NVIDIA_REQUIRE_*,
-    LSF's CUDA_VISIBLE_DEVICES<N>): an env that records what a decision
-    read (`plan.decisionkeep.ObservedEnv`) then records the family, not every
-    variable of the container.
+    LSF's CUDA_VISIBLE_DEVICES<N>).
     """
-    own = getattr(env, "prefixed", None)
-    if own is not None:
-        return own(prefix)
     return {k: v for k, v in env.items() if k.startswith(prefix)}

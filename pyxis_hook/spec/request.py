@@ -3,7 +3,8 @@
 `resolve_request` turns the container environment (config.json
 `process.env`, last duplicate already applied), its annotations, the host's
 GPUs (`gpus.HostGpus`) and pyxis.conf into a `Request`.  It is pure: no file
-is read, so `plan` can show the decision for any environment and the tests
+is read but the GPU file a Torque job without CUDA_VISIBLE_DEVICES names
+(`spec.allocation`), so `plan` can show the decision for any environment and the tests
 can try every form.  The rules are NCT's (hook) and libnvidia-container's
 (CLI: `src/cli/common.c`, `src/cli/dsl.c`); the Slurm policy is docs/slurm.md's:
 
@@ -20,6 +21,10 @@ can try every form.  The rules are NCT's (hook) and libnvidia-container's
   checked against what the container will see.
 * `allowed_minors` (from the hook's own device cgroup) is a hard bound too
   (and the set an LSF job's renumbered ids count in).
+* The allocation is the scheduler's, never the image's: a caller holding the
+  two apart passes `allocation.request_env(container, scheduler)` as `env`
+  (the enroot mode does); `process.env` holds both as one list
+  (docs/schedulers.md, "The allocation rule").
 
 Every decision appends a sentence to `reasons`, which `plan` prints.
 """

@@ -51,6 +51,20 @@ def test_hook_env_overrides_image_and_slurm_bounds(setup):
 
 
 @pytest.mark.root
+def test_the_images_scheduler_variables_never_widen_the_jobs_gpus(setup):
+    # a Slurm batch step given GPU 1 (SLURM_JOB_GPUS only) of an image that names all four, as the
+    # step's, the job's and an LSF task's: the container gets the job's one GPU
+    host, shim, c, tmp = setup
+    env_file = _environ(tmp, ["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=compute,utility",
+                              "SLURM_STEP_GPUS=0,1,2,3", "SLURM_JOB_GPUS=0,1,2,3", "CUDA_VISIBLE_DEVICES1=0,1,2,3"])
+    r = c.hook(shim, env_file, {"SLURM_JOB_ID": "7", "SLURM_JOB_GPUS": "1"})
+    assert r.returncode == 0, r.stderr
+    out = c.sh(PROBE)
+    assert {n for n in out.splitlines()[0].split() if n[len("nvidia"):].isdigit()} == {"nvidia1"}, out
+    assert env_file.read_text().splitlines()[-1] == "CUDA_VISIBLE_DEVICES=0"
+
+
+@pytest.mark.root
 def test_own_nvidia_variable_wins_and_default_capability_is_utility(setup):
     host, shim, c, tmp = setup
     env_file = _environ(tmp, ["NVIDIA_VISIBLE_DEVICES=all"])

@@ -47,6 +47,15 @@ def test_precedence_like_98_nvidia_sh():
     assert env["NVIDIA_VISIBLE_DEVICES"] == "2" and "HOME" not in env and env["SLURM_STEP_GPUS"] == "2,3"
 
 
+def test_scheduler_variables_come_from_the_hook_only():
+    # the image's scheduler variables are never read, even where the job's environment lacks them
+    file_env = (("NVIDIA_VISIBLE_DEVICES", "all"), ("SLURM_STEP_GPUS", "0,1,2,3"), ("SLURM_JOB_GPUS", "0,1,2,3"),
+                ("CUDA_VISIBLE_DEVICES3", "3"), ("PBS_GPUFILE", "/tmp/x"), ("PATH", "/bin"))
+    env = enroot.container_env(file_env, {"SLURM_JOB_GPUS": "1", "SLURM_JOB_ID": "7"})
+    assert env == {"NVIDIA_VISIBLE_DEVICES": "all", "SLURM_JOB_GPUS": "1", "PATH": "/bin",
+                   "NVIDIA_DRIVER_CAPABILITIES": "utility"}
+
+
 def test_honoured_env_is_what_the_hook_took_over_the_file():
     file_env = (("NVIDIA_VISIBLE_DEVICES", "void"), ("NVIDIA_VISIBLE_DEVICES", "all"),
                 ("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"))

@@ -7,6 +7,7 @@ scheduler code writes it (docs/schedulers.md cites the sources).
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, strategies as st
 
 from pyxis_hook.errors import RequestError
 from pyxis_hook.host.gpus import DeviceMajors, Gpu, HostGpus
@@ -189,12 +190,12 @@ def test_lsf_per_task_renumbered_inside_device_cgroup():
         job_allocation({**env, "CUDA_VISIBLE_DEVICES2": "2"}, HOST, allowed)
 
 
-def test_lsf_per_task_variables_are_job_variables():
+def test_lsf_per_task_variables_are_scheduler_variables():
     from pyxis_hook.engines.enroot import container_env
-    from pyxis_hook.spec.allocation import is_job_var
+    from pyxis_hook.spec.allocation import is_scheduler_var
 
-    assert is_job_var("CUDA_VISIBLE_DEVICES12") and is_job_var("LSB_JOBID")
-    assert not is_job_var("CUDA_VISIBLE_DEVICES_X") and not is_job_var("CUDA_VISIBLE_DEVICESX1")
+    assert is_scheduler_var("CUDA_VISIBLE_DEVICES12") and is_scheduler_var("LSB_JOBID")
+    assert not is_scheduler_var("CUDA_VISIBLE_DEVICES_X") and not is_scheduler_var("CUDA_VISIBLE_DEVICESX1")
     # under enroot the job's per-task variables come from the hook's own environment, as LSB_JOBID does
     env = container_env((("PATH", "/bin"),), {"LSB_JOBID": "4712", "CUDA_VISIBLE_DEVICES1": "1", "HOME": "/root"})
     assert env["CUDA_VISIBLE_DEVICES1"] == "1" and "HOME" not in env
@@ -275,3 +276,151 @@ def test_bad_values_are_one_line_errors(env, words):
     with pytest.raises(RequestError) as e:
         job_allocation(env, HOST)
     assert str(e.value).startswith(words) and "\n" not in str(e.value)
+
+
+# --------------------------------------------------------------------- the allocation rule: never from the image
+
+ALL_FOUR = "0,1,2,3"
+#: (the job given host GPU 2, as its scheduler writes it; an image naming all four GPUs; whether the image's
+#: variables widened the allocation when the scheduler's variables the job lacked were taken from the image)
+IMAGE_CASES = {
+    # a batch step has SLURM_JOB_GPUS only, and SLURM_STEP_GPUS is read first
+    "slurm batch step": ({"SLURM_JOB_ID": "9", "SLURM_JOB_GPUS": "2", "SLURM_GPUS_ON_NODE": "1"},
+                         {"SLURM_STEP_GPUS": ALL_FOUR, "SLURM_JOB_GPUS": ALL_FOUR, "SLURM_GPUS_ON_NODE": "4"}, True),
+    "slurm step": ({"SLURM_JOB_ID": "9", "SLURM_STEP_GPUS": "2", "SLURM_JOB_GPUS": "2", "CUDA_VISIBLE_DEVICES": "0"},
+                   {"SLURM_STEP_GPUS": ALL_FOUR, "SLURM_JOB_GPUS": ALL_FOUR, "CUDA_VISIBLE_DEVICES": ALL_FOUR},
+                   False),
+    # LSF's per-task variables are read together with CUDA_VISIBLE_DEVICES: an extra one widens the union
+    "lsf": ({"LSB_JOBID": "4711", "CUDA_VISIBLE_DEVICES": "2", "CUDA_VISIBLE_DEVICES1": "2"},
+            {"CUDA_VISIBLE_DEVICES": ALL_FOUR, "CUDA_VISIBLE_DEVICES2": ALL_FOUR, "LSB_JOBID": "1"}, True),
+    # another scheduler's variable: Slurm is recognised first
+    "openpbs": ({"PBS_JOBID": "1234.pbs01", "CUDA_VISIBLE_DEVICES": UUIDS[2]},
+                {"CUDA_VISIBLE_DEVICES": ",".join(UUIDS), "SLURM_JOB_GPUS": ALL_FOUR}, True),
+    "torque": ({"PBS_JOBID": "77.torque", "PBS_VERSION": "TORQUE-6.1.3", "CUDA_VISIBLE_DEVICES": "2"},
+               {"CUDA_VISIBLE_DEVICES": ALL_FOUR, "_CONDOR_AssignedGPUs": ALL_FOUR, "PBS_GPUFILE": "/nonexistent"},
+               True),
+    "htcondor": ({"_CONDOR_AssignedGPUs": "GPU-b6c5d4e3", "CUDA_VISIBLE_DEVICES": "GPU-b6c5d4e3",
+                  "BATCH_SYSTEM": "HTCondor"},
+                 {"_CONDOR_AssignedGPUs": ALL_FOUR, "SLURM_STEP_GPUS": ALL_FOUR, "GPU_DEVICE_ORDINAL": ALL_FOUR}, True),
+    "flux": ({"FLUX_JOB_ID": "f3Lv2CcRsQ3", "CUDA_VISIBLE_DEVICES": "2"},
+             {"CUDA_VISIBLE_DEVICES": ALL_FOUR, "LSB_JOBID": "1", "CUDA_VISIBLE_DEVICES1": ALL_FOUR}, True),
+}
+
+
+def _old_rule(image, scheduler):
+    """What the enroot mode read before: the job's variables over the image's, the image's where the job had none."""
+    return {**image, **scheduler}
+
+
+@pytest.mark.parametrize("case", sorted(IMAGE_CASES))
+def test_the_image_never_sets_or_widens_the_allocation(case):
+    from pyxis_hook.engines.enroot import container_env
+    from pyxis_hook.spec.allocation import request_env
+
+    scheduler, image, widened_before = IMAGE_CASES[case]
+    image = {"NVIDIA_VISIBLE_DEVICES": "all", **image}
+    # the case is one the old rule got wrong: all four GPUs (or, where it did not, one GPU as now)
+    before = [g.index for g in resolve_request(_old_rule(image, scheduler), {}, HOST, Config()).gpus]
+    assert before == ([0, 1, 2, 3] if widened_before else [2])
+    for env in (request_env(image, scheduler), container_env(tuple(image.items()), scheduler)):
+        req = resolve_request(env, {}, HOST, Config())
+        assert [g.index for g in req.gpus] == [2] and req.allocation == (2,), (case, req.reasons)
+        # an explicit GPU the image's variables named is still outside the job's allocation
+        with pytest.raises(RequestError, match="is not in this job's allocation"):
+            resolve_request({**env, "NVIDIA_VISIBLE_DEVICES": "0"}, {}, HOST, Config())
+
+
+def test_an_image_alone_is_no_allocation_and_its_variables_are_logged(capsys):
+    from pyxis_hook import log
+    from pyxis_hook.spec.allocation import request_env
+
+    image = {"NVIDIA_VISIBLE_DEVICES": "1", "NVIDIA_DRIVER_CAPABILITIES": "compute", "SLURM_STEP_GPUS": "0",
+             "PATH": "/bin"}
+    log.configure(stderr_level="debug")
+    try:
+        env = request_env(image, {"HOME": "/root", "NVIDIA_VISIBLE_DEVICES": "3"})
+    finally:
+        log.configure()
+    # the image chooses within the allocation (here: none known); the scheduler's env adds only its own variables
+    assert env == {"NVIDIA_VISIBLE_DEVICES": "1", "NVIDIA_DRIVER_CAPABILITIES": "compute", "PATH": "/bin"}
+    assert "SLURM_STEP_GPUS=0 in the container's environment is not read" in capsys.readouterr().err
+    assert resolve_request(env, {}, HOST, Config()).allocation is None
+
+
+# --------------------------------------------------------------------- Torque's GPU file
+
+
+def _torque_file(tmp_path, text):
+    path = tmp_path / "77.torquegpu"
+    path.write_text(text)
+    return {"PBS_JOBID": "77.torque", "PBS_VERSION": "TORQUE-6.1.3", "PBS_GPUFILE": str(path)}
+
+
+@pytest.mark.parametrize("node", ["node01", "node01.cluster.example"])
+@pytest.mark.parametrize("written", ["node01", "node01.cluster.example"])
+def test_torque_gpu_file_this_nodes_lines(tmp_path, node, written):
+    # `$cuda_visible_devices false` in the MoM config: no CUDA_VISIBLE_DEVICES, only the file says which GPUs;
+    # the server names the node in full or short, the machine calls itself either way
+    env = _torque_file(tmp_path, f"{written}-gpu3\nnode02-gpu0\n{written}-gpu1\nnode010-gpu2\nnode01x-gpu0\n")
+    alloc = job_allocation(env, HOST, node=node)
+    assert alloc is not None and (alloc.scheduler, indices(alloc)) == ("Torque", [1, 3])
+    assert alloc.source == f"PBS_GPUFILE={env['PBS_GPUFILE']}" and f"({node})" in alloc.reason
+
+
+def test_torque_gpu_file_other_nodes_lines_are_not_this_nodes(tmp_path):
+    # node01 and node02 hold GPUs; this is node03 (and node1, a prefix of node10, is no match either)
+    env = _torque_file(tmp_path, "node01-gpu0\nnode02-gpu1\nnode10-gpu2\nnode03.other-gpu5-gpu3\n")
+    for node in ("node03.cluster", "node1"):
+        alloc = job_allocation(env, HOST, node=node)
+        assert alloc is not None and alloc.gpus == ()
+    assert indices(job_allocation(env, HOST, node="node03.other-gpu5")) == [3]
+
+
+def test_torque_gpu_file_through_the_request(tmp_path):
+    import posix
+
+    env = _torque_file(tmp_path, f"elsewhere-gpu0\n{posix.uname().nodename}-gpu2\n")
+    req = resolve(env)
+    assert [g.index for g in req.gpus] == [2] and req.scheduler == "Torque"
+    # CUDA_VISIBLE_DEVICES, where Torque set it, is this node's share already: the file is not read then
+    assert [g.index for g in resolve({**env, "CUDA_VISIBLE_DEVICES": "0", "PBS_GPUFILE": "/nonexistent/x"}).gpus] == [0]
+
+
+def test_torque_without_gpu_file_has_no_gpu(tmp_path):
+    # the mother superior sets PBS_GPUFILE for every job but writes the file only for a job with GPUs
+    env = {"PBS_JOBID": "78.torque", "PBS_VERSION": "TORQUE-6.1.3", "PBS_GPUFILE": str(tmp_path / "78.torquegpu")}
+    alloc = job_allocation(env, HOST, node="node01")
+    assert alloc is not None and alloc.gpus == () and "does not exist" in alloc.reason
+    req = resolve(env)
+    assert req.gpus == () and any("selected no GPU" in w for w in req.warnings)
+    # a sister node gets neither variable: nothing bounds the job there but its device cgroup
+    assert job_allocation({"PBS_JOBID": "78.torque", "PBS_VERSION": "TORQUE-6.1.3"}, HOST) is None
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda p: p.mkdir(), "Is a directory"),
+    (lambda p: p.write_bytes(b"n-gpu0\n" * (1 << 18)), "larger than 1048576 bytes"),
+    (lambda p: p.write_text("node01-gpu9\n"), "(node01-gpu9): GPU 9 does not exist on this host"),
+])
+def test_torque_gpu_file_errors_are_one_line(tmp_path, make, words):
+    path = tmp_path / "79.torquegpu"
+    make(path)
+    env = {"PBS_JOBID": "79.torque", "PBS_GPUFILE": str(path)}
+    with pytest.raises(RequestError) as e:
+        job_allocation(env, HOST, node="node01")
+    assert str(e.value).startswith(f"PBS_GPUFILE={path}") and words in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(RequestError, match="^PBS_GPUFILE=aux/79gpu: not an absolute path$"):
+        job_allocation({**env, "PBS_GPUFILE": "aux/79gpu"}, HOST, node="node01")
+
+
+_HOSTS = st.sampled_from(["n1", "n10", "n1.a", "n2", "gpu-gpu1", "n1.b"])
+
+
+@given(lines=st.lists(st.tuples(_HOSTS, st.integers(0, 20)), max_size=12), node=_HOSTS)
+def test_torque_node_lines_property(lines, node):
+    from pyxis_hook.host.torquegpus import node_indices
+
+    text = "".join(f"{h}-gpu{n}\n" for h, n in lines)
+    short = node.split(".")[0]
+    mine = {n for h, n in lines if h in (node, short) or h.split(".")[0] == node}
+    assert node_indices(text, node) == tuple(sorted(mine))

@@ -39,6 +39,11 @@ def error_line(message: str) -> None:
     sys.stderr.write(f"pyxis-hook: error: {message}\n")
 
 
+def one_line(exc: BaseException) -> str:
+    """The one line `report` writes for `exc` (without the log file's name)."""
+    return str(exc) if isinstance(exc, PyxisHookError) else f"internal error: {type(exc).__name__}: {exc}"
+
+
 def report(exc: BaseException, command: str) -> int:
     """The one error ladder: log `exc`, write its line, and return the exit status for it."""
     from pyxis_hook import log

@@ -29,6 +29,16 @@ from pyxis_hook.plan.prepare import prepare
 from pyxis_hook.record import replace
 from pyxis_hook.spec import oci
 
+#: what the start in progress is for, as far as it got (`start.pipeline_container` names it in a failure's record)
+current: dict[str, str] = {}
+
+
+def _record(container: str, plan) -> None:
+    """The system log's record of a start that gave its GPUs (`log.start_record`)."""
+    gpus = ",".join(d.path[len("/dev/nvidia"):] for d in plan.devices if d.path[len("/dev/nvidia"):].isdigit())
+    log.start_record("ok", {"container": container, "gpus": gpus or "none", "devices": len(plan.devices),
+                            "mounts": len(plan.mounts)})
+
 
 def documents(stdin_bytes: bytes, bundle_dir: str | None = None, docs: tuple | None = None):
     """(oci.State, oci.Bundle) of a `prestart`: from `docs` (`start.first_look`'s) when they are the files it would read."""
@@ -45,6 +55,7 @@ def documents(stdin_bytes: bytes, bundle_dir: str | None = None, docs: tuple | N
 def prestart(config, stdin_bytes: bytes, bundle_dir: str | None = None, docs: tuple | None = None) -> int:
     """The OCI prestart/createRuntime hook: the container gets its GPUs, or a PyxisHookError says why not."""
     state, bundle = documents(stdin_bytes, bundle_dir, docs)
+    current["container"] = state.id
     void = asks.void_reason(bundle.env_map())
     if void is not None:
         log.debug(f"container {state.id}: {void}")
@@ -57,11 +68,13 @@ def prestart(config, stdin_bytes: bytes, bundle_dir: str | None = None, docs: tu
         apply_plan(plan, state.pid, config, root=pinned)
     finally:
         pinned.close()
+    _record(state.id, plan)
     return 0
 
 
 def enroot(config, environ: dict[str, str]) -> int:
     """enroot's hook: the container `ENROOT_PID`/`ENROOT_ROOTFS` name gets its GPUs (enroot programs no cgroup)."""
+    current["container"] = environ.get("ENROOT_ROOTFS", "").rstrip("/").rpartition("/")[2] or "enroot"
     doc = enroot_engine.documents(environ)
     bundle = enroot_engine.synthetic_bundle(doc.rootfs, doc.env)
     void = asks.void_reason(doc.env)
@@ -76,6 +89,7 @@ def enroot(config, environ: dict[str, str]) -> int:
     # enroot refuse the container, whose environment file is then never read
     enroot_engine.append_environ(doc.environ_path, doc.honoured + (plan.env if prepared.allocated else ()))
     apply_plan(plan, doc.pid, replace(config, no_cgroups=True))
+    _record(current["container"], plan)
     return 0
 
 

@@ -84,8 +84,10 @@ def run_started(entry: str, work, stderr_level: str = "error") -> int:
     """One container start of kind `entry`: start image, config, log, `work(pipeline, config)`, one error line.
 
     The garbage collector stays off for the run (a start allocates mostly
-    acyclic data; a node artifact build turns it back on).  After a
-    successful start the start image is written when it lacks a module.
+    acyclic data; a node artifact build turns it back on).  A failed start
+    also leaves its record in the system log (`log.start_record`; a
+    successful one is recorded by the pipeline, which knows what it gave).
+    After a successful start the start image is written when it lacks a module.
     """
     import gc  # built in
 
@@ -100,16 +102,25 @@ def run_started(entry: str, work, stderr_level: str = "error") -> int:
         from pyxis_hook.spec.config import load_config
 
         config = load_config(None)
-        log.configure(config.log_file, config.log_level, stderr_level)
+        log.configure(config.log_file, config.log_level, stderr_level, syslog=config.syslog,
+                      facility=config.syslog_facility)
         for line in startimage.statuses():
             log.debug(line)
         rc = work(pipeline, config)
     except Exception as e:  # noqa: BLE001 — one line for the runtime, the traceback in the log
-        return errors.report(e, entry)
+        rc = errors.report(e, entry)
+        log.start_record(errors.one_line(e), {"container": pipeline_container(entry)})
+        return rc
     line = startimage.save()
     if line:
         log.debug(line)
     return rc
+
+
+def pipeline_container(entry: str) -> str:
+    """The container a failed start was for, as far as the pipeline got ("" before it knew)."""
+    pipeline = sys.modules.get("pyxis_hook.pipeline")
+    return getattr(pipeline, "current", {}).get("container", "") or entry
 
 
 def environ() -> dict[str, str]:

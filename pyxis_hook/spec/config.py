@@ -17,6 +17,7 @@ import sys
 from pyxis_hook import pathnames
 from pyxis_hook.errors import ConfigError
 from pyxis_hook.record import field, fields, record
+from pyxis_hook.sysrecord import FACILITIES
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # hints only: typing costs the hook ~3 ms a start
@@ -40,6 +41,8 @@ class Config:
     no_cgroups: bool = False
     log_file: str = ""
     log_level: str = "info"
+    syslog: bool = True
+    syslog_facility: str = "daemon"
     default_capabilities: tuple[str, ...] = ("utility", "compute")
     supported_capabilities: tuple[str, ...] = ALL_CAPABILITIES
     disable_require: bool = False
@@ -147,6 +150,7 @@ def parse_config(raw: bytes, path: str = "<string>") -> Config:
 
 #: `schemas/pyxis-conf.schema.json` as `validate` reads it: its validation keywords, without the
 #: descriptions and defaults (tests/unit/spec/test_config.py checks that it equals the file)
+_SYSLOG_FACILITIES = list(FACILITIES)  # the names log.configure takes
 _CAPABILITY = {"type": "string", "enum": ["compute", "compat32", "graphics", "utility", "video", "display", "ngx"]}
 SCHEMA = {
     "type": "object",
@@ -160,6 +164,8 @@ SCHEMA = {
         "no-cgroups": {"type": "boolean"},
         "log-file": {"type": "string", "pattern": "^(/.*)?$"},
         "log-level": {"type": "string", "enum": ["debug", "info", "warning", "error"]},
+        "syslog": {"type": "boolean"},
+        "syslog-facility": {"type": "string", "enum": _SYSLOG_FACILITIES},
         "default-capabilities": {"type": "array", "uniqueItems": True, "items": _CAPABILITY},
         "supported-capabilities": {"type": "array", "uniqueItems": True, "items": _CAPABILITY},
         "disable-require": {"type": "boolean"},

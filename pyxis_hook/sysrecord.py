@@ -1,0 +1,157 @@
+"""A container start's record in the system log: whose job it ran for, what it gave, sent to /dev/log.
+
+One datagram per start to the syslog socket, where journald or a syslog
+daemon listens on every node, whatever the process's uid or user namespace
+(the log file is root's to write; this channel is everyone's).  The datagram
+is framed as glibc's syslog(3) frames it (RFC 3164): `<PRI>Mmm dd hh:mm:ss
+TAG[PID]: MSG`.  Sending never blocks and never raises: a node or container
+without a listener loses the record, and `send` says why for the debug log.
+"""
+
+from __future__ import annotations
+
+import errno
+import posix
+import time
+
+#: where syslog(3) sends (glibc's _PATH_LOG)
+SOCKET = "/dev/log"
+TAG = "pyxis-hook"
+
+#: the facilities pyxis.conf's `syslog-facility` may name, by their syslog.h numbers
+FACILITIES = {"daemon": 3, "user": 1, **{f"local{i}": 16 + i for i in range(8)}}
+#: the severities a record is sent with: a start that gave its GPUs, one that failed
+INFO = 6
+ERR = 3
+
+#: the variables of the hook's own environment that name the batch job a start belongs to, and the
+#: record's key for each (HTCondor's job id is only in the file $_CONDOR_JOB_AD names: not read)
+JOB_VARIABLES = (
+    (b"SLURM_JOB_ID", "slurm_job"),
+    (b"SLURM_STEP_ID", "slurm_step"),
+    (b"LSB_JOBID", "lsf_job"),
+    (b"LSB_JOBINDEX", "lsf_index"),
+    (b"PBS_JOBID", "pbs_job"),
+    (b"FLUX_JOB_ID", "flux_job"),
+)
+
+#: a longer value (an error line quoting a path) is cut to this many characters
+MAX_VALUE = 512
+
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+
+
+def job_fields(environ: dict[bytes, bytes] | None = None) -> dict[str, str]:
+    """The batch job's ids found in `environ` (default: the process's, `posix.environ`), by record key."""
+    env = posix.environ if environ is None else environ
+    found = {}
+    for name, key in JOB_VARIABLES:
+        value = env.get(name)
+        if value:
+            found[key] = value.decode("utf-8", "backslashreplace")
+    return found
+
+
+def _uid_map() -> list[tuple[int, int, int]] | None:
+    """/proc/self/uid_map as (inside, outside, count) lines; None when it cannot be read."""
+    try:
+        fd = posix.open("/proc/self/uid_map", posix.O_RDONLY | posix.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        raw = posix.read(fd, 65536)
+    except OSError:
+        return None
+    finally:
+        posix.close(fd)
+    try:
+        return [(int(a), int(b), int(c)) for a, b, c in (line.split() for line in raw.splitlines() if line.strip())]
+    except ValueError:
+        return None
+
+
+#: the initial user namespace's map: every uid is itself
+_IDENTITY = [(0, 0, 4294967295)]
+
+
+def in_user_namespace() -> bool:
+    """Whether this process runs in a user namespace other than the initial one (False when /proc says nothing)."""
+    mapped = _uid_map()
+    return mapped is not None and mapped != _IDENTITY
+
+
+def user_ids() -> dict[str, str]:
+    """The record's `uid` (the real uid, as the parent user namespace sees it) and, in a user namespace, `ns_uid`."""
+    uid = posix.getuid()
+    mapped = _uid_map()
+    if mapped is None or mapped == _IDENTITY:
+        return {"uid": str(uid)}
+    for inside, outside, count in mapped:
+        if inside <= uid < inside + count:
+            return {"uid": str(outside + uid - inside), "ns_uid": str(uid)}
+    return {"uid": "unmapped", "ns_uid": str(uid)}
+
+
+def quote(value: object) -> str:
+    """`value` as one word of the record: bare when it is plain, else in double quotes with `\\` escapes.
+
+    Control characters (a newline in an environment value) are escaped as
+    Python writes them, so a record is always one line that no value can forge.
+    """
+    text = str(value)
+    if len(text) > MAX_VALUE:
+        text = text[:MAX_VALUE] + "..."
+    if text and text.isprintable() and not any(c in text for c in ' "=\\'):
+        return text
+    text = text.replace("\\", "\\\\").replace('"', '\\"')
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+    return f'"{text}"'
+
+
+def message(fields: dict[str, object]) -> str:
+    """`key=value` words, in `fields`' order (keys are the caller's identifiers, values quoted by `quote`)."""
+    return " ".join(f"{key}={quote(value)}" for key, value in fields.items())
+
+
+def frame(text: str, facility: int, severity: int, now: float | None = None, pid: int | None = None) -> bytes:
+    """The datagram syslog(3) would send for `text`: `<PRI>Mmm dd hh:mm:ss pyxis-hook[PID]: text`, local time."""
+    t = time.localtime(now)
+    stamp = f"{_MONTHS[t.tm_mon - 1]} {t.tm_mday:2d} {t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d}"
+    pid = posix.getpid() if pid is None else pid
+    return f"<{facility * 8 + severity}>{stamp} {TAG}[{pid}]: {text}".encode("utf-8", "backslashreplace")
+
+
+def send(data: bytes, path: str = SOCKET) -> str | None:
+    """Send one datagram to the syslog socket at `path` without blocking; None when sent, else why not.
+
+    A socket of the stream kind (syslog-ng's `unix-stream`) gets the datagram
+    NUL-terminated, as glibc sends it there.  A full queue (a stalled journald)
+    drops the record rather than hold up the container's start.
+    """
+    import _socket
+    try:
+        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_DGRAM)
+    except OSError as e:
+        return f"no socket: {e.strerror}"
+    try:
+        sock.sendto(data, _socket.MSG_DONTWAIT, path)
+        return None
+    except OSError as e:
+        if e.errno != errno.EPROTOTYPE:  # EPROTOTYPE: the listener is a stream socket
+            return f"{path}: {e.strerror}"
+    finally:
+        sock.close()
+    try:
+        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    except OSError as e:
+        return f"no socket: {e.strerror}"
+    try:
+        sock.setblocking(False)
+        sock.connect(path)
+        sent = sock.send(data + b"\0", _socket.MSG_DONTWAIT)
+        return None if sent == len(data) + 1 else f"{path}: sent {sent} of {len(data) + 1} bytes"
+    except OSError as e:
+        return f"{path}: {e.strerror}"
+    finally:
+        sock.close()

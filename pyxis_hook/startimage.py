@@ -301,9 +301,10 @@ def _entry(name: str, module):
 def save() -> str:
     """After a successful start: write the image when this start imported a module it lacks; a log line ("" when none).
 
-    Never raises.  Each section gets what it held plus what was imported
-    from a file while it was the newest section loaded (the boot section:
-    between `load_boot` and `load`), in completion order.
+    Never raises.  Each section gets what was imported from a file while it
+    was the newest section loaded (the boot section: between `load_boot` and
+    `load`), in completion order, then what it held that the other did not
+    take (what other kinds of start added).
     """
     if not _run or _run[0].before[1] is None:
         return ""
@@ -311,32 +312,29 @@ def save() -> str:
     mods = sys.modules
     if _REBUILD_MARKER in mods:
         return "start image: not written: this start rebuilt the node artifact"
-    ends = [run.before[1], frozenset(mods)]
-    new: list = [[], []]
-    for index in (0, 1):
-        if run.before[index] is None:
-            continue
-        names = ends[index] - run.before[index]
-        known = {entry[0] for entries in run.held for entry in entries}
-        if not any(_from_file(mods[n]) for n in names - known if n in mods):
-            continue
-        new[index] = [(n, m) for n, m in list(mods.items()) if n in names and _from_file(m)]
-    if not new[0] and not new[1]:
+    names = (run.before[1] - run.before[0], mods.keys() - run.before[1])  # imported while each was the newest
+    held_boot = {e[0] for e in run.held[0]}
+    held = held_boot | {e[0] for e in run.held[1]}
+    # a module imported before the no-GPU check belongs to the boot section, even when a start of
+    # another kind (which imported it later) put it in the start section; set arithmetic in C first
+    if not any(_from_file(mods[n]) for n in (names[0] - held_boot) | (names[1] - held) if n in mods):
         return ""
+    phases = [[(n, m) for n, m in list(mods.items()) if n in names[i] and _from_file(m)] for i in (0, 1)]
     path = run.path
     if not writable(path):
         return f"start image {path}: not written: {path.rpartition('/')[0]} is not writable by this process, or not trusted"
     try:
-        sections = []
+        sections, placed = [], set()
         for index in (0, 1):
             entries = []
-            for name, module in new[index]:
+            for name, module in phases[index]:
                 entry = _entry(name, module)
                 if isinstance(entry, str):
                     return f"start image {path}: not written: {entry}"
                 entries.append(entry)
-            ran = {e[0] for e in entries}
-            entries += [e for e in run.held[index] if e[0] not in ran]  # what other kinds of start added
+            placed |= {e[0] for e in entries}
+            entries += [e for e in run.held[index] if e[0] not in placed]  # what other kinds of start added
+            placed |= {e[0] for e in entries}
             sections.append(marshal.dumps(entries))
         count = sum(len(marshal.loads(section)) for section in sections)
         data = _header() + b"".join(len(s).to_bytes(8, "little") for s in sections) + b"".join(sections)

@@ -322,11 +322,13 @@ import sys
 sys.path[:0] = [{repo!r}, {lib!r}]
 from pyxis_hook import startimage
 """ + SPY + """startimage.load_boot({image!r})
-import pkgx.a  # what a run imports before it knows it has GPU work (the dispatch, the no-GPU check)
+if "late" not in sys.argv:
+    import pkgx.a  # what a run imports before it knows it has GPU work (the dispatch, the no-GPU check)
 if "void" not in sys.argv:
     startimage.load({image!r})
     for name in sys.argv[1:]:
-        __import__(name)
+        if name.startswith("pkgx"):
+            __import__(name)
 saved = startimage.save()
 print(repr(dict(saved=saved, status=list(startimage.statuses()),
                 mods=sorted(n for n in sys.modules if n.startswith("pkgx")),
@@ -366,3 +368,25 @@ def test_the_boot_section_holds_what_was_imported_before_the_start_section(pkg):
     assert changed["status"][1].endswith("start section: 2 modules loaded")
     assert changed["saved"].endswith("written, 4 modules")
     assert run("pkgx.b")["found"] == []
+
+
+def test_a_module_imported_before_the_no_gpu_check_moves_to_the_boot_section(pkg):
+    """A start of another kind imported it past its boot (the enroot shim's call): the next start that imports it
+    before its no-GPU check moves it to the boot section, so the no-GPU exit runs it from the image too."""
+    src, image, _start = pkg
+    script = BOOT_RUNNER.format(repo=str(REPO), lib=str(src.parent), image=str(image))
+
+    def run(*args: str) -> dict:
+        r = subprocess.run([sys.executable, "-I", "-S", "-c", script, *args], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        return ast.literal_eval(r.stdout.strip().splitlines()[-1])
+
+    from pyxis_hook import startimage
+
+    run("late", "pkgx.a", "pkgx.b")  # pkgx.a imported only after `load`
+    assert startimage.held(str(image), "boot") == () and "pkgx.a" in startimage.held(str(image), "start")
+    moved = run("pkgx.b")
+    assert moved["saved"].endswith("written, 3 modules")
+    assert startimage.held(str(image), "boot") == ("pkgx", "pkgx.a")
+    assert startimage.held(str(image), "start") == ("pkgx.b",)
+    assert run("void")["found"] == []

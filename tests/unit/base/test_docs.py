@@ -42,11 +42,8 @@ PACKAGE = REPO / "pyxis_hook"
 # docs/decisions/ holds dated records: they name the code as it was on their date, so they are not checked
 DOC_FILES = [*sorted((REPO / "docs").glob("*.md")), REPO / "README.md", REPO / "bench" / "README.md"]
 
-#: Being rewritten: names in the sections about the start's caches (docs/design.md's "One container
-#: start", "The decision cache", "The start image"; the README's and bench/README.md's parts about them),
-#: which another change rewrites with the start pipeline.  Emptied when that change lands;
-#: test_allowances_are_still_needed fails once an entry resolves or is no longer named.  Empty: every
-#: name those sections hold resolves today.
+#: Names a change may leave unresolved for a while, as (doc, name); test_allowances_are_still_needed
+#: fails once an entry resolves or is no longer named.
 BEING_REWRITTEN: set[tuple[str, str]] = set()
 
 _SKIP_DIRS = {".git", "__pycache__", ".tox", ".venv", "venv", ".mypy_cache", ".ruff_cache", ".pytest_cache"}

@@ -10,7 +10,7 @@ what can live elsewhere does.
 
 import sys
 
-if not __package__:  # run as a file: find ourselves; `posix`, not `os` (~1 ms of the no-GPU path)
+if not __package__:  # run as a file: find ourselves; `posix`, not `os` (docs/decisions/2026-12-07-start-costs.md)
     import posix
 
     _file = __file__

@@ -1,9 +1,9 @@
 """Whether a container asks for a GPU at all: the one rule, importing nothing.
 
 The hook's early exit (`start.first_look`) decides with it
-before any other module is loaded (such a start costs at most 1.3x a bare
-interpreter), and `request.void_request`
-gives the full path the same answer with its reason, so the two can never
+before any other module is loaded (so such a start costs little more than
+a bare interpreter: docs/decisions/2026-12-07-start-costs.md), and
+`request.void_request` gives the full path the same answer with its reason, so the two can never
 disagree.  NVIDIA's rules (nvidia-container-toolkit
 `internal/config/image/cuda_image.go`): NVIDIA_VISIBLE_DEVICES unset
 means no GPU unless the image is a legacy CUDA image (CUDA_VERSION without

@@ -1,11 +1,10 @@
 """`json.loads` through the C scanner alone, without importing `json`.
 
 Why: the hook reads three small JSON documents per container start (the
-OCI state, config.json, the inventory snapshot).  `import json` costs
-~1.5 ms, and its decoder compiles regular expressions at import, which
-brings in `re`, `enum` and `functools`: ~5 ms more on a path whose whole
-budget is tens of milliseconds.  `_json.make_scanner` is the C
-scanner `json` itself uses; given the attributes a default JSONDecoder has,
+OCI state, config.json, the node artifact).  `json`'s decoder compiles
+regular expressions at import, which brings in `re`, `enum` and
+`functools`: imports the start path avoids (docs/decisions/2026-12-07-start-costs.md).
+`_json.make_scanner` is the C scanner `json` itself uses; given the attributes a default JSONDecoder has,
 it parses exactly what `json.loads` parses.
 
 Errors take the slow path on purpose: a document the scanner refuses is

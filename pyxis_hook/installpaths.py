@@ -8,8 +8,9 @@ our schemas, is found) and this installation's site-packages as plain
 directories searched last (pyelftools, for a snapshot rebuild).
 
 It lives here, not in `__main__.py`: a script run as a file is compiled on
-every run (no bytecode is cached for `__main__`), ~2 M instructions for
-these lines on each container start; this module's bytecode is cached.
+every run (no bytecode is cached for `__main__`); this module's bytecode is
+cached, so no container start compiles these lines
+(docs/decisions/2026-12-07-start-costs.md).
 """
 
 import posix

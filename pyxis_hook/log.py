@@ -1,8 +1,8 @@
 """A tiny logger for the hook: a debug log file, warnings on stderr, one record per start in the system log.
 
-Not the `logging` package: it costs ~10 ms of import on a path that must
-cost almost nothing, and its handlers may start threads (setns(CLONE_NEWNS)
-then fails with EINVAL).  The log file is opened O_NOFOLLOW|O_APPEND and is
+Not the `logging` package: the start path avoids its import
+(docs/decisions/2026-12-07-start-costs.md), and its handlers may start threads
+(setns(CLONE_NEWNS) then fails with EINVAL).  The log file is opened O_NOFOLLOW|O_APPEND and is
 never inside a container rootfs.  The system log's record is `sysrecord`'s.
 """
 

@@ -1,10 +1,9 @@
 """POSIX path strings without importing `os`: the `os.path` functions a GPU start uses.
 
-Why: a GPU start (`prestart`, once per container) is ~32 ms against ~12 ms
-for a bare interpreter, and `import os` alone was ~1.5 ms and 5.7 M of its
-~77 M instructions: `os` imports `_collections_abc` (~30 ABC classes) and
-runs its own body.  Everything else the start needs from `os` is in
-`posix`, os's builtin C core that the interpreter has already imported;
+Why: a GPU start (`prestart`, once per container) avoids `import os`, which
+imports `_collections_abc` (its ABC classes) and runs its own body
+(docs/decisions/2026-12-07-start-costs.md).  Everything else the start needs from
+`os` is in `posix`, os's builtin C core that the interpreter has already imported;
 what `posix` lacks are these path-string functions and fsencode/fsdecode.
 
 The specification is CPython 3.11's `Lib/posixpath.py` (and
@@ -22,7 +21,7 @@ import posix
 import sys
 
 TYPE_CHECKING = False
-if TYPE_CHECKING:  # hints only: typing costs a start ~3 ms
+if TYPE_CHECKING:  # hints only: typing stays off the start path
     from os import PathLike
 
     StrPath = str | PathLike[str]

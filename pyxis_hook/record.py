@@ -3,10 +3,10 @@
 Why not `dataclasses`: the hook runs once per container start, and its
 start-up is most of its time.
 Importing `dataclasses` pulls in `inspect` (with `ast`, `dis`, `tokenize`),
-about 12 ms, and each frozen dataclass then compiles six generated methods
-with `exec`, about 0.3 ms a class; with the ~40 records on the hook's path
-that was 25 of its 70 ms.  Every record shares the same five methods, which
-read the class's fields from one attribute (`__record_shape__`): no source
+and each frozen dataclass then compiles six generated methods with `exec`:
+costs a start would pay for every record on its path
+(docs/decisions/2026-12-07-start-costs.md).  Every record shares the same five
+methods, which read the class's fields from one attribute (`__record_shape__`): no source
 text, no compile, nothing made per class but that tuple.
 
 What a record is, exactly as `@dataclass(frozen=True)` would make it
@@ -59,7 +59,7 @@ def field(*, default=_MISSING, default_factory=_MISSING, compare: bool = True):
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import dataclass_transform
-else:  # what typing's does at run time; importing typing costs the hook ~3 ms a start
+else:  # what typing's does at run time, without importing typing (docs/decisions/2026-12-07-start-costs.md)
 
     def dataclass_transform(**_):
         return lambda f: f

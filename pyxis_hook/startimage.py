@@ -1,4 +1,4 @@
-"""The start image: the modules a container start imports, kept in one file and run without the import system.
+"""The start image: the modules a container start imports, cached in one file and run without the import system.
 
 One file per interpreter build and installation, beside the package's
 bytecode (`image_path`), in two sections: `boot`, what a start imports
@@ -261,7 +261,8 @@ def _execute(entries: list) -> int:
             mods.pop(name, None)
             raise
         # as `_load_unlocked` leaves it: every later import of the module asks the spec, and a spec
-        # without the attribute makes that ask raise and clear an AttributeError (~3,000 instructions)
+        # without the attribute makes that ask raise and clear an AttributeError
+        # (docs/decisions/2026-12-07-start-costs.md)
         spec._initializing = False
         mods[name] = mods.pop(name)  # to the end, as the import system does: completion order
         if parent:

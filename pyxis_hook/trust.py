@@ -1,6 +1,6 @@
-"""The trust rule for the files the hook keeps between starts (the node artifact, the start image).
+"""The trust rule for the hook's cache files (the node artifact, the start image).
 
-A kept file is trusted when it, and the directory holding it, are owned by
+A cache file is trusted when it, and the directory holding it, are owned by
 the owner of the installed package's files as this process sees them, and
 writable by nobody else (no group or other write bit).  The hook already
 runs that owner's code, so trusting that owner's files asks for no more
@@ -36,7 +36,7 @@ OVERFLOW_UID = 65534
 
 
 def may_write() -> bool:
-    """Whether this process may write kept files: only as the package's owner (what others wrote, no start trusts).
+    """Whether this process may write cache files: only as the package's owner (what others wrote, no start trusts).
 
     Never as the overflow uid: in a user namespace that maps neither root
     nor us, root's files and our own show as that uid, and it is nobody's.

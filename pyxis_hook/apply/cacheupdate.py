@@ -36,7 +36,7 @@ from pyxis_hook.loader.ldcache import CACHE_LIMIT
 from pyxis_hook.loader.ldmerge import CannotMerge, InjectedLib, indexed_by_ldconfig, merge_cache
 from pyxis_hook.loader.machines import MACHINES
 
-#: typing.TYPE_CHECKING without importing typing (~3 ms on the hook's path)
+#: typing.TYPE_CHECKING without importing typing, which the start path avoids (docs/decisions/2026-12-07-start-costs.md)
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Sequence

@@ -48,7 +48,7 @@ import errno
 import marshal
 import posix
 import sys
-from _signal import SIGKILL  # the C module: signal.py's enums cost the hook ~4 ms a start
+from _signal import SIGKILL  # the C module, not signal.py and its enums (docs/decisions/2026-12-07-start-costs.md)
 
 from pyxis_hook.apply import devcgroup, hostdirs, mounts, procview
 from pyxis_hook.kernel import mountapi, namespaces, process, syscall
@@ -201,8 +201,8 @@ def _home() -> tuple[int, int, int] | None:
     """(own mount namespace, root, working directory) fds to come back with, or None: fork instead.
 
     Working in place spares a GPU start the fork of the whole interpreter
-    and the exit of its copy (~5% of a start).  It needs what the way back
-    needs: a single thread (setns(CLONE_NEWNS) fails with EINVAL in a
+    and the exit of its copy (docs/decisions/2026-12-07-start-costs.md).
+    It needs what the way back needs: a single thread (setns(CLONE_NEWNS) fails with EINVAL in a
     threaded process), and this process's mount namespace owned by its own
     user namespace (`namespaces.owned_by_own_userns`), so the capability that
     enters the container's namespace also returns from it.

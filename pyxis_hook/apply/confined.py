@@ -50,7 +50,7 @@ from __future__ import annotations
 import errno
 import posix
 import stat
-from _signal import SIGKILL  # the C module: signal.py's enums cost the hook ~4 ms a start
+from _signal import SIGKILL  # the C module, not signal.py and its enums (docs/decisions/2026-12-07-start-costs.md)
 
 from pyxis_hook import pathnames
 from pyxis_hook.kernel import lookup, mountapi, namespaces, process, syscall

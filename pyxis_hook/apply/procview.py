@@ -32,8 +32,9 @@ def open_gpu_dirs(plan: Plan, fds: list[int], messages: list[str], clone: bool =
 
     When the selection is every GPU the host lists (`all`, or a node's whole
     allocation), binding the host's gpus/ directory once shows the container
-    the same entries as binding each one, for one mount instead of N (64 GPUs
-    then cost at most 1.3x one GPU).  That dir is then the live procfs one: a GPU added to or
+    the same entries as binding each one, for one mount instead of N (so
+    many GPUs cost a start little more than one: docs/decisions/2026-12-07-start-costs.md).
+    That dir is then the live procfs one: a GPU added to or
     removed from the host later shows there too.  The view is information
     only: what a container may open is decided by the device nodes and the
     cgroup, never by these dirs.  `clone`: each comes with its tree, as

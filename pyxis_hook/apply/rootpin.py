@@ -246,11 +246,12 @@ def runtime_mount_problem(point: str, is_mount_root: bool, theirs: list[str], ou
 def _mounts(text: str) -> list[tuple[str, str, str]]:
     """(mount id, mount point as mountinfo escapes it, line) per line of a mountinfo.
 
-    Only the two fields the rule compares, split off each line: a node with
-    thousands of mounts (each container has some) costs ~1 ms per file this
-    way, ~10 ms as `cgroup.parse_mountinfo` records.  Both namespaces escape
-    the same way, and an escape holds no '/', so escaped points compare and
-    climb like the paths.
+    Only the two fields the rule compares, split off each line, not
+    `cgroup.parse_mountinfo` records: a node may have thousands of mounts
+    (each container has some), and a record each is a cost of the start
+    (docs/decisions/2026-12-07-start-costs.md).  Both namespaces escape the same
+    way, and an escape holds no '/', so escaped points compare and climb like
+    the paths.
     """
     out = []
     for line in text.splitlines():

@@ -3,7 +3,7 @@
 Why one command: the answers to "nvidia-container-cli: initialization error"
 are scattered over kernel module state (/proc/driver/nvidia), device nodes,
 the host's ld.so.cache, the ldconfig binary, hook registration, the runtime
-and the cgroup setup.  `run_checks` looks at each without changing anything.
+and the cgroup setup.  `run_checks` probes each without changing anything.
 Every root comes from pyxis.conf (`driver-root`, `proc-root`, `dev-root`) and
 everything else that is not a root (hooks.d dirs, the environment, $PATH for
 the runtimes) from a `DoctorEnv`, so tests point them at fixture trees.

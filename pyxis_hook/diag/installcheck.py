@@ -1,6 +1,6 @@
 """Doctor's checks of how pyxis-hook itself is installed: its hooks.d file, its node artifact, its start image.
 
-`doctor.run_checks` runs them with the host checks; they look at this
+`doctor.run_checks` runs them with the host checks; they probe this
 installation (the interpreter, the package's files, the command on the
 search path) rather than at the driver or the node.
 """

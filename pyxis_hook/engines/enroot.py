@@ -40,7 +40,7 @@ from pyxis_hook.record import record
 from pyxis_hook.spec.allocation import request_env
 
 TYPE_CHECKING = False
-if TYPE_CHECKING:  # hints only: `collections` is ~1 ms of an enroot container start
+if TYPE_CHECKING:  # hints only: an enroot start does not import `collections` (docs/decisions/2026-12-07-start-costs.md)
     from collections.abc import Mapping
 
 ENVIRON_LIMIT = 1 << 20

@@ -1,8 +1,9 @@
 """The oci-hooks(5) 1.0.0 file that registers pyxis-hook with podman and CRI-O.
 
-The hook path is the absolute, real interpreter (never a pyenv shim: ~110 ms
-per start against ~8 ms) run with `-I`, so the image's and the caller's
-PYTHONPATH, PYTHONHOME and user site are ignored; `env` is set explicitly
+The hook path is the absolute, real interpreter (never a pyenv shim, a shell
+script run before every start: docs/decisions/2026-12-07-start-costs.md), run
+with `-I`, so the image's and the caller's PYTHONPATH, PYTHONHOME and user site
+are ignored; `env` is set explicitly
 because runtimes pass hooks an environment we must not rely on.
 """
 
@@ -34,9 +35,10 @@ def interpreter() -> str:
 def hook_argv(stage: str, python: str | None = None) -> list[str]:
     """`python -I -S <package>/__main__.py STAGE`: no site scan, no environment (bench/README.md).
 
-    `-S` saves the 10-25 ms Python spends reading .pth files at every
-    container start; __main__.py run as a file puts its own package and this
-    installation's site-packages on sys.path itself.
+    `-S` skips the site scan (reading and running .pth files) at every
+    container start (docs/decisions/2026-12-07-start-costs.md);
+    __main__.py run as a file puts its own package and this installation's
+    site-packages on sys.path itself.
     """
     return [*base_argv(python), stage]
 

@@ -118,7 +118,7 @@ def parse_mountinfo(text: str, fstypes: frozenset[str] | None = None) -> tuple[M
 
     `fstypes`: only mounts of these types become records.  A node's mountinfo
     can hold thousands of lines (Kubernetes, Lustre, per-job bind mounts), and
-    a start that looks for the cgroup mounts should not make a record of each.
+    a start that probes for the cgroup mounts should not make a record of each.
     """
     out = []
     for line in text.splitlines():
@@ -252,7 +252,8 @@ def slurm_cgroup(path: str) -> SlurmCgroup | None:
     Paths that stop at the job level (a job's extern processes, the job
     directory itself) are not step cgroups and give None.
     """
-    if "slurm" not in path:  # both forms name it: no `re` import (~5 ms) outside Slurm
+    # both forms name it: no `re` import outside Slurm (docs/decisions/2026-12-07-start-costs.md)
+    if "slurm" not in path:
         return None
     import re
 

@@ -1,8 +1,8 @@
 """The driver's daemons as they are now: which IPC sockets exist and whether the MPS pipe dir does.
 
 Daemons (persistenced, fabricmanager, MPS) start and stop at any time, so
-no node artifact may freeze their sockets: every start looks again.  This
-is that look, and only that: `inventory.ipc_files` turns it into the
+no node artifact may freeze their sockets: every start probes again.  This
+is that probe, and only that: `inventory.ipc_files` turns it into the
 inventory's files.
 """
 

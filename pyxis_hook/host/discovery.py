@@ -9,7 +9,7 @@ needs libnvidia-glsi/-tls/-glcore, which older lists do not name) and records
 dependencies that are not driver files (libX11.so.6) without injecting them.
 
 Discovery reads every library with pyelftools, so the per-container path
-never loads this module: `artifact.load_or_build` keeps the result on disk
+never loads this module: `artifact.load_or_build` caches the result on disk
 and is its only library caller.  Imports neither pyelftools nor jsonschema at
 import time.
 """
@@ -41,7 +41,7 @@ GLIBC_SONAMES = frozenset((
     "ld64.so.2", "libgcc_s.so.1",
 ))
 #: a pattern is a string: `re` compiles and caches it on first use (compiling every one at import
-#: cost the hook ~3 ms a start)
+#: would make every import of this module pay for all of them: docs/decisions/2026-12-07-start-costs.md)
 _INFER_RE = rf"^lib(?:cuda|nvidia-ml)\.so\.({_VERSION_RE})$"
 
 

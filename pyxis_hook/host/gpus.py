@@ -223,8 +223,8 @@ def _node_to_dict(n: DeviceNode) -> dict:
 # ---------------------------------------------------------------- PCI ids
 
 # The parsers below are plain string code, not regular expressions: `re` (with the `enum` it
-# imports) costs the hook ~5 ms a start and these run on every one.  tests/unit/host/test_gpus.py
-# checks each against the regular expression it replaces.
+# imports) stays off the start path, and these run on every start (docs/decisions/2026-12-07-start-costs.md).
+# tests/unit/host/test_gpus.py checks each against the regular expression it replaces.
 _HEX = frozenset("0123456789abcdefABCDEF")
 
 

@@ -1,9 +1,9 @@
 """The inventory's records: the host driver's files per capability, and the GPUs.
 
 `DriverFile`, `NonDriverDep` and `Inventory` are what host/discovery.py builds,
-host/snapshot.py keeps on disk and the planning code reads.  The per-container path
-loads only this module (and the snapshot's), never discovery's code: the live
-facts a snapshot load re-checks (`ipc_files`, `refresh_live`) are here.
+host/artifact.py caches on disk and the planning code reads.  The per-container path
+loads only this module (and the artifact's), never discovery's code: the live
+facts an artifact load re-checks (`ipc_files`, `refresh_live`) are here.
 """
 
 from __future__ import annotations

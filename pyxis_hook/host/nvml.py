@@ -39,7 +39,8 @@ def _with_uuid(d: MigDevice, uuid: str | None) -> MigDevice:
 def nvml_mig_uuids(library: str) -> tuple[dict[tuple[str, int, int], str], str | None]:
     """{(parent GPU UUID, gi, ci): MIG UUID} via NVML, and a reason when NVML could not answer.
 
-    ctypes is imported here, only when asked: it costs the hook ~1.5 ms.
+    ctypes is imported here, only when asked: the start path avoids it
+    (docs/decisions/2026-12-07-start-costs.md).
     """
     import ctypes
 

@@ -1,13 +1,14 @@
 """The C types and libc calls the syscall wrappers (`pyxis_hook.kernel`) need, built from `_ctypes` directly.
 
-`import ctypes` costs ~1.3 ms of every GPU start (its `__init__` defines some
-40 types and imports `struct`, `types` and `ctypes._endian` for byte-swapped
-structures the hook never uses); the syscall wrappers need eight simple
-types, `Structure` and one kind of function pointer.  These are the classes
-ctypes itself defines (`ctypes/__init__.py`: each simple type is a
-`_SimpleCData` subclass naming its struct code in `_type_`; `CDLL` makes its
-functions as `CFuncPtr` subclasses with `FUNCFLAG_CDECL | FUNCFLAG_USE_ERRNO`),
-so they behave identically, `get_errno` included.
+A GPU start does not `import ctypes` (docs/decisions/2026-12-07-start-costs.md):
+its `__init__` defines some 40 types and imports `struct`, `types` and
+`ctypes._endian` for byte-swapped structures the hook never uses, and the
+syscall wrappers need eight simple types, `Structure` and one kind of
+function pointer.  These are the classes ctypes itself defines
+(`ctypes/__init__.py`: each simple type is a `_SimpleCData` subclass naming
+its struct code in `_type_`; `CDLL` makes its functions as `CFuncPtr`
+subclasses with `FUNCFLAG_CDECL | FUNCFLAG_USE_ERRNO`), so they behave
+identically, `get_errno` included.
 """
 
 from _ctypes import (  # noqa: F401 - re-exported: the wrappers' vocabulary
@@ -30,8 +31,9 @@ def _simple(name: str, code: str) -> type:
     return type(name, (_SimpleCData,), {"_type_": code})
 
 
-# creating a ctypes type is ~150,000 instructions of a start: the types every GPU start passes are
-# made here, the few only a rare path needs by `made` (the ldconfig runner's poll, capget/capset)
+# each ctypes type made is a cost of the start (docs/decisions/2026-12-07-start-costs.md):
+# the types every GPU start passes are made here, the few only a rare path needs by `made`
+# (the ldconfig runner's poll, capget/capset)
 c_int = _simple("c_int", "i")
 c_uint = _simple("c_uint", "I")
 c_long = _simple("c_long", "l")
@@ -82,8 +84,8 @@ class _LibcFunction(CFuncPtr):
     """The one function-pointer class, as a `ctypes.CDLL` makes one `_FuncPtr` class per library.
 
     Each function is an instance with its own `restype`, as CDLL's are: a
-    class per function would cost a ctypes type's creation (~80,000
-    instructions) each.
+    class per function would cost a ctypes type's creation each
+    (docs/decisions/2026-12-07-start-costs.md).
     """
 
     _flags_ = FUNCFLAG_CDECL | FUNCFLAG_USE_ERRNO

@@ -109,7 +109,8 @@ def _statx_mount_id(fd: int) -> int | None:
 
     The 256 bytes of struct statx are a u64 grown in place (`cabi.resize`, ctypes'
     own way to enlarge an object's buffer), read as 32 u64 words through one
-    memoryview: a Structure type for it would cost ~150,000 instructions to make.
+    memoryview, not a Structure type, whose creation a start would pay
+    (docs/decisions/2026-12-07-start-costs.md).
     Word 0 holds `stx_mask`, word 18 `stx_mnt_id`.  Made on first use: a start
     that creates nothing in the rootfs asks nothing.
     """

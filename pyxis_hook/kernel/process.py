@@ -1,10 +1,10 @@
 """Calls on the calling process and its fds that `posix` lacks: prctl, capabilities, rlimits, memfd seals, poll.
 
 Why not the stdlib's `fcntl`, `resource` and `select`: each is an extension
-module, a shared library the loader maps and relocates, ~0.6 ms of every GPU
-start together, and a start must have them loaded before it enters the
-container's mount namespace (apply's child imports nothing there) although
-only a merge that cannot model the image ever runs ldconfig (the confined
+module, a shared library the loader maps and relocates
+(docs/decisions/2026-12-07-start-costs.md), and a start must have them
+loaded before it enters the container's mount namespace (apply's child
+imports nothing there) although only a merge that cannot model the image ever runs ldconfig (the confined
 runner, `apply/confined.py`, is what calls most of them).  `_ctypes`, which
 the syscalls need anyway (`cabi`), calls the same libc functions.
 

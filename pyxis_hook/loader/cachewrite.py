@@ -25,8 +25,9 @@ container's namespace, where nothing may be imported.
 
 from __future__ import annotations
 
-# functools.cmp_to_key is this C function; functools itself costs ~1.5 ms per start and this also
-# runs after setns, where nothing may be imported (apply._NoImports)
+# functools.cmp_to_key is this C function; functools stays off the start path
+# (docs/decisions/2026-12-07-start-costs.md), and this also runs after setns,
+# where nothing may be imported (apply._NoImports)
 from _functools import cmp_to_key
 
 from pyxis_hook import pathnames
@@ -36,9 +37,9 @@ from pyxis_hook.loader.ldcache import (CACHE_ALIGN, CACHEMAGIC, CACHEMAGIC_VERSI
                                        HWCAP_EXTENSION, NEW_ENTRY_SIZE, NEW_HEADER_SIZE, CacheEntry, le_words,
                                        libcmp)
 
-#: typing.TYPE_CHECKING without importing typing (~3 ms on the hook's path)
+#: typing.TYPE_CHECKING without importing typing, which the start path avoids (docs/decisions/2026-12-07-start-costs.md)
 TYPE_CHECKING = False
-if TYPE_CHECKING:  # hints only: typing costs ~3 ms on the hook's path
+if TYPE_CHECKING:  # hints only: typing is never imported at run time
     from typing import Iterable
 
 

@@ -7,8 +7,9 @@ Two readers with different costs:
   orders).  They are what the resolver uses to decide, as glibc's
   `open_verify` does, whether a candidate file is skipped (wrong class or
   machine) or makes the load fail (bad magic, short file, ...).
-* `read_elf` uses pyelftools (~37 ms to import), so this module is
-  never imported on the hook's per-container path.  It reads the dynamic
+* `read_elf` uses pyelftools, a large import
+  (docs/decisions/2026-12-07-start-costs.md), so this module is never
+  imported on the hook's per-container path.  It reads the dynamic
   section through PT_DYNAMIC and maps DT_STRTAB through PT_LOAD, never through
   section headers, because stripped libraries may have none.
 

@@ -3,11 +3,12 @@
 The hook's path reads ELF in two places: the resolver's `open_verify`
 model (`loader/resolve.py`, through `loader/elf.py`) and the image's
 forward-compat dir (`plan/compat.py`).  Both need the same 64 bytes
-decoded the same way, and `loader/elf.py` (pyelftools, ~37 ms to import)
-must stay off the per-container path, so the header and the note walk
-live here, stdlib-only.  Byte order is the file's (`EI_DATA`): judging
-whether that order suits the machine is the caller's business, as glibc's
-`open_verify` and ldconfig judge it themselves.
+decoded the same way, and `loader/elf.py` (pyelftools, a large import:
+docs/decisions/2026-12-07-start-costs.md) must stay off the per-container
+path, so the header and the note walk live here, stdlib-only.  Byte order
+is the file's (`EI_DATA`): judging whether that order suits the machine is
+the caller's business, as glibc's `open_verify` and ldconfig judge it
+themselves.
 """
 
 from __future__ import annotations

@@ -40,9 +40,9 @@ from pyxis_hook import pathnames
 from pyxis_hook.errors import LdCacheError
 from pyxis_hook.record import record
 
-#: typing.TYPE_CHECKING without importing typing (~3 ms on the hook's path)
+#: typing.TYPE_CHECKING without importing typing, which the start path avoids (docs/decisions/2026-12-07-start-costs.md)
 TYPE_CHECKING = False
-if TYPE_CHECKING:  # hints only: typing costs ~3 ms on the hook's path
+if TYPE_CHECKING:  # hints only: typing is never imported at run time
     from typing import Iterable
 
 # --- flags (sysdeps/generic/ldconfig.h) -------------------------------------

@@ -50,9 +50,9 @@ from pyxis_hook.loader.conftree import LIMIT, LOOP, UNMODELLED, UNREADABLE, UNSA
 from pyxis_hook.record import record
 from pyxis_hook.rootfs import RootFS, RootPathError, resolve_in_root
 
-#: typing.TYPE_CHECKING without importing typing (~3 ms on the hook's path)
+#: typing.TYPE_CHECKING without importing typing, which the start path avoids (docs/decisions/2026-12-07-start-costs.md)
 TYPE_CHECKING = False
-if TYPE_CHECKING:  # typing's names cost ~3 ms of imports on the hook's path: hints only
+if TYPE_CHECKING:  # hints only: typing is never imported at run time
     from typing import Iterable, Union
 
     Where = Union[str, RootFS]
@@ -314,9 +314,10 @@ def name_matches(name: str, pattern: str) -> bool:
     """fnmatch.fnmatchcase(name, pattern), without importing fnmatch when the pattern has no `[`.
 
     Debian's `include /etc/ld.so.conf.d/*.conf` is read on every container
-    start, and fnmatch costs ~7 ms of imports there (`re` and the `enum` it
-    brings).  `*` and `?` are matched here, greedily with one
-    backtrack point as usual; a bracket expression goes to fnmatch itself.
+    start, and fnmatch imports `re` and the `enum` it brings, which the start
+    path otherwise avoids (docs/decisions/2026-12-07-start-costs.md).
+    `*` and `?` are matched here, greedily with one backtrack point as usual;
+    a bracket expression goes to fnmatch itself.
     """
     if "[" in pattern:
         try:

@@ -1,10 +1,11 @@
 """Add the injected driver libraries to a container's ld.so.cache without rescanning the image.
 
 Why: glibc's `ldconfig` rebuilds the whole cache, reading every library of
-every configured directory; on a 5,000-library image that is ~300 ms per
-container start, nearly all of nvidia-container-cli's cost (its own work is ~9 ms).  The
-image's cache already describes the image, so the same result is reached by
-inserting the new entries where ldconfig would have put them:
+every configured directory, so its time grows with the image's libraries
+and, on a large image, is most of what nvidia-container-cli's start costs
+(docs/decisions/2026-12-07-start-costs.md).  The image's cache already
+describes the image, so the same result is reached by inserting the new
+entries where ldconfig would have put them:
 
 * key = SONAME, value = `<dir>/<SONAME>` (the link ldconfig makes; the hook's
   plan makes it too), flags from the ELF class (`ldcache.written_flags`);
@@ -50,7 +51,7 @@ from __future__ import annotations
 
 import sys
 
-# functools.cmp_to_key is this C function (functools costs ~1.5 ms per start, and nothing may be imported after setns)
+# functools.cmp_to_key is this C function (functools stays off the start path, and nothing may be imported after setns)
 from _functools import cmp_to_key
 
 from pyxis_hook import pathnames
@@ -59,7 +60,7 @@ from pyxis_hook.loader.cachewrite import entry_sort_key_cmp, serialize_cache
 from pyxis_hook.errors import InternalSignal, LdCacheError
 from pyxis_hook.record import record
 
-#: typing.TYPE_CHECKING without importing typing (~3 ms on the hook's path)
+#: typing.TYPE_CHECKING without importing typing, which the start path avoids (docs/decisions/2026-12-07-start-costs.md)
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Iterable, Sequence

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pyxis_hook import pathnames
 from pyxis_hook.record import asdict, field, record
 
-#: typing.TYPE_CHECKING without importing typing (~3 ms on the hook's path)
+#: typing.TYPE_CHECKING without importing typing, which the start path avoids (docs/decisions/2026-12-07-start-costs.md)
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # only for type hints: plan/build.py imports nothing heavy
     from typing import Iterable

@@ -19,7 +19,7 @@ from pyxis_hook.asks import split_tokens
 from pyxis_hook.spec.slurmvars import GPUS_ON_NODE, SLURM_VARS
 
 TYPE_CHECKING = False
-if TYPE_CHECKING:  # hints only: typing costs ~3 ms on the hook's path
+if TYPE_CHECKING:  # hints only: typing stays off the start path (docs/decisions/2026-12-07-start-costs.md)
     from typing import Mapping
 
 __all__ = ("GPUS_ON_NODE", "step_env")

@@ -46,7 +46,7 @@ from pyxis_hook.host.gpus import Gpu, HostGpus
 from pyxis_hook.record import record
 
 TYPE_CHECKING = False
-if TYPE_CHECKING:  # hints only: typing costs ~3 ms on the hook's path
+if TYPE_CHECKING:  # hints only: typing stays off the start path (docs/decisions/2026-12-07-start-costs.md)
     from typing import Callable, Mapping
 
 CVD = "CUDA_VISIBLE_DEVICES"

@@ -9,7 +9,7 @@ A root hook on such a bundle is worth saying so in the log; with
 
 "Another user" is anyone but root: an owner other than uid 0 (an owner can
 always chmod), or a group or world write bit.  The bundle directory, its
-config.json, and every directory above the bundle are looked at: whoever can
+config.json, and every directory above the bundle are probed: whoever can
 rename an entry on the way can swap the whole bundle.  A sticky directory
 (/tmp) lets others create entries but not rename root's, so it only counts
 when the entry below it is not root's.

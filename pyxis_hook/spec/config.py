@@ -4,9 +4,9 @@ The file is TOML.  It is validated against `schemas/pyxis-conf.schema.json`
 by a small interpreter of the schema subset we use (type, enum, pattern,
 items, uniqueItems, additionalProperties) so that the per-container path never
 imports jsonschema; the tests check that jsonschema itself agrees.  What the
-interpreter reads of that schema is kept here as code (`SCHEMA`): finding,
-reading and parsing the file was ~40% of loading the configuration, on every
-container start.  A test keeps the two equal, keyword for keyword.
+interpreter reads of that schema is kept here as code (`SCHEMA`), so no start
+finds, reads or parses the file (docs/decisions/2026-12-07-start-costs.md).
+A test keeps the two equal, keyword for keyword.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pyxis_hook.record import field, fields, record
 from pyxis_hook.sysrecord import FACILITIES
 
 TYPE_CHECKING = False
-if TYPE_CHECKING:  # hints only: typing costs the hook ~3 ms a start
+if TYPE_CHECKING:  # hints only: nothing imported at run time (docs/decisions/2026-12-07-start-costs.md)
     from collections.abc import Mapping
 
 DEFAULT_CONFIG_PATH = "/etc/pyxis-hook/pyxis.conf"
@@ -225,8 +225,8 @@ def _cdi_kind(v: str) -> bool:
 
 
 #: re.search(pattern, value) for the patterns schemas/pyxis-conf.schema.json uses, as string code:
-#: `re` costs the hook ~5 ms of imports per start.  tests/unit/spec/test_config.py checks each
-#: against re; a pattern missing here still works (through re), just slower.
+#: `re` stays off the start path (docs/decisions/2026-12-07-start-costs.md).
+#: tests/unit/spec/test_config.py checks each against re; a pattern missing here still works (through re), just slower.
 PATTERN_CHECKS = {
     "^/": lambda v: v.startswith("/"),
     "^@?/": lambda v: v.startswith(("/", "@/")),

@@ -1,10 +1,10 @@
 """The flat TOML a pyxis.conf is written in, read without importing tomllib.
 
 Why: the hook reads pyxis.conf on every container start, and `tomllib`
-costs ~8 ms there (it imports `re`, `typing`, `datetime` and compiles its
-regular expressions), a sixth of the hook's time.  A pyxis.conf
-is a list of `key = value` lines with strings, booleans and one-line string
-arrays, which this module reads in well under a millisecond.
+imports `re`, `typing` and `datetime` and compiles its regular expressions,
+all of which the start path otherwise avoids (docs/decisions/2026-12-07-start-costs.md).
+A pyxis.conf is a list of `key = value` lines with strings, booleans and
+one-line string arrays, which this module reads without any of them.
 
 It is never a second opinion: `loads` returns None for anything outside
 that subset (tables, dotted or quoted keys, escapes, multi-line values,

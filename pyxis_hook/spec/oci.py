@@ -29,7 +29,7 @@ from pyxis_hook.errors import OciError
 from pyxis_hook.record import record
 
 TYPE_CHECKING = False
-if TYPE_CHECKING:  # annotations only (`from __future__ import annotations`): `typing` costs ~2.5 ms at import
+if TYPE_CHECKING:  # annotations only (`from __future__ import annotations`; docs/decisions/2026-12-07-start-costs.md)
     from collections.abc import Iterable, Mapping
 
 #: config.json larger than this is refused (a real one is a few KiB; the cap

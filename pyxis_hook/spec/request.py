@@ -41,9 +41,9 @@ from pyxis_hook.errors import RequestError
 from pyxis_hook.host.gpus import Gpu, HostGpus, MigDevice, is_full_bus_id
 from pyxis_hook.record import record
 
-#: typing.TYPE_CHECKING without importing typing (~3 ms on the hook's path)
+#: typing.TYPE_CHECKING without importing typing, which the start path avoids (docs/decisions/2026-12-07-start-costs.md)
 TYPE_CHECKING = False
-if TYPE_CHECKING:  # hints only: typing costs ~3 ms on the hook's path
+if TYPE_CHECKING:  # hints only: typing is never imported at run time
     from typing import Mapping
 
 CAPABILITIES = "NVIDIA_DRIVER_CAPABILITIES"
@@ -57,7 +57,7 @@ _DIGITS = frozenset("0123456789")
 _LEGACY_MIG = r"(?i)^MIG-(GPU-[0-9a-fA-F-]+)/([0-9]{1,9})/([0-9]{1,9})$"
 
 
-# Token shapes in plain string code, not `re` (~5 ms of imports per start);
+# Token shapes in plain string code, not `re`, which the start path avoids;
 # tests/unit/spec/test_parsers_vs_regex.py checks each against the regular expression it replaces.
 def _is_index(tok: str) -> bool:
     """1-9 ASCII digits (bounded: int() of a 5,000-digit token would raise, and nothing is that big)."""

@@ -21,9 +21,9 @@ from pyxis_hook.errors import RequirementError
 from pyxis_hook.host.inventory import version_key
 from pyxis_hook.record import record
 
-#: typing.TYPE_CHECKING without importing typing (~3 ms on the hook's path)
+#: typing.TYPE_CHECKING without importing typing, which the start path avoids (docs/decisions/2026-12-07-start-costs.md)
 TYPE_CHECKING = False
-if TYPE_CHECKING:  # hints only: typing costs ~3 ms on the hook's path
+if TYPE_CHECKING:  # hints only: typing is never imported at run time
     from typing import Mapping
 
 KEYS = ("cuda", "driver", "arch", "brand")
@@ -130,8 +130,9 @@ def _operator_span(text: str) -> tuple[int, int] | None:
 
 
 def parse_term(text: str, variable: str = "NVIDIA_REQUIRE_*", expression: str = "") -> Term:
-    # plain string code, not `re` (~5 ms of imports): a CUDA image's NVIDIA_REQUIRE_CUDA is parsed
-    # on every start of it; tests/unit/spec/test_parsers_vs_regex.py checks it against the regex
+    # plain string code, not `re`, which the start path avoids (docs/decisions/2026-12-07-start-costs.md):
+    # a CUDA image's NVIDIA_REQUIRE_CUDA is parsed on every start of it;
+    # tests/unit/spec/test_parsers_vs_regex.py checks it against the regex
     span = _operator_span(text)
     if span is None:
         raise _invalid(variable, expression or text, text, "no operator (use one of = != < <= > >=)")

@@ -34,7 +34,7 @@ def loads(text: str | bytes):
 
     Bytes must be UTF-8 without a byte-order mark (json.loads would also
     detect UTF-16/32 and skip a BOM): what the OCI runtime, our schemas and
-    our snapshots write.
+    our node artifacts hold.
     """
     if isinstance(text, (bytes, bytearray)):
         text = text.decode("utf-8")  # UnicodeDecodeError is a ValueError too

@@ -5,7 +5,7 @@ read or executed, and nothing but the package's own parent directory is on
 sys.path (`__main__.py` puts it there).  What the site scan would have added
 and the hook still needs, `add` adds: a venv's prefix (so share/pyxis-hook,
 our schemas, is found) and this installation's site-packages as plain
-directories searched last (pyelftools, for a snapshot rebuild).
+directories searched last (pyelftools, for a node artifact rebuild).
 
 It lives here, not in `__main__.py`: a script run as a file is compiled on
 every run (no bytecode is cached for `__main__`); this module's bytecode is

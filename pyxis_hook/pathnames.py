@@ -10,7 +10,7 @@ The specification is CPython 3.11's `Lib/posixpath.py` (and
 `Lib/genericpath.py`, `Lib/os.py` for fsencode/fsdecode): each function
 here gives what its namesake gives for `str` (and path-like) arguments,
 including `realpath`'s non-strict handling of nonexistent tails and symlink
-loops, since the snapshot compares its `realpath` of the driver root with
+loops, since the node artifact's freshness compares its `realpath` of the driver root with
 the one discovery stored.  tests/unit/base/test_pathnames.py checks each
 against its namesake.  Modules off the start path use `os` as usual.
 """

@@ -96,7 +96,7 @@ def discover(config, *, strict: bool = True, host: HostGpus | None = None) -> In
     # compares it (host/artifact.load) computes it: one answer on every Python version
     root = pathnames.realpath(config.driver_root)
     # procfs files are not stat-signed: their inode times change when the kernel
-    # re-instantiates them; the snapshot compares the version text instead
+    # re-instantiates them; the node artifact compares the version text instead
     st = _State(root=root)
     abi64, abi32, mach64, mach32 = _arch()
 
@@ -199,7 +199,7 @@ def _rel(st: _State, host_path: str) -> str:
 
 
 def _pick_version(st: _State, host: HostGpus, cache, entries, abi: int) -> str | None:
-    import re  # discovery only: the hook's path loads the snapshot and never parses names
+    import re  # discovery only: the hook's path reads the node artifact and never parses names
     """The driver version: procfs when the module is loaded, else inferred from file names.
 
     Inference follows NCT's `inferVersion` (libcuda.so.<v>, libnvidia-ml.so.<v>),
@@ -466,7 +466,7 @@ def _files_in_root(st: _State, directory: str, pattern: str) -> list[tuple[str, 
     the listed path is kept because that is where the container's loaders
     look (/etc/vulkan/icd.d/nvidia_icd.json, not the alternatives target).
     """
-    import fnmatch  # only when building (the hook path loads the snapshot)
+    import fnmatch  # only when building (the hook path reads the node artifact)
 
     d = _resolve(st, directory)
     try:

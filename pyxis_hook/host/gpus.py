@@ -291,7 +291,7 @@ def device_nodes_for(host: HostGpus, gpu_minors=(), mig_devices=(), *, uvm: bool
     nvidiactl always; /dev/nvidia<minor> per GPU and per MIG parent; uvm pair
     for compute/video; modeset for display; nvidia-cap<M> per MIG access
     minor and for config/monitor; one IMEX channel node each.  Nodes the
-    snapshot did not record (e.g. an IMEX channel that does not exist) come
+    GPU probes did not find (e.g. an IMEX channel that does not exist) come
     back with problem "missing".
     """
     nv = host.majors.nvidia if host.majors.nvidia is not None else NVIDIA_MAJOR

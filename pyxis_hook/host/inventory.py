@@ -99,7 +99,7 @@ class Inventory:
     inventory unusable for injection (no driver, libnvidia-tls without its
     ABI note); `discover(strict=True)` raises the first one as DriverError.
     `sources` are the stat signatures (path, st_dev, st_ino, st_size,
-    st_mtime_ns) of every file the result came from, for the snapshot.
+    st_mtime_ns) of every file the result came from, for the node artifact's freshness.
     """
 
     driver_version: str | None
@@ -234,7 +234,7 @@ def _warnings_with(host: HostGpus, warnings, old_host_warnings) -> tuple[str, ..
 def ipc_files(root: str, mps_pipe_dir: str, warn=log.debug) -> list[DriverFile]:
     """Daemon sockets and the MPS pipe dir inside `root`, where they exist (`daemons.ipc_paths`), as files.
 
-    Here, not in discovery: a snapshot load re-checks them every time (`refresh_live`), and the
+    Here, not in discovery: a node artifact load re-checks them every time (`refresh_live`), and the
     per-container path must not load discovery's code for that.
     """
     return [DriverFile(kind="ipc", capability=cap, path=to_root_relative(root, real), host_path=real,
@@ -244,10 +244,10 @@ def ipc_files(root: str, mps_pipe_dir: str, warn=log.debug) -> list[DriverFile]:
 
 def refresh_live(inv: Inventory, config) -> Inventory:
     """`inv` with the IPC sockets and MPS dir as they are now (the GPUs, the other live facts, are
-    given to `Inventory.from_dict` when the snapshot is read).
+    given to `Inventory.from_dict` when the node artifact is read).
 
     Daemons (persistenced, fabricmanager, MPS) start and stop at any time, so
-    a snapshot must not freeze their sockets; re-checking them is a few stats.
+    a node artifact must not freeze their sockets; re-checking them is a few stats.
     """
     files = tuple(f for f in inv.files if f.kind != "ipc") + tuple(ipc_files(inv.driver_root, config.mps_pipe_dir))
     return replace(inv, files=files)

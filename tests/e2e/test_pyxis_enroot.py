@@ -338,7 +338,8 @@ def test_a_node_the_nodes_own_dev_lacks_is_never_created_in_it(pyxis):
 
 
 @pytest.mark.realdriver
-def test_cuda_clients_image_loads_the_host_driver(pyxis, tmp_path):
+@pytest.mark.parametrize("uid", [USER, 0], ids=["user", "root"])
+def test_cuda_clients_image_loads_the_host_driver(pyxis, tmp_path, uid):
     """A Debian image with cuda-bindings and nvidia-ml-py from PyPI, started by Pyxis, loads the host's 535 driver."""
     from e2e.test_cuda_clients import LINE, PROBE as CLIENT_PROBE, file_id, host_file, mapped_from
     from fixtures.distroimage import require_image
@@ -350,16 +351,21 @@ def test_cuda_clients_image_loads_the_host_driver(pyxis, tmp_path):
     node = nodes["pxa"]
     version = node.base / "host/proc/driver/nvidia/version"
     fake_version = version.read_text()
-    node.write_conf(driver)
     version.write_text(f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {driver_version(LINE)}  "
                        "Thu Jan  1 00:00:00 UTC 2026\n")
     try:
-        r = cluster.srun("-w", "pxa", "--gres=gpu:1", f"--container-image={image}", "python3", "/probe.py",
-                         env={**cluster.env, **IMAGE_ENV, "ENROOT_RESTRICT_DEV": "y"}, timeout=300)
+        node.write_conf(driver)  # the node artifact is the driver's the kernel module names
+        before = kept(pyxis)
+        r = cluster.srun("-w", "pxa", "--gres=gpu:1", *SHOW_START_LOG, f"--container-image={image}", "python3",
+                         "/probe.py", env={**cluster.env, **IMAGE_ENV, "ENROOT_RESTRICT_DEV": "y"}, timeout=300, uid=uid)
+        after = kept(pyxis)
     finally:
         version.write_text(fake_version)
         node.write_conf(node.base.parent / "driver")
     assert r.returncode == 0, r.stdout + r.stderr + cluster.logs()
+    assert "pyxis-hook:" not in r.stderr, r.stderr
+    if uid:
+        assert after == before, "an ordinary user's start wrote what the node keeps"
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("PROBE ")]
     assert lines, r.stdout + r.stderr
     probe = json.loads(lines[-1][len("PROBE "):])

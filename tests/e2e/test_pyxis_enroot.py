@@ -102,6 +102,13 @@ def pyxis():
     build = require_build()
     base = Path(tempfile.mkdtemp(prefix="pyxis-e2e-", dir="/tmp"))
     os.chmod(base, 0o755)  # the user's jobs walk into it: pytest's tmp dirs are root's alone
+    try:
+        yield from _cluster(base, build)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _cluster(base: Path, build):
     driver = make_fake_driver(base / "driver", version=DRIVER_VERSION)
     gpus = {name: fake_gpus(2, minors=list(m), first_bus=0x06 + 0x10 * i) for i, (name, m) in
             enumerate(NODE_MINORS.items())}
@@ -121,7 +128,6 @@ def pyxis():
         cluster.stop()
         for node in nodes.values():
             node.syslog.close()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def kept(pyxis) -> dict[str, tuple[int, int, int]]:

@@ -25,6 +25,7 @@ from pyxis_hook import asks, log
 from pyxis_hook.apply import rootpin
 from pyxis_hook.apply.child import apply_plan
 from pyxis_hook.engines import enroot as enroot_engine
+from pyxis_hook.host import artifact
 from pyxis_hook.plan.prepare import prepare
 from pyxis_hook.record import replace
 from pyxis_hook.spec import oci
@@ -37,7 +38,7 @@ def _record(container: str, plan) -> None:
     """The system log's record of a start that gave its GPUs (`log.start_record`)."""
     gpus = ",".join(d.path[len("/dev/nvidia"):] for d in plan.devices if d.path[len("/dev/nvidia"):].isdigit())
     log.start_record("ok", {"container": container, "gpus": gpus or "none", "devices": len(plan.devices),
-                            "mounts": len(plan.mounts)})
+                            "mounts": len(plan.mounts), "artifact": artifact.SOURCES[-1] if artifact.SOURCES else "none"})
 
 
 def documents(stdin_bytes: bytes, bundle_dir: str | None = None, docs: tuple | None = None):

@@ -36,6 +36,9 @@ _DIGEST_PRIME = 4294967291  # 2**32 - 5
 ARTIFACT_LIMIT = 64 << 20
 #: how long a build waits for another process building the same artifact before building its own
 BUILD_WAIT_S = 10.0
+#: how this process's `load_or_build` got its inventory, last one last: "read" (the artifact),
+#: "built" (discovered and saved) or "discovered" (in memory); a start's record says which
+SOURCES: list[str] = []
 
 
 def config_key(config) -> dict:
@@ -238,25 +241,32 @@ def load_or_build(config, *, strict: bool = True, host=None) -> Inventory:
     if host is None:
         host = discover_gpus(config.proc_root, config.dev_root)
     try:
-        return load(config, host)
+        inv = load(config, host)
+        SOURCES.append("read")
+        return inv
     except ArtifactError as e:
         why = str(e)
     if not trust.may_write():
         log.info(f"node artifact not used ({why}): discovering the driver in memory; "
                  "`pyxis-hook refresh` as root rebuilds it")
+        SOURCES.append("discovered")
         return _discover(config, strict, host)
     log.debug(f"rebuilding the node artifact: {why}")
     lock = _build_lock(config)
     try:
         if lock is not None:
             try:
-                return load(config, host)  # built by the process that held the lock
+                inv = load(config, host)  # built by the process that held the lock
+                SOURCES.append("read")
+                return inv
             except ArtifactError:
                 pass
         inv = _discover(config, strict, host)
+        SOURCES.append("discovered")
         if inv.usable:
             try:
                 save(config, inv)
+                SOURCES[-1] = "built"
             except ArtifactError as e:
                 log.warning(str(e))
         return inv

@@ -130,9 +130,11 @@ def _current(entries: list) -> str:
     return ""
 
 
-def state(path: str = "") -> tuple[int, str]:
-    """(modules held, "") when the image at `path` would be used now, else (0, why not): for `doctor`."""
+def state(path: str = "", section: str = "") -> tuple[int, str]:
+    """(modules held, "") when the image at `path` (one `section` of it, or both) would be used now, else (0, why not)."""
     sections, why = _read_sections(path or image_path())
+    if section and sections:
+        sections = [sections[SECTIONS.index(section)]]
     for entries in sections:
         why = why or _current(entries)
     return (0, why) if why else (sum(len(e) for e in sections), "")

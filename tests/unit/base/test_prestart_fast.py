@@ -118,7 +118,7 @@ def _loaded(importtime: bytes) -> set[str]:
     from pyxis_hook import startimage
 
     listed = {line.split("|")[-1].strip() for line in importtime.decode().splitlines() if line.startswith("import time:")}
-    return listed | (set(startimage.held(section="boot")) if not startimage.state()[1] else set())
+    return listed | (set(startimage.held(section="boot")) if not startimage.state(section="boot")[1] else set())
 
 
 def test_void_exit_imports_almost_nothing(tmp_path):

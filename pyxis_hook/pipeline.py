@@ -7,7 +7,7 @@ config.json), `enroot` (enroot's hook: its environment and env file) and
 stages, top to bottom:
 
 1. documents: what the container is and asks (`documents`, `engines.enroot.documents`);
-2. the no-GPU exit (`asks.void_reason`);
+2. the no-GPU exit (`nogpu.void_reason`);
 3. pin the rootfs: the image is read and changed through one fd from here on (`rootpin.pin_bundle`);
 4. decide (`plan.prepare.prepare`): the GPUs read now and the device cgroup's bound, the node
    artifact (`host.artifact.load_or_build`), the request against the job's allocation
@@ -21,7 +21,7 @@ Each stage raises a PyxisHookError for what the user must fix; the caller
 
 from __future__ import annotations
 
-from pyxis_hook import asks, log
+from pyxis_hook import nogpu, log
 from pyxis_hook.apply import rootpin
 from pyxis_hook.apply.child import apply_plan
 from pyxis_hook.engines import enroot as enroot_engine
@@ -57,7 +57,7 @@ def prestart(config, stdin_bytes: bytes, bundle_dir: str | None = None, docs: tu
     """The OCI prestart/createRuntime hook: the container gets its GPUs, or a PyxisHookError says why not."""
     state, bundle = documents(stdin_bytes, bundle_dir, docs)
     current["container"] = state.id
-    void = asks.void_reason(bundle.env_map())
+    void = nogpu.void_reason(bundle.env_map())
     if void is not None:
         log.debug(f"container {state.id}: {void}")
         return 0
@@ -78,7 +78,7 @@ def enroot(config, environ: dict[str, str]) -> int:
     current["container"] = environ.get("ENROOT_ROOTFS", "").rstrip("/").rpartition("/")[2] or "enroot"
     doc = enroot_engine.documents(environ)
     bundle = enroot_engine.synthetic_bundle(doc.rootfs, doc.env)
-    void = asks.void_reason(doc.env)
+    void = nogpu.void_reason(doc.env)
     if void is not None:
         log.debug(f"enroot container {doc.pid}: {void}")
         enroot_engine.append_environ(doc.environ_path, doc.honoured)

@@ -4,7 +4,7 @@
 (`prestart`, `createRuntime`, `enroot`, no options) without the command-line
 parser, and returns None for any other.  A `prestart` whose state and
 config.json say the container asks for no GPU (`first_look`) exits here,
-having imported nothing but `asks` and `fastjson`; every other start goes
+having imported nothing but `nogpu` and `fastjson`; every other start goes
 through `run_started` into `pyxis_hook.pipeline`, whose module lists the
 stages of a start.  Nothing here imports a package module at its top.
 """
@@ -39,7 +39,7 @@ def dispatch(argv: list[str]) -> int | None:
 def first_look(data: bytes) -> tuple[bool, tuple | None]:
     """(the container certainly asks for no GPU, what was parsed), read with `fastjson` and `posix` only.
 
-    The decision is `asks.void_reason` on the bundle's last-wins env.
+    The decision is `nogpu.void_reason` on the bundle's last-wins env.
     Anything unexpected (bad JSON, a symlinked, non-regular or huge
     config.json, an env entry without '=') is (False, None): the full path
     decides and reports.  What was parsed, (state document, config.json's
@@ -47,7 +47,7 @@ def first_look(data: bytes) -> tuple[bool, tuple | None]:
     neither again; config.json is opened as `oci.read_config_bytes` opens it.
     """
     try:
-        from pyxis_hook import asks
+        from pyxis_hook import nogpu
         from pyxis_hook import fastjson
 
         if len(data) > FIRST_LOOK_LIMIT:
@@ -77,7 +77,7 @@ def first_look(data: bytes) -> tuple[bool, tuple | None]:
             env[name] = value
     except Exception:  # noqa: BLE001 — anything odd (incl. RecursionError on deep JSON): the full path decides
         return False, None
-    return asks.void_reason(env) is not None, (state, path, config)
+    return nogpu.void_reason(env) is not None, (state, path, config)
 
 
 def run_started(entry: str, work, stderr_level: str = "error") -> int:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from typing import Mapping
 
-from pyxis_hook.asks import is_legacy
+from pyxis_hook.nogpu import is_legacy
 from pyxis_hook.errors import LdCacheError, PathError, RequestError
 from pyxis_hook.diag import cudacheck
 from pyxis_hook.diag.cudacheck import cuda_facts, cuda_findings

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import posix
 
-from pyxis_hook import asks, log, pathnames
+from pyxis_hook import nogpu, log, pathnames
 from pyxis_hook.errors import DriverError
 from pyxis_hook.host import artifact, cgroup, gpus
 from pyxis_hook.host.cudaversion import format_cuda_version
@@ -129,7 +129,7 @@ def prepare(config: Config, bundle, *, state=None, check: bool = False, confine:
     """
     env = bundle.env_map()
     annotations = oci.state_annotations(state, bundle) if state is not None else bundle.annotation_map()
-    if asks.void_reason(env) is not None:  # the rule request.void_request applies
+    if nogpu.void_reason(env) is not None:  # the rule request.void_request applies
         void = req.void_request(env)
         return Prepared(void, None, Plan(rootfs=bundle.rootfs, notes=void.reasons))
     view = view or bundle.rootfs

@@ -15,7 +15,7 @@ is readable, and each task's own cgroup confines that task.
 
 from __future__ import annotations
 
-from pyxis_hook.asks import split_tokens
+from pyxis_hook.nogpu import split_tokens
 from pyxis_hook.spec.slurmvars import GPUS_ON_NODE, SLURM_VARS
 
 TYPE_CHECKING = False

@@ -38,7 +38,7 @@ Sources, first match wins:
 from __future__ import annotations
 
 from pyxis_hook import log
-from pyxis_hook.asks import split_tokens
+from pyxis_hook.nogpu import split_tokens
 from pyxis_hook.spec.envreads import prefixed
 from pyxis_hook.spec.slurmvars import GPUS_ON_NODE, SLURM_VARS
 from pyxis_hook.errors import RequestError

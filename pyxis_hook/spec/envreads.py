@@ -1,10 +1,10 @@
 """How the request reads a container's env beyond one variable: a family by prefix, MIG UUID tokens.
 
-Not in `asks.py`: the no-GPU exit imports that module on every container
+Not in `nogpu.py`: the no-GPU exit imports that module on every container
 start, and none of this is needed there.
 """
 
-from pyxis_hook.asks import VISIBLE, split_tokens
+from pyxis_hook.nogpu import VISIBLE, split_tokens
 
 
 def is_mig_uuid(token: str) -> bool:

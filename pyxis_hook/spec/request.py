@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from pyxis_hook.spec import require
 from pyxis_hook.spec.allocation import Allocation, job_allocation, scheduler_of
-from pyxis_hook.asks import VISIBLE, is_legacy, split_tokens, void_reason
+from pyxis_hook.nogpu import VISIBLE, is_legacy, split_tokens, void_reason
 from pyxis_hook.spec.envreads import is_mig_uuid
 from pyxis_hook.spec.config import Config
 from pyxis_hook.errors import RequestError

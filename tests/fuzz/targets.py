@@ -14,7 +14,7 @@ from typing import Callable, NamedTuple
 
 from hypothesis import strategies as st
 
-from pyxis_hook import asks
+from pyxis_hook import nogpu
 from pyxis_hook.spec import config, oci, require
 from pyxis_hook.host import cgroup, gpufiles, gpus
 from pyxis_hook.engines import cdihook, enroot
@@ -148,7 +148,7 @@ _HOST = _host()
 def _request(env: dict) -> None:
     from pyxis_hook.spec.request import resolve_request
 
-    asks.void_reason(env)
+    nogpu.void_reason(env)
     require.parse_requirements(env)
     resolve_request(env, {}, _HOST, config.Config(), None, cuda_version="12.2")
 

@@ -137,7 +137,7 @@ def test_void_exit_imports_almost_nothing(tmp_path):
     # (`installpaths` is __main__'s own code, kept as cached bytecode instead of compiled on each run)
     assert {m for m in loaded if m.startswith("pyxis_hook")} == {
         "pyxis_hook", "pyxis_hook.startimage", "pyxis_hook.trust", "pyxis_hook.installpaths",
-        "pyxis_hook.start", "pyxis_hook.asks", "pyxis_hook.fastjson"}
+        "pyxis_hook.start", "pyxis_hook.nogpu", "pyxis_hook.fastjson"}
 
 
 def test_enroot_shim_call_skips_the_cli():

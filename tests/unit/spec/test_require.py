@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pyxis_hook.errors import PyxisHookError, RequirementError
-from pyxis_hook.asks import is_legacy
+from pyxis_hook.nogpu import is_legacy
 from pyxis_hook.spec.require import (
     DeviceFacts,
     HostFacts,

@@ -176,3 +176,18 @@ def test_mig_reconfiguration_and_gpu_removal_need_no_rebuild(tmp_path):
     inv = artifact.load_or_build(c, strict=False)
     assert len(inv.host.gpus) == 1
     assert os.stat(artifact.artifact_path(c)).st_mtime_ns == mtime
+
+
+def test_refresh_by_an_ordinary_user_is_one_line_and_writes_nothing(tmp_path):
+    c = _config(tmp_path)
+    site = _installed(tmp_path)
+    conf = tmp_path / "pyxis.conf"
+    conf.write_text(f'driver-root = "{c.driver_root}"\nproc-root = "{c.proc_root}"\ndev-root = "{c.dev_root}"\n'
+                    f'snapshot-dir = "{c.snapshot_dir}"\n')
+    os.chmod(conf, 0o644)
+    r = subprocess.run(["setpriv", f"--reuid={USER}", f"--regid={USER}", "--clear-groups", NODE_PYTHON, "-I", "-S",
+                        str(site / "pyxis_hook" / "__main__.py"), "--config", str(conf), "refresh"],
+                       capture_output=True, text=True, timeout=60, cwd="/")
+    assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "only the package's owner (uid 0) writes the node artifact" in r.stderr
+    assert not Path(c.snapshot_dir).exists() or not os.listdir(c.snapshot_dir)

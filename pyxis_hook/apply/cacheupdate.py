@@ -31,6 +31,9 @@ import errno
 import posix
 
 from pyxis_hook.errors import LdCacheError, PathError, PyxisHookError
+from pyxis_hook.loader.ldconf import UnsafeLoaderConfig, dir_identity, dirs_by_inode, require_safe
+from pyxis_hook.plan.build import LdcacheUpdate
+from pyxis_hook.rootfs import RootFS, RootPathError
 from pyxis_hook.loader.cachefile import CACHE, write_cache
 from pyxis_hook.loader.ldcache import CACHE_LIMIT
 from pyxis_hook.loader.ldmerge import CannotMerge, InjectedLib, indexed_by_ldconfig, merge_cache
@@ -41,7 +44,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Sequence
 
-    from pyxis_hook.plan.build import LdcacheUpdate
 
 #: ldconfig's built-in directories, after the configured ones (Debian 12's glibc 2.36, measured with
 #: `ldconfig -v`: "(from <builtin>:0)"); the fallback runs the host's ldconfig, so these are the host's.
@@ -60,14 +62,12 @@ def scan_dirs_in(rfs, conf_dirs: Sequence[str], builtin: Sequence[str],
     (`ldconf.dirs_by_inode`, the one implementation of that rule; `seen`
     gets each name's identity).
     """
-    from pyxis_hook.loader.ldconf import dirs_by_inode
 
     ids = dirs_by_inode(rfs, tuple(conf_dirs) + tuple(builtin), seen)
     return tuple(ids.values()), ids
 
 
 def _read_cache(rfs) -> bytes:
-    from pyxis_hook.rootfs import RootPathError
 
     try:
         return rfs.read_bytes(CACHE, CACHE_LIMIT)
@@ -87,7 +87,6 @@ def model_image(rfs, libs: Sequence[InjectedLib], *, machine: str | None = None)
     loader configuration ldconfig must not run on either (a FIFO, a device,
     an include loop, a limit: `ldconf.require_safe`): UnsafeLoaderConfig.
     """
-    from pyxis_hook.loader.ldconf import UnsafeLoaderConfig
 
     try:
         return _model_image(rfs, libs, machine)
@@ -98,7 +97,6 @@ def model_image(rfs, libs: Sequence[InjectedLib], *, machine: str | None = None)
 
 
 def _model_image(rfs, libs: Sequence[InjectedLib], machine: str | None):
-    from pyxis_hook.loader.ldconf import dir_identity, require_safe
 
     conf = require_safe(rfs)  # a missing file reads as nothing: asked next, unless it was read
     if _CONF not in conf.files_read and not rfs.exists(_CONF):
@@ -168,7 +166,6 @@ def libs_from_plan(update: LdcacheUpdate) -> tuple[InjectedLib, ...]:
 
 def preview(rootfs: str, update: LdcacheUpdate) -> str | None:
     """For `pyxis-hook plan`: None when the merge would apply, else why ldconfig would run instead."""
-    from pyxis_hook.rootfs import RootFS
 
     try:
         with RootFS(rootfs) as rfs:

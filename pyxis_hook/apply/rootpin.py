@@ -38,6 +38,13 @@ from __future__ import annotations
 
 import posix
 
+from pyxis_hook import log
+from pyxis_hook.errors import PathError
+from pyxis_hook.host.cgroup import parse_mountinfo, read_text
+from pyxis_hook.kernel import lookup
+from pyxis_hook.rootfs import RootFS
+from pyxis_hook.spec import bundleperm
+
 from pyxis_hook import pathnames
 from pyxis_hook.errors import OciError
 from pyxis_hook.record import record
@@ -96,8 +103,6 @@ def pin_bundle(bundle, pid: int, writable_bundle: str, label: str, *, ref: int |
 
     What every hook does before it reads the image: prestart, and each CDI createContainer hook.
     """
-    from pyxis_hook import log
-    from pyxis_hook.spec import bundleperm
 
     warning = bundleperm.check_bundle(bundle.path, bundle.config_path, writable_bundle)
     if warning:
@@ -169,8 +174,6 @@ def _check_pivoted(rootfs: str, pid: int, root_fd: int) -> None:
 def _runtime_mount(rootfs: str, pid: int, root_fd: int, where: str, proc: str,
                    ref: int | str) -> tuple[int, str]:
     """Before pivot_root: (fd, mount point) of the runtime's rootfs mount that `rootfs` leads to."""
-    from pyxis_hook.errors import PathError
-    from pyxis_hook.rootfs import RootFS
 
     with RootFS(f"{where}/root", fd=root_fd) as theirs_root:  # the container's mounts, chroot semantics
         try:
@@ -200,8 +203,6 @@ def _runtime_mount(rootfs: str, pid: int, root_fd: int, where: str, proc: str,
 
 def _judge(fd: int, pid: int, where: str, proc: str, ref: int | str) -> tuple[str, str | None]:
     """(mount point of the mount `fd` is on, why it is not the runtime's rootfs or None)."""
-    from pyxis_hook.kernel import lookup
-    from pyxis_hook.host.cgroup import parse_mountinfo, read_text
 
     mount_id = lookup.mount_id(fd, f"{proc}/self")
     up = posix.open("..", posix.O_PATH | posix.O_DIRECTORY | posix.O_CLOEXEC, dir_fd=fd)

@@ -204,7 +204,7 @@ def generate_spec(config, *, python: str | None = None, machine: str | None = No
     """
     from pyxis_hook.host import artifact
     from pyxis_hook.errors import DriverError
-    from pyxis_hook.plan.prepare import read_proc_driver_files
+    from pyxis_hook.host.gpuscan import read_proc_driver_files
     from pyxis_hook.plan.build import build_plan
     from pyxis_hook.spec.request import resolve_request
 

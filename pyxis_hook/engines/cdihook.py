@@ -26,7 +26,12 @@ from __future__ import annotations
 import os
 
 from pyxis_hook.engines.cdi import CDI_COMPAT_CAPABILITIES, DRIVER_VERSION_PATTERN, HOST_DRIVER_VERSION_FLAG
-from pyxis_hook.plan.build import Plan
+from pyxis_hook.errors import UsageError
+from pyxis_hook.host import gpus, gpuscan
+from pyxis_hook.host.inventory import DriverFile
+from pyxis_hook.plan.build import (ContainerFacts, Plan, ProcDriverView, SymlinkEdit, cuda_compat, ldcache_update,
+                                   link_edit, patch_params)
+from pyxis_hook.plan.container import container_facts, link_occupants
 from pyxis_hook.record import replace
 
 HOOK_STEPS = ("create-symlinks", "update-ldcache", "proc-driver")
@@ -36,8 +41,6 @@ _MAX_CHAIN = 8
 
 def parse_link(text: str):
     """`--link PATH::TARGET` -> SymlinkEdit; PATH must be absolute (it is resolved inside the rootfs)."""
-    from pyxis_hook.errors import UsageError
-    from pyxis_hook.plan.build import SymlinkEdit
 
     path, sep, target = text.partition("::")
     if not sep or not path.startswith("/") or not target or "\0" in text:
@@ -47,7 +50,6 @@ def parse_link(text: str):
 
 def parse_lib(text: str) -> tuple[str, str, str, int]:
     """`--lib /DIR/NAME::SONAME::FLAGS` -> the (dir, name, soname, flags) row of LdcacheUpdate.libs."""
-    from pyxis_hook.errors import UsageError
 
     parts = text.split("::")
     try:
@@ -71,9 +73,6 @@ def link_plan(rootfs: str, links: tuple, view: str) -> Plan:
     libcuda.so.535.x`): the spec's mount of the host's library there.  A
     directory: skipped, with the warning in the notes.
     """
-    from pyxis_hook.host.inventory import DriverFile
-    from pyxis_hook.plan.build import ContainerFacts, SymlinkEdit, link_edit
-    from pyxis_hook.plan.container import link_occupants
 
     occupants = link_occupants(view, [s.container_path for s in links])
     if not occupants:
@@ -101,7 +100,6 @@ def link_plan(rootfs: str, links: tuple, view: str) -> Plan:
 
 def check_arguments(step: str, links=(), folders=(), libs=(), host_driver_version: str = "") -> None:
     """A bad argument is a UsageError before anything is looked at (the spec, not the container, is wrong)."""
-    from pyxis_hook.errors import UsageError
 
     if step not in HOOK_STEPS:
         raise UsageError(f"cdi hook {step!r}: expected one of {', '.join(HOOK_STEPS)}")
@@ -130,8 +128,6 @@ def hook_plan(step: str, bundle, config, *, links: tuple[str, ...] = (), folders
     pyxis.conf read now counts too: `cuda-compat = "disabled"` turns it off
     without regenerating the spec.
     """
-    from pyxis_hook.errors import UsageError
-    from pyxis_hook.plan.build import ProcDriverView, patch_params
 
     check_arguments(step, links, folders, libs, host_driver_version)
     rootfs = bundle.rootfs
@@ -139,8 +135,6 @@ def hook_plan(step: str, bundle, config, *, links: tuple[str, ...] = (), folders
     if step == "create-symlinks":
         return link_plan(rootfs, tuple(parse_link(x) for x in links), view)
     if step == "update-ldcache":
-        from pyxis_hook.plan.build import cuda_compat, ldcache_update
-        from pyxis_hook.plan.container import container_facts
 
         rows = tuple(parse_lib(x) for x in libs)
         facts = replace(container_facts(view), rootfs=rootfs)
@@ -153,10 +147,8 @@ def hook_plan(step: str, bundle, config, *, links: tuple[str, ...] = (), folders
         why = "CDI update-ldcache hook" + (f"; {update.why}" if use else "")
         return Plan(rootfs=rootfs, ldcache=replace(update, why=why), notes=(note,) if note else ())
     if step == "proc-driver":
-        from pyxis_hook.host import gpus, gpuscan
-        from pyxis_hook.plan.prepare import read_proc_driver_files
 
-        files = read_proc_driver_files(config.proc_root)
+        files = gpuscan.read_proc_driver_files(config.proc_root)
         if files is None:
             return Plan(rootfs=rootfs, notes=("no /proc/driver/nvidia on this host: no view",))
         host = gpuscan.discover_gpus(config.proc_root, config.dev_root)

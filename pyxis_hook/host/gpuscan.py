@@ -10,10 +10,11 @@ from __future__ import annotations
 import posix
 import stat
 
-from pyxis_hook import pathnames
+from pyxis_hook import log, pathnames
 from pyxis_hook.host.gpufiles import (majors_from_devices, numbered, parse_access_minor, parse_driver_version,
                                       parse_information, parse_mig_minors, parse_proc_devices, truthy)
 from pyxis_hook.host.probe import Reader
+from pyxis_hook.rootfs import read_to_end
 from pyxis_hook.host.gpus import (MODESET_MINOR, NVIDIA_MAJOR, NVIDIACTL_MINOR, DeviceMajors, DeviceNode, Gpu,
                                   HostGpus, MigDevice, cap_node_path, format_bus_id, imex_node_path, parse_bus_id)
 
@@ -210,3 +211,24 @@ def _check_nodes(r: Reader, gpus, majors: DeviceMajors, migs, mig_config, mig_mo
     return tuple(check_node(dev_root, p, ma, mi, r) for p, ma, mi in wanted)
 
 
+#: the /proc/driver/nvidia texts a container's view of it copies
+PROC_DRIVER_FILES = ("params", "version", "registry")
+PROC_FILE_LIMIT = 1 << 20
+
+
+def read_proc_driver_files(proc_root: str) -> tuple[tuple[str, str], ...] | None:
+    """The host's /proc/driver/nvidia texts the container's view copies; None without the module."""
+    base = pathnames.join(proc_root, "driver/nvidia")
+    if not pathnames.isdir(base):
+        return None
+    out = []
+    for name in PROC_DRIVER_FILES:
+        try:  # posix calls, not the io stack's three objects a file: every GPU start reads these
+            data = read_to_end(posix.open(pathnames.join(base, name), posix.O_RDONLY | posix.O_CLOEXEC), PROC_FILE_LIMIT)
+            out.append((name, data.decode("utf-8", "replace")))
+        except FileNotFoundError:
+            continue  # not every driver publishes every file
+        except OSError as e:  # the start goes on; the container's view lacks the file, and the log says so
+            log.warning(f"{pathnames.join(base, name)}: cannot read ({e.strerror}): "
+                        "the container's /proc/driver/nvidia will not have it")
+    return tuple(out)

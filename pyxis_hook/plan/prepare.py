@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import posix
 
-from pyxis_hook import nogpu, log, pathnames
+from pyxis_hook import nogpu, log
 from pyxis_hook.errors import DriverError
 from pyxis_hook.host import artifact, cgroup, gpus
 from pyxis_hook.host.cudaversion import format_cuda_version
-from pyxis_hook.host.gpuscan import discover_gpus
+from pyxis_hook.host.gpuscan import discover_gpus, read_proc_driver_files
 from pyxis_hook.plan.build import Plan, build_plan
 from pyxis_hook.plan import taskview
 from pyxis_hook.plan.container import container_facts
 from pyxis_hook.record import record, replace
-from pyxis_hook.rootfs import read_to_end
 from pyxis_hook.spec import envreads, oci
 from pyxis_hook.spec import request as req
 from pyxis_hook.spec.config import Config
@@ -28,9 +27,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # hints only
     from pyxis_hook.host.inventory import Inventory
     from pyxis_hook.spec.request import Request
-
-PROC_DRIVER_FILES = ("params", "version", "registry")
-PROC_FILE_LIMIT = 1 << 20
 
 
 @record
@@ -45,24 +41,6 @@ class Prepared:
     inventory: Inventory | None
     plan: Plan
     allocated: bool = False
-
-
-def read_proc_driver_files(proc_root: str) -> tuple[tuple[str, str], ...] | None:
-    """The host's /proc/driver/nvidia texts the container's view copies; None without the module."""
-    base = pathnames.join(proc_root, "driver/nvidia")
-    if not pathnames.isdir(base):
-        return None
-    out = []
-    for name in PROC_DRIVER_FILES:
-        try:  # posix calls, not the io stack's three objects a file: every GPU start reads these
-            data = read_to_end(posix.open(pathnames.join(base, name), posix.O_RDONLY | posix.O_CLOEXEC), PROC_FILE_LIMIT)
-            out.append((name, data.decode("utf-8", "replace")))
-        except FileNotFoundError:
-            continue  # not every driver publishes every file
-        except OSError as e:  # the start goes on; the container's view lacks the file, and the log says so
-            log.warning(f"{pathnames.join(base, name)}: cannot read ({e.strerror}): "
-                        "the container's /proc/driver/nvidia will not have it")
-    return tuple(out)
 
 
 def with_mig_uuids(inventory):

@@ -80,7 +80,7 @@ def test_common_edits_are_the_plan_for_default_capabilities(host, spec):
     """Same mounts, nodes and links as `build_plan` for NVIDIA_VISIBLE_DEVICES=none."""
     from pyxis_hook.host import gpuscan, inventory
     from pyxis_hook.host import artifact
-    from pyxis_hook.plan.prepare import read_proc_driver_files
+    from pyxis_hook.host.gpuscan import read_proc_driver_files
     from pyxis_hook.plan.build import build_plan
     from pyxis_hook.spec.request import resolve_request
 

@@ -18,7 +18,8 @@ from pyxis_hook.host import gpuscan, inventory
 from pyxis_hook.spec import oci
 from pyxis_hook.host import discovery
 from pyxis_hook.spec.config import Config
-from pyxis_hook.plan.prepare import prepare, read_proc_driver_files
+from pyxis_hook.host.gpuscan import read_proc_driver_files
+from pyxis_hook.plan.prepare import prepare
 from pyxis_hook.plan.build import ContainerFacts, build_plan, patch_params
 from pyxis_hook.spec.request import resolve_request
 from schema_check import validate

@@ -10,10 +10,18 @@ XDG_RUNTIME_DIR, storage and subordinate ids, `--runtime crun` or `runc`.
 
 Each user's podman runs in a mount namespace of its own (`_SETUP`): the
 account (passwd, group, subuid, subgid with the user added) is bound over
-the host's files, and /dev is rebuilt as a tmpfs whose `/dev/log` is a
-datagram socket this test holds, so the start's system-log record is read
-back (`artifact=read`: the user's start trusted root's artifact).  The host's
-files and mount table are not touched.  Each test gets its own runtime dir,
+the host's files, and /dev is rebuilt as a tmpfs holding the fake GPU
+nodes (where a GPU node has them) and, as `/dev/log`, a datagram socket this
+test holds, so the start's system-log record is read back (`artifact=read`:
+the user's start trusted root's artifact).  The host's files and mount table
+are not touched.
+
+What the hook gives the user's container is asserted as for root (exactly
+the requested nodes, the injected libcuda), and that the hook ran as the
+user: snapshot-dir and the start image are unchanged, and everything it
+wrote into the image is the user's.  A rootless runtime cannot mknod: it
+binds each device from the host's /dev at the container's path (so the hook
+binds its nodes itself, and a CDI spec's nodes must be in the host's /dev).  Each test gets its own runtime dir,
 so podman's pause process (which holds the user's namespaces, and the /dev
 they saw) is the test's own; it is killed by the pid podman wrote.
 
@@ -70,7 +78,7 @@ for e in "$old"/* "$old"/.[!.]*; do
     fi
 done
 umount -l "$old"
-cp -a "$nodes"/. /dev/  # the node's GPU nodes where a GPU node has them (a rootless runtime binds /dev/X itself)
+[ ! -d "$nodes" ] || cp -a "$nodes"/. /dev/  # the node's GPU nodes where a GPU node has them (a rootless runtime binds /dev/X itself)
 touch /dev/log
 mount --bind "$sock" /dev/log
 for f in passwd group subuid subgid; do mount --bind "$etc/$f" "/etc/$f"; done
@@ -196,7 +204,9 @@ class User:
         self.last = dest
         return dest
 
-    def podman(self, runtime: str, *opts: str, hooks: bool = True, script: str = PROBE) -> subprocess.CompletedProcess:
+    def podman(self, runtime: str, *opts: str, hooks: bool = True, script: str = PROBE,
+               gpu_nodes: bool = True) -> subprocess.CompletedProcess:
+        """`podman run` as the user; `gpu_nodes`: the host's /dev holds the GPU nodes (as a GPU node's does)."""
         env = ["env", "-i", f"HOME={self.node.base}/home", f"USER={NAME}", f"LOGNAME={NAME}",
                f"XDG_RUNTIME_DIR={self.dir}/run", "PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"]
         cmd = ["podman", "--runtime", runtime, "--cgroup-manager=cgroupfs", "--events-backend=file",
@@ -206,7 +216,7 @@ class User:
                "/bin/sh", "-c", script]
         return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", _SETUP, "rootless",
                                str(self.dir / "olddev"), str(self.node.base / "syslog.sock"), str(self.node.etc),
-                               str(USER), runtime, str(Path(self.node.host.dev_root) / "dev"), *env, *cmd],
+                               str(USER), runtime, str(Path(self.node.host.dev_root) / "dev") if gpu_nodes else "/var/empty", *env, *cmd],
                               capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, cwd="/")
 
 
@@ -298,3 +308,15 @@ def test_cdi_rootless(user, cdi_spec, runtime):
     assert "open1: cat: can't open '/dev/nvidia1': No such device or address" in r.stdout
     assert "NVD=void" in r.stdout
     assert records == []  # the spec's hooks send none: only a start that plans GPUs (prestart, enroot) does
+
+
+@pytest.mark.parametrize("runtime", ["crun", "runc"])
+def test_cdi_rootless_needs_the_nodes_in_the_hosts_dev(user, cdi_spec, runtime):
+    """A rootless runtime binds each config.json device from the host's /dev at its container path: OCI's
+    `linux.devices` has no host path, so a spec's `hostPath` elsewhere (`dev-root` other than /) is not used."""
+    r = user.podman(runtime, "--device", f"{KIND}=1", hooks=False, gpu_nodes=False)
+    assert r.returncode != 0
+    said = {"crun": "crun: mount `/dev/nvidiactl` to `/dev/nvidiactl`: No such file or directory",
+            "runc": "error creating device nodes: mount /dev/nvidiactl:"}[runtime]
+    assert said in r.stderr and "no such file or directory" in r.stderr.lower(), r.stderr
+    assert user.node.records() == []

@@ -63,8 +63,8 @@ NODES0 = {"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"}
 #: as root in a private mount namespace: rebuild /dev with our socket as /dev/log, bind the account, become the user
 _SETUP = r"""
 set -eu
-old=$1 sock=$2 etc=$3 uid=$4 runtime=$5 nodes=$6
-shift 6
+old=$1 sock=$2 etc=$3 uid=$4 runtime=$5 nodes=$6 share=$7
+shift 7
 mkdir -p "$old"
 mount --rbind /dev "$old"
 mount -t tmpfs -o mode=755,nosuid tmpfs /dev
@@ -82,6 +82,7 @@ umount -l "$old"
 touch /dev/log
 mount --bind "$sock" /dev/log
 for f in passwd group subuid subgid; do mount --bind "$etc/$f" "/etc/$f"; done
+[ "$share" = - ] || mount --bind "$share" /usr/share/containers  # with the hooks.d file in its default place
 mount --make-rshared /  # peers of this namespace only; podman warns about a private /
 # crun refuses the hybrid cgroup layout of the CI machines (cgroup v1 + an empty v2 at .../unified)
 [ "$runtime" != crun ] || umount /sys/fs/cgroup/unified 2>/dev/null || true
@@ -112,9 +113,9 @@ class Node:
                 out.append(dict(w.split("=", 1) for w in text.split() if "=" in w))
 
     def kept(self) -> dict[str, tuple[int, int, int]]:
-        """What the node keeps between starts, root's: snapshot-dir and its files, the start image (uid, size, mtime)."""
+        """What root keeps between starts: snapshot-dir and its files, the start image, the hook's log (uid, size, mtime)."""
         snap = self.base / "node" / "snapshot"
-        paths = [snap, *snap.iterdir(), *(self.package / "__pycache__").glob("start-image.*")]
+        paths = [snap, *snap.iterdir(), *(self.package / "__pycache__").glob("start-image.*"), self.base / "node/hook.log"]
         return {str(p): (st.st_uid, st.st_size, st.st_mtime_ns) for p in paths if (st := p.stat())}
 
 
@@ -160,6 +161,9 @@ def node():
         _root(*hook_command(package, "--config", str(host.conf), "hookd", "--install", str(hooks)))
         _accounts(base / "etc")
         (base / "no-hooks").mkdir()
+        if os.path.isdir("/usr/share/containers"):  # podman's own files there, and root's hooks.d file
+            shutil.copytree("/usr/share/containers", base / "share", symlinks=True)
+            shutil.copytree(hooks, base / "share/oci/hooks.d", dirs_exist_ok=True)
         (base / "home").mkdir()
         os.chown(base / "home", USER, USER)
         sock.bind(str(base / "syslog.sock"))
@@ -167,6 +171,7 @@ def node():
         os.chmod(base / "syslog.sock", 0o666)  # every user's start sends its record
         n = Node(base, host, package, hooks, base / "etc", sock)
         _root_start(n)
+        assert (base / "node/hook.log").is_file(), "root's start wrote no log"
         n.records()
         yield n
     finally:
@@ -204,19 +209,25 @@ class User:
         self.last = dest
         return dest
 
-    def podman(self, runtime: str, *opts: str, hooks: bool = True, script: str = PROBE,
+    def podman(self, runtime: str, *opts: str, hooks: str = "dir", script: str = PROBE,
                gpu_nodes: bool = True) -> subprocess.CompletedProcess:
-        """`podman run` as the user; `gpu_nodes`: the host's /dev holds the GPU nodes (as a GPU node's does)."""
+        """`podman run` as the user; `gpu_nodes`: the host's /dev holds the GPU nodes (as a GPU node's does).
+
+        `hooks`: "dir" (`--hooks-dir` root's hooks.d), "none" (an empty one),
+        "default" (no option: root's file in /usr/share/containers/oci/hooks.d).
+        """
         env = ["env", "-i", f"HOME={self.node.base}/home", f"USER={NAME}", f"LOGNAME={NAME}",
                f"XDG_RUNTIME_DIR={self.dir}/run", "PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"]
         cmd = ["podman", "--runtime", runtime, "--cgroup-manager=cgroupfs", "--events-backend=file",
                "--storage-driver=vfs", "--root", f"{self.dir}/storage", "--runroot", f"{self.dir}/runroot",
-               "--hooks-dir", str(self.node.hooks if hooks else self.node.base / "no-hooks"),
+               *({"dir": ["--hooks-dir", str(self.node.hooks)], "none": ["--hooks-dir", str(self.node.base / "no-hooks")],
+                  "default": []}[hooks]),
                "run", "--rm", "--network", "none", *_ulimits(), *opts, "--rootfs", str(self.rootfs()),
                "/bin/sh", "-c", script]
         return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", _SETUP, "rootless",
                                str(self.dir / "olddev"), str(self.node.base / "syslog.sock"), str(self.node.etc),
-                               str(USER), runtime, str(Path(self.node.host.dev_root) / "dev") if gpu_nodes else "/var/empty", *env, *cmd],
+                               str(USER), runtime, str(Path(self.node.host.dev_root) / "dev") if gpu_nodes else "/var/empty",
+                               str(self.node.base / "share") if hooks == "default" else "-", *env, *cmd],
                               capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, cwd="/")
 
 
@@ -282,6 +293,16 @@ def test_hooksd_rootless(user, runtime):
     assert records == []
 
 
+def test_hooksd_rootless_default_dir(user):
+    """Without `--hooks-dir` rootless podman reads /usr/share/containers/oci/hooks.d, as root's does."""
+    if not (user.node.base / "share").is_dir():
+        pytest.skip("no /usr/share/containers to bind over")
+    r, records = _user_start(user, "runc", "-e", "NVIDIA_VISIBLE_DEVICES=0", hooks="default")
+    assert _nodes(r.stdout) == {"nvidia0", *NODES0}, r.stdout
+    assert "cuDriverGetVersion=12020 rc=0" in r.stdout, r.stdout
+    _read_roots_artifact(records)
+
+
 @pytest.fixture(scope="module")
 def cdi_spec(node):
     """Root's CDI spec (a kind of its own) where podman 4.3 reads specs, readable by all; removed afterwards."""
@@ -302,7 +323,7 @@ def cdi_spec(node):
 @pytest.mark.parametrize("runtime", ["crun", "runc"])
 def test_cdi_rootless(user, cdi_spec, runtime):
     """`--device KIND=1` as the user: podman applies root's spec; its hooks make the links and the cache."""
-    r, records = _user_start(user, runtime, "--device", f"{KIND}=1", hooks=False)
+    r, records = _user_start(user, runtime, "--device", f"{KIND}=1", hooks="none")
     assert _nodes(r.stdout) == {"nvidia1", *NODES0}, r.stdout
     assert "cuDriverGetVersion=12020 rc=0" in r.stdout, r.stdout
     assert "open1: cat: can't open '/dev/nvidia1': No such device or address" in r.stdout
@@ -314,7 +335,7 @@ def test_cdi_rootless(user, cdi_spec, runtime):
 def test_cdi_rootless_needs_the_nodes_in_the_hosts_dev(user, cdi_spec, runtime):
     """A rootless runtime binds each config.json device from the host's /dev at its container path: OCI's
     `linux.devices` has no host path, so a spec's `hostPath` elsewhere (`dev-root` other than /) is not used."""
-    r = user.podman(runtime, "--device", f"{KIND}=1", hooks=False, gpu_nodes=False)
+    r = user.podman(runtime, "--device", f"{KIND}=1", hooks="none", gpu_nodes=False)
     assert r.returncode != 0
     said = {"crun": "crun: mount `/dev/nvidiactl` to `/dev/nvidiactl`: No such file or directory",
             "runc": "error creating device nodes: mount /dev/nvidiactl:"}[runtime]

@@ -7,14 +7,16 @@ with nothing to undo, and the child writes the rules through that fd after
 the mounts and links (`write_rules`): a rule the kernel refuses undoes them
 like any other failure.  A v1 rule cannot be taken back, which is why it
 comes after everything that can.  A cgroup v2 container's device access is
-the runtime's eBPF program, which a hook cannot change.
+the runtime's eBPF program, which a hook cannot change.  A hook in a user
+namespace (rootless podman) writes none: the kernel takes v1 device rules
+only from CAP_SYS_ADMIN in the initial user namespace.
 """
 
 from __future__ import annotations
 
 import posix
 
-from pyxis_hook import pathnames
+from pyxis_hook import pathnames, sysrecord
 from pyxis_hook.errors import ApplyError
 from pyxis_hook.plan.build import Plan
 
@@ -28,7 +30,8 @@ def open_allow(plan: Plan, pid, proc: str, fds: list[int], messages: list[str]) 
     """The container's v1 devices.allow, opened (fd, path); None with a message when no rule is written.
 
     Done before anything is mounted, so a cgroup that cannot be written
-    fails the start with nothing to undo.  Never inside a Slurm job: the
+    fails the start with nothing to undo.  Never from a user namespace
+    (the kernel would refuse every rule), never inside a Slurm job: the
     step's cgroup is the boundary Slurm computed, and the container's
     cgroup below it inherits it; rules we wrote there could only try to
     widen it (docs/slurm.md).
@@ -41,6 +44,10 @@ def open_allow(plan: Plan, pid, proc: str, fds: list[int], messages: list[str]) 
         return None
     if plan.cgroup_mode != "auto":
         raise ApplyError(f"device cgroup: unknown cgroup_mode {plan.cgroup_mode!r} in plan")
+    if sysrecord.in_user_namespace():
+        messages.append(f"device cgroup: not modified: the hook runs in a user namespace (a rootless runtime), "
+                        f"where the kernel refuses device rules; the container has the devices its cgroup allows: {rules}")
+        return None
     if not pathnames.exists(f"{proc}/{pid}/cgroup"):
         raise ApplyError(f"{proc}/{pid}/cgroup: no such process")
     slurm = cgroup.read_slurm_cgroup(proc, pid)

@@ -32,6 +32,7 @@ from pyxis_hook.plan.build import (IPC_OPTIONS, CgroupRule, DeviceEdit, LdcacheU
                              SymlinkEdit)
 
 pytestmark = pytest.mark.root
+REPO = Path(__file__).resolve().parents[2]
 
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
 
@@ -551,6 +552,30 @@ def test_no_rules_inside_a_slurm_step(tmp_path):
     messages: list[str] = []
     assert devcgroup.open_allow(plan, 42, str(proc), [], messages) is None
     assert "not modified" in messages[0] and "Slurm job 7 step 0" in messages[0]
+
+
+def test_no_rules_from_a_user_namespace(tmp_path):
+    """Rootless podman: the hook in a user namespace writes no v1 rule (the kernel wants CAP_SYS_ADMIN in the
+    initial one) and says so; the same cgroup, seen from the initial namespace, is opened for writing."""
+    (tmp_path / "cg/a").mkdir(parents=True)
+    (tmp_path / "cg/a/devices.allow").write_text("")
+    proc = _fake_proc(tmp_path, "5:devices:/a\n", f"31 25 0:27 / {tmp_path}/cg rw - cgroup cgroup rw,devices\n")
+    code = f"""
+import sys
+sys.path.insert(0, {str(REPO)!r})
+from pyxis_hook.apply import devcgroup
+from pyxis_hook.plan.build import CgroupRule, Plan
+plan = Plan(rootfs="/nonexistent", cgroup_rules=(CgroupRule(195, 0),), cgroup_mode="auto")
+messages = []
+got = devcgroup.open_allow(plan, 42, {str(proc)!r}, [], messages)
+print(got and got[1], messages)
+"""
+    outside = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert outside.startswith(f"{tmp_path}/cg/a/devices.allow []"), outside
+    inside = subprocess.run(["unshare", "--user", "--map-root-user", sys.executable, "-c", code],
+                            capture_output=True, text=True, check=True).stdout
+    assert inside.startswith("None ") and "not modified: the hook runs in a user namespace" in inside, inside
+    assert "c 195:0 rw" in inside
 
 
 def test_v1_cgroup_without_devices_mount_is_one_line(tmp_path):

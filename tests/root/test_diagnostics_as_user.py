@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -65,9 +66,11 @@ def node():
         shutil.rmtree(base, ignore_errors=True)
 
 
-def _run(package: Path, conf: Path, *args: str, user: int | None = None, home: Path | None = None):
-    """`pyxis-hook --config CONF ARGS` as the node runs it, as root or as `user` (HOME, TMPDIR, cwd: `home`)."""
-    argv = hook_command(package, "--config", str(conf), *args)
+def _run(package: Path, conf: Path, *args: str, user: int | None = None, home: Path | None = None,
+         wrap: tuple[str, ...] = ()):
+    """`pyxis-hook --config CONF ARGS` as the node runs it, as root or as `user` (HOME, TMPDIR, cwd: `home`),
+    after `wrap` (e.g. unshare)."""
+    argv = [*wrap, *hook_command(package, "--config", str(conf), *args)]
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
     if user is not None:
         argv = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *argv]
@@ -134,6 +137,18 @@ def _without(doc: dict, prefix: str) -> tuple[dict, list[dict]]:
     return {**doc, "findings": keep}, [f for f in doc["findings"] if f["code"].startswith(prefix)]
 
 
+def test_root_of_a_users_namespace_gets_the_users_answers(node):
+    """Root of a user namespace the user made (`0 UID 1`, enroot's --container-remap-root) owns nothing of the
+    node's: root's files and the package show as the overflow uid, the artifact is still trusted, and doctor
+    answers as to the user (no warning that the start image is not written: that is not its to write)."""
+    base, package, conf, _bundle = node
+    as_user = _run(package, conf, "doctor", "--json", user=USER, home=_home(base, "ns-user"))
+    in_ns = _run(package, conf, "doctor", "--json", user=USER, home=_home(base, "ns-root"),
+                 wrap=("unshare", "--user", "--map-root-user"))
+    assert in_ns.returncode == as_user.returncode == 0 and in_ns.stderr == "", in_ns.stderr
+    assert json.loads(in_ns.stdout) == json.loads(as_user.stdout)
+
+
 def test_a_log_file_root_has_not_made_yet_is_no_warning_for_a_user(node):
     """On a node where no root command ran yet the user's run is denied creating it: no warning, no file."""
     base, package, conf, _bundle = node
@@ -147,3 +162,29 @@ def test_a_log_file_root_has_not_made_yet_is_no_warning_for_a_user(node):
     as_root = _run(package, fresh, "info", "--json")
     assert as_root.returncode == 0 and as_root.stderr == ""
     assert (base / "log/fresh.log").stat().st_uid == 0  # root's run made it
+
+
+def test_ldcheck_of_a_process_the_user_may_not_see_says_so_in_one_line(node):
+    """`ldcheck --pid` of root's process: root reads its root and environment, the user is told it may not."""
+    base, package, conf, bundle = node
+    real = base / "etc/real-proc.conf"  # the process lives in the real /proc
+    real.write_text(conf.read_text().replace(f'proc-root = "{base / "host/proc"}"', 'proc-root = "/proc"'))
+    os.chmod(real, 0o644)
+    assert 'proc-root = "/proc"' in real.read_text()
+    chroot = shutil.which("chroot") or "/usr/sbin/chroot"
+    proc = subprocess.Popen([chroot, str(bundle / "rootfs"), "/bin/sh", "-c", "read x"], stdin=subprocess.PIPE,
+                            env={"NVIDIA_VISIBLE_DEVICES": "all", "PATH": "/bin"})
+    try:
+        for _ in range(500):  # until chroot has exec'ed the shell inside the image
+            if os.readlink(f"/proc/{proc.pid}/root") == str(bundle / "rootfs"):
+                break
+            time.sleep(0.01)
+        as_root = _run(package, real, "ldcheck", "--pid", str(proc.pid), "--json")
+        as_user = _run(package, real, "ldcheck", "--pid", str(proc.pid), "--json", user=USER,
+                       home=_home(base, "pid"))
+    finally:
+        proc.communicate(b"\n", timeout=10)
+    assert json.loads(as_root.stdout)["source"] == "pid"
+    assert as_user.returncode == 2 and as_user.stdout == ""
+    assert as_user.stderr == f"pyxis-hook: error: /proc/{proc.pid}/root: no such process or not allowed to see " \
+                             "its root\n"

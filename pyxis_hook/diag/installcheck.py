@@ -105,7 +105,7 @@ def check_node_artifact(config) -> list[Finding]:
 
 def check_start_image(path: str = "") -> list[Finding]:
     """Whether container starts run their modules from the start image (pyxis_hook/startimage.py) or import them."""
-    from pyxis_hook import startimage
+    from pyxis_hook import startimage, trust
 
     path = path or startimage.image_path()
     count, why = startimage.state(path)
@@ -115,7 +115,8 @@ def check_start_image(path: str = "") -> list[Finding]:
         return [Finding("info", "start-image-pending", f"start image {path}: not used now ({why})",
                         "a GPU start imports its modules one by one until the image is (re)written",
                         "nothing to do: the next GPU start as the package's owner writes it")]
-    return [Finding("warning" if os.geteuid() == 0 else "info", "start-image-unwritable",
+    # a warning for the package's owner only, whose starts would write it (as for the node artifact)
+    return [Finding("warning" if trust.may_write() else "info", "start-image-unwritable",
                     f"start image {path}: not used ({why}) and not written: only the package's owner writes it, "
                     "in a directory nobody else may write, and not under python -B",
                     "every GPU start then imports its modules through the import system",

@@ -13,6 +13,10 @@
   the root's `ldconfig -p` and PATH, bound into /.singularity.d/libs.
 - A SIF built with `apptainer build` from our e2e image, made a bundle by
   `apptainer oci mount`, started through the hook.
+- An ordinary user (uid 2001, a passwd entry in the session's root): `apptainer
+  oci run` is refused before any hook runs, `run`/`exec` have no `--oci`
+  option, and `exec --nv` runs in the user's own user namespace (what such a
+  user gets instead; docs/apptainer.md, "Ordinary users").
 
 The fixture GPU host (fake /proc/driver/nvidia and /dev nodes, real driver
 files) is bound into the root at its own paths, so pyxis.conf names it there too.
@@ -23,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -31,6 +36,7 @@ from e2e.conftest import fresh_rootfs, make_host
 from fixtures.apptainer import VENV, exec_caps, oci_caps, require_session
 from fixtures.container import make_bundle, merge_cdi
 from fixtures.realdriver import driver_version, require_driver_root
+from fixtures.standin import tree_state
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root, pytest.mark.slow, pytest.mark.realdriver]
 
@@ -142,8 +148,6 @@ def test_the_cdi_spec_merged_into_a_bundle_runs_with_its_hooks(session, tmp_path
 def test_cdi_hooks_refuse_a_root_path_repointed_after_the_engine_read_it(session, tmp_path):
     """The engine runs the CDI hooks on the host, naming the bundle by its host path: a createRuntime hook
     standing in for the bundle's owner points root.path at a host directory; the hooks refuse, it is untouched."""
-    from fixtures.standin import tree_state
-
     host, root = _real_host(tmp_path)
     binds = (tmp_path, root)
     spec_path = tmp_path / "pyxis-gpu.json"
@@ -226,3 +230,70 @@ def test_a_sif_built_by_apptainer_runs_through_the_hook(session, tmp_path):
     assert "cuDriverGetVersion=12020 rc=0" in r.stdout
     assert "\tlibcuda.so.1 (libc6,x86-64) => " in r.stdout
     assert "ld.so.cache: merged 7 entries" in (host.base / "hook.log").read_text()
+
+
+#: the ordinary user of the ordinary-user cases, with a passwd entry in the session's root (`_user`)
+USER = 2001
+
+
+def _user(session) -> None:
+    """uid USER in the root's passwd, group and subordinate-id files (rootless engines map with these)."""
+    p = session.sh(f"grep -q '^pyxisuser:' /etc/passwd || {{ echo 'pyxisuser:x:{USER}:{USER}::/tmp:/bin/sh' "
+                   f">> /etc/passwd; echo 'pyxisuser:x:{USER}:' >> /etc/group; "
+                   f"echo 'pyxisuser:100000:65536' >> /etc/subuid; echo 'pyxisuser:100000:65536' >> /etc/subgid; }}")
+    assert p.returncode == 0, p.stderr
+
+
+def _as_user(session, cmd: str, binds) -> subprocess.CompletedProcess:
+    """`cmd` (a shell line) run in the root as uid USER, with its own HOME."""
+    _user(session)
+    return session.sh(f"mkdir -p /tmp/home && chown {USER}:{USER} /tmp/home && HOME=/tmp/home exec setpriv "
+                      f"--reuid={USER} --regid={USER} --init-groups /bin/sh -c \"$CMD\"", binds, env={"CMD": cmd})
+
+
+def test_an_ordinary_users_oci_run_is_refused_before_any_hook_runs(session, tmp_path):
+    """`apptainer oci` is root's alone in Apptainer (each `oci` command checks the euid first): an ordinary
+    user's `oci run` of a bundle with the documented registration (or a merged CDI spec, the same command)
+    fails with one line, and no hook runs: nothing reaches the hook's log or the node artifact."""
+    host, root = _real_host(tmp_path)
+    binds = (tmp_path, root)
+    p = session.enter([PYXIS, "--config", str(host.conf), "refresh"], binds)
+    assert p.returncode == 0, p.stderr
+    before = tree_state(host.base / "snapshot")
+    bundle = _bundle(tmp_path, PROBE, ("NVIDIA_VISIBLE_DEVICES=1",))
+    hook = _registered(session, host, binds, "createRuntime")
+    _edit(bundle, lambda c: {**c, "hooks": {"createRuntime": [hook]}})
+    for d in (tmp_path, bundle):  # the user can read the bundle: the refusal is not about the files
+        os.chmod(d, 0o755)
+    r = _as_user(session, f"id -u; apptainer oci run -b {bundle} pyxis-user-{os.getpid()}", binds)
+    assert r.returncode == 255, r.stdout + r.stderr
+    assert r.stdout == f"{USER}\n"
+    assert r.stderr == 'FATAL:   "apptainer oci run" command requires root privileges\n'
+    assert "container" not in (host.base / "hook.log").read_text()
+    assert tree_state(host.base / "snapshot") == before
+
+
+def test_apptainer_has_no_oci_mode_for_run_or_exec(session, tmp_path):
+    """`--oci` (SingularityCE's rootless OCI mode) is no option of Apptainer's `run`/`exec`."""
+    r = _as_user(session, "for c in run exec; do out=$(apptainer $c --oci docker://busybox true 2>&1); "
+                          "echo rc=$?; echo \"$out\" | head -1; done", (tmp_path,))
+    assert r.stdout.splitlines() == ["rc=1", 'Error for command "run": unknown flag: --oci',
+                                     "rc=1", 'Error for command "exec": unknown flag: --oci'], r.stdout + r.stderr
+
+
+def test_what_an_ordinary_user_gets_instead_exec_nv_in_a_user_namespace(session, tmp_path):
+    """The native engine as an ordinary user: the package's starter is not setuid, so the container runs in a
+    user namespace of the user's own; `--nv` binds what the host's `ldconfig -p` lists (the admin's part)."""
+    _host, root = _real_host(tmp_path, "installer")
+    binds = (tmp_path, root)
+    sif = _sif(session, tmp_path, binds)
+    os.chmod(tmp_path, 0o755)
+    p = session.sh(f"echo {root}/usr/lib/x86_64-linux-gnu > /etc/ld.so.conf.d/nvidia.conf && ldconfig", binds)
+    assert p.returncode == 0, p.stderr
+    r = _as_user(session, f"PATH={root}/usr/bin:$PATH apptainer exec --nv {sif} /bin/sh -c '"
+                          "id -u; cat /proc/self/uid_map; echo LD=$LD_LIBRARY_PATH; /usr/bin/gputest'", binds)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = r.stdout.splitlines()
+    assert out[0] == str(USER) and out[1].split() == [str(USER), str(USER), "1"], r.stdout  # its own namespace
+    assert out[2] == "LD=/.singularity.d/libs"
+    assert "cuDriverGetVersion=12020 rc=0" in r.stdout

@@ -45,6 +45,7 @@ from pathlib import Path
 import pytest
 
 from e2e.conftest import Host, fresh_rootfs, make_host
+from fixtures.privatedev import REBUILD_DEV
 from fixtures.pyxiscluster import NODE_PYTHON, USER, hook_command, install_package
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root, pytest.mark.slow,
@@ -61,22 +62,11 @@ PROBE = ("echo $(ls /dev | grep nvidia); /usr/bin/gputest; cat /dev/nvidia1 2>&1
 NODES0 = {"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"}
 
 #: as root in a private mount namespace: rebuild /dev with our socket as /dev/log, bind the account, become the user
-_SETUP = r"""
+_SETUP = REBUILD_DEV + r"""
 set -eu
 old=$1 sock=$2 etc=$3 uid=$4 runtime=$5 nodes=$6 share=$7
 shift 7
-mkdir -p "$old"
-mount --rbind /dev "$old"
-mount -t tmpfs -o mode=755,nosuid tmpfs /dev
-for e in "$old"/* "$old"/.[!.]*; do
-    [ -e "$e" ] || [ -L "$e" ] || continue
-    n=${e##*/}
-    case $n in log|nvidia*) continue ;; esac
-    if [ -L "$e" ]; then cp -a "$e" "/dev/$n"
-    elif [ -d "$e" ]; then mkdir "/dev/$n"; mount --rbind "$e" "/dev/$n"
-    else touch "/dev/$n"; mount --bind "$e" "/dev/$n"
-    fi
-done
+rebuild_dev "$old"
 umount -l "$old"
 [ ! -d "$nodes" ] || cp -a "$nodes"/. /dev/  # the node's GPU nodes where a GPU node has them (a rootless runtime binds /dev/X itself)
 touch /dev/log

@@ -188,3 +188,19 @@ def test_ldcheck_of_a_process_the_user_may_not_see_says_so_in_one_line(node):
     assert as_user.returncode == 2 and as_user.stdout == ""
     assert as_user.stderr == f"pyxis-hook: error: /proc/{proc.pid}/root: no such process or not allowed to see " \
                              "its root\n"
+
+
+def test_plan_in_a_user_namespace_says_the_device_rules_are_not_written(node):
+    """A start in a user namespace (a rootless runtime) writes no v1 device rule: `plan` run there says so."""
+    base, package, conf, bundle = node
+    cg = base / "etc/cgroups.conf"
+    cg.write_text(conf.read_text().replace("no-cgroups = true\n", ""))
+    os.chmod(cg, 0o644)
+    as_root = _run(package, cg, "plan", "--bundle", str(bundle))
+    in_ns = _run(package, cg, "plan", "--bundle", str(bundle), user=USER, home=_home(base, "plan-ns"),
+                 wrap=("unshare", "--user", "--map-root-user"))
+    assert as_root.returncode == in_ns.returncode == 0, as_root.stderr + in_ns.stderr
+    root_line = next(line for line in as_root.stdout.splitlines() if line.startswith("device cgroup:"))
+    ns_line = next(line for line in in_ns.stdout.splitlines() if line.startswith("device cgroup:"))
+    assert root_line.startswith("device cgroup: auto, ") and "not written" not in root_line
+    assert ns_line == root_line + " (not written: this process runs in a user namespace; the runtime's cgroup decides)"

@@ -1,24 +1,27 @@
 """The start image: the modules a container start imports, cached in one file and run without the import system.
 
 One file per interpreter build and installation, beside the package's
-bytecode (`image_path`), in two sections: `boot`, what a start imports
-before it knows whether the container asks for a GPU (the dispatch, the
-no-GPU check), and `start`, what a GPU start imports after that (the
-planner, apply, the loader model).  Each entry is a module's code (without
+bytecode (`image_path`), in sections (`SECTIONS`): `boot`, what a start
+imports before it knows whether the container asks for a GPU (the
+dispatch, the no-GPU check), then one per kind of start for what it
+imports after that: `start` (the runtime's and enroot's GPU starts: the
+planner, apply, the loader model) and `cdi-hook` (a CDI spec's steps), so
+no kind runs the modules only another imports.  Each entry is a module's code (without
 docstrings where that changes nothing else) or an extension module's path,
 with its file's mtime and size, in the order the imports completed (the
 order `sys.modules` keeps), so each module's imports are loaded before it.
 
 Contract:
 - `load_boot()` (by `__main__`, for the command lines `fast_kind` names)
-  runs the boot section; `load()` runs the start section (and the boot one
-  when it has not run).  A section is used only when the file and its
+  runs the boot section; `load(section=...)` runs a kind's section (and the
+  boot one when it has not run).  A section is used only when the file and its
   directory pass the trust rule (`pyxis_hook.trust`), it carries this
   interpreter's bytecode magic, and every entry of the section still has
   its file's signature; otherwise the section is ignored whole and its
   modules import as usual.  Loading never raises for a bad image.
-- `save()`, after a successful start, writes the union of what the image
-  held and what this start imported, when that adds a module; only as the
+- `save()`, after a successful start, writes the union of what the boot
+  section and this kind's section held and what this start imported, when
+  that adds a module (the other kinds' sections as they were); only as the
   package's owner (`trust.may_write`), never where Python writes no
   bytecode, never after a start that rebuilt the node artifact (pyelftools
   would join every start).
@@ -35,9 +38,11 @@ import sys
 from pyxis_hook import trust
 
 #: the image's own layout: bumped when the entries or sections change shape
-FORMAT = b"pyxis-hook start image 2\n"
-#: the two sections, in file order
-SECTIONS = ("boot", "start")
+FORMAT = b"pyxis-hook start image 3\n"
+#: the sections, in file order: what a start runs before its no-GPU check, then each kind's own (a GPU
+#: start of the runtime's or enroot's, a CDI spec's hook step)
+SECTIONS = ("boot", "start", "cdi-hook")
+BOOT = SECTIONS[0]
 
 _SOURCE_LOADER = "SourceFileLoader"
 _EXTENSION_LOADER = "ExtensionFileLoader"
@@ -72,47 +77,58 @@ def _header() -> bytes:
     return sys.modules["_frozen_importlib_external"].MAGIC_NUMBER + FORMAT  # marshal's format is the interpreter's
 
 
-def _read_sections(path: str, wanted: int = 2) -> tuple[list, str]:
-    """The first `wanted` sections' entries ([boot, start]), or ([], why not)."""
+def _read_blobs(path: str, wanted: tuple[str, ...] = SECTIONS) -> tuple[dict, str]:
+    """The marshalled bytes of the `wanted` sections of the image at `path`, by name, or ({}, why not)."""
     try:
         why = trust.why_untrusted(posix.stat(path.rpartition("/")[0]))
     except OSError as e:
-        return [], f"no image ({e.strerror})"
+        return {}, f"no image ({e.strerror})"
     if why:
-        return [], f"directory {why}"
+        return {}, f"directory {why}"
     try:
         fd = posix.open(path, posix.O_RDONLY | posix.O_NOFOLLOW | posix.O_CLOEXEC | posix.O_NONBLOCK)
     except OSError as e:
-        return [], f"no image ({e.strerror})"
+        return {}, f"no image ({e.strerror})"
     try:
         st = posix.fstat(fd)
         why = "not a regular file" if st.st_mode & 0o170000 != 0o100000 else trust.why_untrusted(st)
         if why:
-            return [], why
+            return {}, why
         header = _header()
-        head = posix.pread(fd, len(header) + 16, 0)
-        if not head.startswith(header) or len(head) != len(header) + 16:
-            return [], "written by another Python or format"
-        sizes = (int.from_bytes(head[-16:-8], "little"), int.from_bytes(head[-8:], "little"))
+        head = posix.pread(fd, len(header) + 8 * len(SECTIONS), 0)
+        if not head.startswith(header) or len(head) != len(header) + 8 * len(SECTIONS):
+            return {}, "written by another Python or format"
+        sizes = [int.from_bytes(head[k:k + 8], "little") for k in range(len(header), len(head), 8)]
         if max(sizes) > _SECTION_LIMIT:
-            return [], "corrupt (section size)"
-        out, offset = [], len(head)
-        for size in sizes[:wanted]:
-            data = posix.pread(fd, size, offset)
+            return {}, "corrupt (section size)"
+        out, offset = {}, len(head)
+        for name, size in zip(SECTIONS, sizes):
+            if name in wanted:
+                data = posix.pread(fd, size, offset)
+                if len(data) != size:
+                    return {}, "corrupt (truncated)"
+                out[name] = data
             offset += size
-            if len(data) != size:
-                return [], "corrupt (truncated)"
-            entries = marshal.loads(data)
-            if not isinstance(entries, list):
-                return [], "corrupt (not a list)"
-            out.append(entries)
-    except (EOFError, ValueError, TypeError) as e:
-        return [], f"corrupt ({e})"
     except OSError as e:
-        return [], f"unreadable ({e.strerror})"
+        return {}, f"unreadable ({e.strerror})"
     finally:
         posix.close(fd)
     return out, ""
+
+
+def _read_sections(path: str, wanted: tuple[str, ...] = SECTIONS) -> tuple[dict, str]:
+    """The entries of the `wanted` sections of the image at `path`, by name, or ({}, why not)."""
+    blobs, why = _read_blobs(path, wanted)
+    out = {}
+    try:
+        for name, data in blobs.items():
+            entries = marshal.loads(data)
+            if not isinstance(entries, list):
+                return {}, "corrupt (not a list)"
+            out[name] = entries
+    except (EOFError, ValueError, TypeError) as e:
+        return {}, f"corrupt ({e})"
+    return out, why
 
 
 def _current(entries: list) -> str:
@@ -131,21 +147,18 @@ def _current(entries: list) -> str:
 
 
 def state(path: str = "", section: str = "") -> tuple[int, str]:
-    """(modules held, "") when the image at `path` (one `section` of it, or both) would be used now, else (0, why not)."""
-    sections, why = _read_sections(path or image_path())
-    if section and sections:
-        sections = [sections[SECTIONS.index(section)]]
-    for entries in sections:
+    """(modules held, "") when the image at `path` (one `section` of it, or all) would be used now, else (0, why not)."""
+    sections, why = _read_sections(path or image_path(), (section,) if section else SECTIONS)
+    for entries in sections.values():
         why = why or _current(entries)
-    return (0, why) if why else (sum(len(e) for e in sections), "")
+    return (0, why) if why else (sum(len(e) for e in sections.values()), "")
 
 
 def held(path: str = "", section: str = "") -> tuple[str, ...]:
-    """The modules the image holds (of one `section`, or both); () when it is unreadable."""
-    sections, _why = _read_sections(path or image_path())
-    picked = sections if not section else sections[SECTIONS.index(section):SECTIONS.index(section) + 1]
+    """The modules the image holds (of one `section`, or all); () when it is unreadable."""
+    sections, _why = _read_sections(path or image_path(), (section,) if section else SECTIONS)
     try:
-        return tuple(entry[0] for entries in picked for entry in entries)
+        return tuple(entry[0] for name in SECTIONS for entry in sections.get(name, ()))
     except (TypeError, IndexError):
         return ()
 
@@ -164,12 +177,13 @@ def writable(path: str = "") -> bool:
 class _Run:
     """What this process did with its image: the sections run, the modules before each, the log lines."""
 
-    __slots__ = ("path", "before", "held", "status")
+    __slots__ = ("path", "kind", "before", "held", "status")
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.before: list = [None, None]  # per section: sys.modules' names when it was loaded
-        self.held: list = [(), ()]  # per section: the entries it ran (the image's, for the union)
+        self.kind = ""  # the section past the boot one this process ran ("start", "cdi-hook")
+        self.before: dict = {}  # per section run: sys.modules' names when it was loaded
+        self.held: dict = {}  # per section run: the entries it ran (the image's, for the union)
         self.status: list = []
 
 
@@ -182,20 +196,20 @@ def _this_run(path: str = "") -> _Run:
     return _run[0]
 
 
-def _load_section(index: int, path: str = "") -> None:
+def _load_section(name: str, path: str = "") -> None:
     run = _this_run(path)
-    if run.before[index] is not None:
+    if name in run.before:
         return
-    run.before[index] = frozenset(sys.modules)
-    name = SECTIONS[index]
+    run.before[name] = frozenset(sys.modules)
+    run.held[name] = []
     try:
-        sections, why = _read_sections(run.path, index + 1)
-        entries = sections[index] if sections else []
+        sections, why = _read_sections(run.path, (name,))
+        entries = sections.get(name, [])
         why = why or _current(entries)
         if why:
             run.status.append(f"start image {run.path}: {name} section not used: {why}")
             return
-        run.held[index] = entries
+        run.held[name] = entries
         done = _execute(entries)
         run.status.append(f"start image {run.path}: {name} section: {done} modules loaded")
     except Exception as e:  # noqa: BLE001 — a malformed entry: what ran stays, the rest imports as usual
@@ -204,14 +218,16 @@ def _load_section(index: int, path: str = "") -> None:
 
 def load_boot(path: str = "") -> None:
     """Run the image's boot section (`__main__`, right after importing this module, for a `fast_kind` command line)."""
-    _load_section(0, path)
+    _load_section(BOOT, path)
 
 
-def load(path: str = "") -> None:
-    """Run the image's start section, and its boot section first when this process has not run it."""
-    if not _run or _run[0].before[0] is None:
-        _load_section(0, path)
-    _load_section(1, path)
+def load(path: str = "", section: str = "start") -> None:
+    """Run `section` of the image (a kind of start's: `start`, `cdi-hook`), the boot section first when not run yet."""
+    _load_section(BOOT, path)
+    run = _this_run(path)
+    if not run.kind:
+        run.kind = section
+        _load_section(section, path)
 
 
 def statuses() -> tuple[str, ...]:
@@ -304,43 +320,48 @@ def _entry(name: str, module):
 def save() -> str:
     """After a successful start: write the image when this start imported a module it lacks; a log line ("" when none).
 
-    Never raises.  Each section gets what was imported from a file while it
-    was the newest section loaded (the boot section: between `load_boot` and
-    `load`), in completion order, then what it held that the other did not
-    take (what other kinds of start added).
+    Never raises.  The boot section gets what was imported from a file
+    between `load_boot` and `load`, this kind's section what was imported
+    after `load`, each in completion order and followed by what it held
+    that this start did not import (what other starts of the kind added);
+    the other kinds' sections are kept as they are.
     """
-    if not _run or _run[0].before[1] is None:
+    if not _run or not _run[0].kind:
         return ""
     run = _run[0]
     mods = sys.modules
     if _REBUILD_MARKER in mods:
         return "start image: not written: this start rebuilt the node artifact"
-    names = (run.before[1] - run.before[0], mods.keys() - run.before[1])  # imported while each was the newest
-    held_boot = {e[0] for e in run.held[0]}
-    held = held_boot | {e[0] for e in run.held[1]}
-    # a module imported before the no-GPU check belongs to the boot section, even when a start of
-    # another kind (which imported it later) put it in the start section; set arithmetic in C first
-    if not any(_from_file(mods[n]) for n in (names[0] - held_boot) | (names[1] - held) if n in mods):
+    kind = run.kind
+    names = {BOOT: run.before[kind] - run.before[BOOT], kind: mods.keys() - run.before[kind]}
+    held_boot = {e[0] for e in run.held[BOOT]}
+    held = held_boot | {e[0] for e in run.held[kind]}
+    # a module imported before the no-GPU check belongs to the boot section, even when a start (which
+    # imported it later) put it in its own; set arithmetic in C first
+    if not any(_from_file(mods[n]) for n in (names[BOOT] - held_boot) | (names[kind] - held) if n in mods):
         return ""
-    phases = [[(n, m) for n, m in list(mods.items()) if n in names[i] and _from_file(m)] for i in (0, 1)]
     path = run.path
     if not writable(path):
         return f"start image {path}: not written: {path.rpartition('/')[0]} is not writable by this process, or not trusted"
     try:
-        sections, placed = [], set()
-        for index in (0, 1):
+        others, _why = _read_blobs(path, tuple(n for n in SECTIONS if n not in names))
+        blobs, placed, count = [], set(), 0
+        for name in SECTIONS:
+            if name not in names:
+                blobs.append(others.get(name, marshal.dumps([])))
+                continue
             entries = []
-            for name, module in phases[index]:
-                entry = _entry(name, module)
+            for mod_name, module in [(n, m) for n, m in list(mods.items()) if n in names[name] and _from_file(m)]:
+                entry = _entry(mod_name, module)
                 if isinstance(entry, str):
                     return f"start image {path}: not written: {entry}"
                 entries.append(entry)
             placed |= {e[0] for e in entries}
-            entries += [e for e in run.held[index] if e[0] not in placed]  # what other kinds of start added
+            entries += [e for e in run.held[name] if e[0] not in placed]
             placed |= {e[0] for e in entries}
-            sections.append(marshal.dumps(entries))
-        count = sum(len(marshal.loads(section)) for section in sections)
-        data = _header() + b"".join(len(s).to_bytes(8, "little") for s in sections) + b"".join(sections)
+            count += len(entries)
+            blobs.append(marshal.dumps(entries))
+        data = _header() + b"".join(len(b).to_bytes(8, "little") for b in blobs) + b"".join(blobs)
         _write(path, data)
     except Exception as e:  # noqa: BLE001 — the container is set up; a faster next start is optional
         return f"start image {path}: not written: {type(e).__name__}: {e}"

@@ -62,7 +62,7 @@ def _hook(args, config) -> int:
     """One createContainer step (`pipeline.cdi_step`), its modules run from the start image."""
     from pyxis_hook import log, startimage
 
-    startimage.load()
+    startimage.load(section="cdi-hook")
     for line in startimage.statuses():
         log.debug(line)
     from pyxis_hook import pipeline

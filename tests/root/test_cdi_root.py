@@ -333,12 +333,13 @@ def test_spec_hooks_run_from_the_start_image(host, tmp_path):
         assert link.is_symlink() and os.readlink(link).startswith("libcuda.so.")
         log = log_file.read_bytes()[seen:].decode()
         assert f"start image {image}" in log, log
-        steps = [line for line in log.splitlines() if f"start image {image}: start section" in line]
+        steps = [line for line in log.splitlines() if f"start image {image}: cdi-hook section" in line]
         assert len(steps) == 2, log  # create-symlinks, update-ldcache
         if i == 0:
             assert "not used: no image" in steps[0]  # cold; the next step may find what this one wrote
     assert all("modules loaded" in line for line in steps)  # warm: both steps ran from the image
-    held = startimage.held(str(image))
+    held = startimage.held(str(image), "cdi-hook")
+    assert "pyxis_hook.engines.cdihook" not in startimage.held(str(image), "start")  # a runtime's start never runs it
     assert "pyxis_hook.engines.cdihook" in held and "argparse" not in held and "pyxis_hook.cli" not in held
     assert not {"json", "platform"} & set(held)  # what `cdi generate` alone needs stays out of the steps
     assert "elftools" not in held

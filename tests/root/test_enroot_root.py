@@ -192,7 +192,7 @@ def test_shim_start_runs_from_the_start_image(setup):
             if i == 0:
                 assert f"start image {image}: boot section not used" in text
         assert re.search(rf"start image {re.escape(str(image))}: start section: \d+ modules loaded", text)  # warm
-        assert "argparse" not in startimage.held(str(image)) and "pyxis_hook.cli" not in startimage.held(str(image))
+        assert "argparse" not in startimage.held(str(image), "start") and "pyxis_hook.cli" not in startimage.held(str(image), "start")
     finally:
         for box in containers[1:]:
             box.close()

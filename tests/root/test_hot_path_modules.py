@@ -70,7 +70,7 @@ def gpu_start_modules(tmp_path_factory) -> list[str]:
                  if line.startswith("import time:") and "self [us]" not in line]
     # what ran from the start image (pyxis_hook/startimage.py) bypassed the import system: -X importtime
     # does not list it
-    return names + list(startimage.held())
+    return names + list(startimage.held(section="boot")) + list(startimage.held(section="start"))
 
 
 def test_every_module_of_a_gpu_start_is_in_the_prestart_contract(gpu_start_modules):

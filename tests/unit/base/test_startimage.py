@@ -325,7 +325,7 @@ from pyxis_hook import startimage
 if "late" not in sys.argv:
     import pkgx.a  # what a run imports before it knows it has GPU work (the dispatch, the no-GPU check)
 if "void" not in sys.argv:
-    startimage.load({image!r})
+    startimage.load({image!r}, "cdi-hook" if "cdi" in sys.argv else "start")
     for name in sys.argv[1:]:
         if name.startswith("pkgx"):
             __import__(name)
@@ -390,3 +390,25 @@ def test_a_module_imported_before_the_no_gpu_check_moves_to_the_boot_section(pkg
     assert startimage.held(str(image), "boot") == ("pkgx", "pkgx.a")
     assert startimage.held(str(image), "start") == ("pkgx.b",)
     assert run("void")["found"] == []
+
+
+def test_each_kind_of_start_runs_only_its_own_section(pkg):
+    """A CDI hook step's modules go to its own section: a GPU start of the runtime never runs them."""
+    src, image, _start = pkg
+    script = BOOT_RUNNER.format(repo=str(REPO), lib=str(src.parent), image=str(image))
+
+    def run(*args: str) -> dict:
+        r = subprocess.run([sys.executable, "-I", "-S", "-c", script, *args], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        return ast.literal_eval(r.stdout.strip().splitlines()[-1])
+
+    from pyxis_hook import startimage
+
+    run("pkgx.b")
+    run("cdi", "pkgx.c")
+    assert startimage.held(str(image), "start") == ("pkgx.b",)
+    assert startimage.held(str(image), "cdi-hook") == ("pkgx.c",)
+    start = run("pkgx.b")
+    assert start["found"] == [] and start["mods"] == ["pkgx", "pkgx.a", "pkgx.b"] and start["saved"] == ""
+    cdi = run("cdi", "pkgx.c")
+    assert cdi["found"] == [] and cdi["mods"] == ["pkgx", "pkgx.a", "pkgx.c"] and cdi["saved"] == ""

@@ -449,9 +449,9 @@ def test_start_image_findings(tmp_path, monkeypatch):
     src.write_text("X = 1\n")
     st = src.stat()
     entry = ("m", str(src), False, st.st_mtime_ns, st.st_size, compile("X = 1\n", str(src), "exec"))
-    boot, rest = marshal.dumps([]), marshal.dumps([entry])
+    blobs = [marshal.dumps([]), marshal.dumps([entry]), marshal.dumps([])]  # boot, start, cdi-hook
     with open(path, "wb") as f:
-        f.write(startimage._header() + len(boot).to_bytes(8, "little") + len(rest).to_bytes(8, "little") + boot + rest)
+        f.write(startimage._header() + b"".join(len(b).to_bytes(8, "little") for b in blobs) + b"".join(blobs))
     os.chmod(path, 0o644)
     (ok,) = check_start_image(path)
     assert (ok.severity, ok.code) == ("ok", "start-image") and "current, 1 modules" in ok.what

@@ -13,7 +13,9 @@ stages, top to bottom:
    artifact (`host.artifact.load_or_build`), the request against the job's allocation
    (`spec.request.resolve_request`), the driver files selected for its capabilities, the image's
    facts (`plan.container.container_facts`), the plan (`plan.build.build_plan`);
-5. apply, in the container's mount namespace (`apply.child.apply_plan`).
+5. apply, in the container's mount namespace (`apply.child.apply_plan`);
+6. the start's record in the system log (`log.start_record`: what it gave, and how it got the
+   driver's inventory).
 
 Each stage raises a PyxisHookError for what the user must fix; the caller
 (`start.run_started`, `cli.main`) turns it into the one error line.
@@ -21,7 +23,7 @@ Each stage raises a PyxisHookError for what the user must fix; the caller
 
 from __future__ import annotations
 
-from pyxis_hook import nogpu, log
+from pyxis_hook import log, nogpu
 from pyxis_hook.apply import rootpin
 from pyxis_hook.apply.child import apply_plan
 from pyxis_hook.engines import enroot as enroot_engine

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import posix
 
-from pyxis_hook import nogpu, log
+from pyxis_hook import log, nogpu
 from pyxis_hook.errors import DriverError
 from pyxis_hook.host import artifact, cgroup, gpus
 from pyxis_hook.host.cudaversion import format_cuda_version

@@ -209,10 +209,12 @@ def _discover(config, strict: bool, host) -> Inventory:
 
 
 def build(config, *, strict: bool = True, host=None) -> tuple[Inventory, str]:
-    """Discover the driver now and save the artifact: (inventory, path).  ArtifactError when it cannot be saved.
+    """Discover the driver now and save the artifact: (inventory, path).
 
-    Starts that need it at once take the build lock: the first builds, the
-    others wait for it (at most BUILD_WAIT_S) and load what it saved.
+    Holds the build lock meanwhile, so a start that finds the artifact
+    stale waits for this one (at most BUILD_WAIT_S) and reads what it saved.
+    ArtifactError when this process may not write it or the driver is not
+    usable; DriverError (strict) naming the driver's first problem.
     """
     if host is None:
         host = discover_gpus(config.proc_root, config.dev_root)

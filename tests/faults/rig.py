@@ -74,5 +74,5 @@ def hook_errors(stderr: str) -> list[str]:
 
 
 def snapshots(d: Path) -> list[dict]:
-    """The snapshot files in `d`, parsed (a corrupt one fails the caller's json.loads)."""
+    """The node artifacts in `d`, parsed (a corrupt one fails the caller's json.loads)."""
     return [json.loads(p.read_text()) for p in sorted(d.glob("inventory-*.json"))]

@@ -27,7 +27,6 @@ from pyxis_hook import log, nogpu
 from pyxis_hook.apply import rootpin
 from pyxis_hook.apply.child import apply_plan
 from pyxis_hook.engines import enroot as enroot_engine
-from pyxis_hook.host import artifact
 from pyxis_hook.plan.prepare import prepare
 from pyxis_hook.record import replace
 from pyxis_hook.spec import oci
@@ -36,11 +35,12 @@ from pyxis_hook.spec import oci
 current: dict[str, str] = {}
 
 
-def _record(container: str, plan) -> None:
+def _record(container: str, prepared) -> None:
     """The system log's record of a start that gave its GPUs (`log.start_record`)."""
+    plan = prepared.plan
     gpus = ",".join(d.path[len("/dev/nvidia"):] for d in plan.devices if d.path[len("/dev/nvidia"):].isdigit())
     log.start_record("ok", {"container": container, "gpus": gpus or "none", "devices": len(plan.devices),
-                            "mounts": len(plan.mounts), "artifact": artifact.SOURCES[-1] if artifact.SOURCES else "none"})
+                            "mounts": len(plan.mounts), "artifact": prepared.artifact})
 
 
 def documents(stdin_bytes: bytes, bundle_dir: str | None = None, docs: tuple | None = None):
@@ -65,13 +65,14 @@ def prestart(config, stdin_bytes: bytes, bundle_dir: str | None = None, docs: tu
         return 0
     pinned = rootpin.pin_bundle(bundle, state.pid, config.writable_bundle, f"container {state.id}")
     try:
-        plan = prepare(config, bundle, state=state, check=True, view=pinned.view).plan
+        prepared = prepare(config, bundle, state=state, check=True, view=pinned.view)
+        plan = prepared.plan
         log.info(f"container {state.id}: {len(plan.devices)} devices, {len(plan.mounts)} mounts, "
                  f"ldcache {plan.ldcache.mode}")
         apply_plan(plan, state.pid, config, root=pinned)
     finally:
         pinned.close()
-    _record(state.id, plan)
+    _record(state.id, prepared)
     return 0
 
 
@@ -85,14 +86,15 @@ def enroot(config, environ: dict[str, str]) -> int:
         log.debug(f"enroot container {doc.pid}: {void}")
         enroot_engine.append_environ(doc.environ_path, doc.honoured)
         return 0
-    prepared = prepare(replace(config, no_cgroups=True), bundle, check=True)
+    config = replace(config, no_cgroups=True)
+    prepared = prepare(config, bundle, check=True)
     plan = prepared.plan
     log.info(f"enroot container {doc.pid}: {len(plan.devices)} devices, {len(plan.mounts)} mounts")
     # written before the mounts: a failed write leaves nothing mounted, and a failed apply makes
     # enroot refuse the container, whose environment file is then never read
     enroot_engine.append_environ(doc.environ_path, doc.honoured + (plan.env if prepared.allocated else ()))
-    apply_plan(plan, doc.pid, replace(config, no_cgroups=True))
-    _record(current["container"], plan)
+    apply_plan(plan, doc.pid, config)
+    _record(current["container"], prepared)
     return 0
 
 

@@ -362,28 +362,7 @@ def save() -> str:
             count += len(entries)
             blobs.append(marshal.dumps(entries))
         data = _header() + b"".join(len(b).to_bytes(8, "little") for b in blobs) + b"".join(blobs)
-        _write(path, data)
+        trust.write_whole(path, data)
     except Exception as e:  # noqa: BLE001 — the container is set up; a faster next start is optional
         return f"start image {path}: not written: {type(e).__name__}: {e}"
     return f"start image {path}: written, {count} modules"
-
-
-def _write(path: str, data: bytes) -> None:
-    """`data` at `path` whole (a temp file renamed over it), mode 0644; OSError."""
-    tmp = f"{path}.{posix.getpid()}.tmp"
-    fd = posix.open(tmp, posix.O_WRONLY | posix.O_CREAT | posix.O_EXCL | posix.O_NOFOLLOW | posix.O_CLOEXEC, 0o644)
-    try:
-        try:
-            posix.fchmod(fd, 0o644)  # whatever the umask
-            view = memoryview(data)
-            while view:
-                view = view[posix.write(fd, view):]
-        finally:
-            posix.close(fd)
-        posix.rename(tmp, path)
-    except BaseException:
-        try:
-            posix.unlink(tmp)
-        except OSError:
-            pass
-        raise

@@ -1,4 +1,4 @@
-"""The trust rule for the hook's cache files (the node artifact, the start image).
+"""The hook's cache files (the node artifact, the start image): the rule for trusting one, and writing one.
 
 A cache file is trusted when it, and the directory holding it, are owned by
 the owner of the installed package's files as this process sees them, and
@@ -42,3 +42,28 @@ def may_write() -> bool:
     nor us, root's files and our own show as that uid, and it is nobody's.
     """
     return posix.geteuid() == package_owner() != OVERFLOW_UID
+
+
+def write_whole(path: str, data: bytes, mode: int = 0o644) -> None:
+    """Put `data` at `path` whole or not at all: a temp file beside it (this process's own name, made
+    O_EXCL|O_NOFOLLOW), `mode` whatever the umask, fsync'ed, renamed over `path`.  Raises OSError; the
+    temp file is gone then."""
+    directory, _, name = path.rpartition("/")
+    tmp = f"{directory}/.{name}.{posix.getpid()}.tmp"
+    fd = posix.open(tmp, posix.O_WRONLY | posix.O_CREAT | posix.O_EXCL | posix.O_NOFOLLOW | posix.O_CLOEXEC, mode)
+    try:
+        try:
+            posix.fchmod(fd, mode)
+            view = memoryview(data)
+            while view:
+                view = view[posix.write(fd, view):]
+            posix.fsync(fd)
+        finally:
+            posix.close(fd)
+        posix.rename(tmp, path)
+    except BaseException:
+        try:
+            posix.unlink(tmp)
+        except OSError:
+            pass
+        raise

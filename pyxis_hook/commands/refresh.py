@@ -32,9 +32,9 @@ def run(args, config) -> int:
                 return FINDINGS
             print(f"node artifact: {e}: rebuilding")
     try:
-        inv, written = artifact.build(config)
+        inv = artifact.build(config)
     except ArtifactError as e:
         raise DriverError(str(e)) from None
-    print(f"node artifact {written}: built for driver {inv.driver_version}, {len(inv.files)} files, "
+    print(f"node artifact {path}: built for driver {inv.driver_version}, {len(inv.files)} files, "
           f"{len(inv.host.gpus)} GPUs now")
     return OK

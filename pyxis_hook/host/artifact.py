@@ -1,6 +1,6 @@
 """The node artifact: the driver's inventory, built once per driver change, read by every start.
 
-`load_or_build` returns the inventory for the configuration: the artifact
+`obtain` (`load_or_build`) returns the inventory for the configuration: the artifact
 file when it is trusted (`pyxis_hook.trust`: the package owner's, writable
 by nobody else) and fresh (`host/freshness.py`), else a fresh discovery,
 which is saved only by a process running as the package's owner (root on
@@ -36,9 +36,6 @@ _DIGEST_PRIME = 4294967291  # 2**32 - 5
 ARTIFACT_LIMIT = 64 << 20
 #: how long a build waits for another process building the same artifact before building its own
 BUILD_WAIT_S = 10.0
-#: how this process's `load_or_build` got its inventory, last one last: "read" (the artifact),
-#: "built" (discovered and saved) or "discovered" (in memory); a start's record says which
-SOURCES: list[str] = []
 
 
 def config_key(config) -> dict:
@@ -136,39 +133,10 @@ def save(config, inv: Inventory) -> str:
 
         payload = json.dumps({"format": FORMAT, "key": config_key(config), "inventory": inv.to_dict()},
                              indent=1, sort_keys=True).encode()
-        write_atomically(path, payload)
+        trust.write_whole(path, payload)
     except OSError as e:
         raise ArtifactError(f"{path}: cannot save the node artifact: {e.strerror}") from None
     return path
-
-
-def write_atomically(path: str, data: bytes, mode: int = 0o644, dir_fd: int | None = None) -> None:
-    """Put `data` at `path` whole or not at all (a temp file beside it, fsync'ed, renamed).
-
-    `mode` whatever the umask; the temp name is this process's own, made
-    with O_EXCL|O_NOFOLLOW.  With `dir_fd`, `path` is a name in that
-    directory.  Raises OSError; the temp file is gone then.
-    """
-    directory, name = pathnames.split(path)
-    tmp = pathnames.join(directory, f".{name}.{posix.getpid()}.tmp")
-    fd = posix.open(tmp, posix.O_WRONLY | posix.O_CREAT | posix.O_EXCL | posix.O_NOFOLLOW | posix.O_CLOEXEC, mode,
-                    dir_fd=dir_fd)
-    try:
-        try:
-            posix.fchmod(fd, mode)
-            view = memoryview(data)
-            while view:
-                view = view[posix.write(fd, view):]
-            posix.fsync(fd)
-        finally:
-            posix.close(fd)
-        posix.rename(tmp, path, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    except BaseException:
-        try:
-            posix.unlink(tmp, dir_fd=dir_fd)
-        except OSError:
-            pass
-        raise
 
 
 def _build_lock(config) -> int | None:
@@ -208,70 +176,71 @@ def _discover(config, strict: bool, host) -> Inventory:
     return discover(config, strict=strict, host=host)
 
 
-def build(config, *, strict: bool = True, host=None) -> tuple[Inventory, str]:
-    """Discover the driver now and save the artifact: (inventory, path).
+def _rebuild(config, strict: bool, host, reread: bool) -> tuple[Inventory, str, str]:
+    """Under the build lock: the inventory, how it was got (`obtain`'s words) and why it was not saved ("").
 
-    Holds the build lock meanwhile, so a start that finds the artifact
-    stale waits for this one (at most BUILD_WAIT_S) and reads what it saved.
-    ArtifactError when this process may not write it or the driver is not
-    usable; DriverError (strict) naming the driver's first problem.
+    `reread`: first read what a process that held the lock meanwhile saved.
     """
-    if host is None:
-        host = discover_gpus(config.proc_root, config.dev_root)
-    if not trust.may_write():
-        raise ArtifactError(f"{artifact_path(config)}: only the package's owner (uid {trust.package_owner()}) "
-                            "writes the node artifact")
     lock = _build_lock(config)
     try:
+        if lock is not None and reread:
+            try:
+                return load(config, host), "read", ""
+            except ArtifactError:
+                pass
         inv = _discover(config, strict, host)
         if not inv.usable:
-            raise ArtifactError(f"{artifact_path(config)}: not saved: {inv.errors[0] if inv.errors else 'no driver'}")
-        return inv, save(config, inv)
+            return inv, "discovered", f"{artifact_path(config)}: not saved: {inv.errors[0] if inv.errors else 'no driver'}"
+        try:
+            save(config, inv)
+        except ArtifactError as e:
+            return inv, "discovered", str(e)
+        return inv, "built", ""
     finally:
         if lock is not None:
             posix.close(lock)
 
 
-def load_or_build(config, *, strict: bool = True, host=None) -> Inventory:
-    """The inventory for `config`: the artifact when trusted and fresh, else a fresh discovery.
+def build(config, *, strict: bool = True, host=None) -> Inventory:
+    """Discover the driver now and save the artifact (`pyxis-hook refresh`), under the build lock.
 
-    The package's owner saves what it discovers (a failure to save is a
-    warning: the start goes on); any other process discovers in memory
-    and logs why once.  `host`: the GPU facts when the caller has just
-    read them.
+    ArtifactError when this process may not write it, the driver is not
+    usable or the file cannot be saved; DriverError (strict) naming the
+    driver's first problem.
+    """
+    if not trust.may_write():
+        raise ArtifactError(f"{artifact_path(config)}: only the package's owner (uid {trust.package_owner()}) "
+                            "writes the node artifact")
+    host = host if host is not None else discover_gpus(config.proc_root, config.dev_root)
+    inv, _how, problem = _rebuild(config, strict, host, reread=False)
+    if problem:
+        raise ArtifactError(problem)
+    return inv
+
+
+def obtain(config, *, strict: bool = True, host=None) -> tuple[Inventory, str]:
+    """The inventory for `config` and how it was got: "read" (the artifact, trusted and fresh), "built"
+    (discovered and saved by the package's owner) or "discovered" (in memory; logged once, with why).
+
+    `host`: the GPU facts when the caller has just read them.
     """
     if host is None:
         host = discover_gpus(config.proc_root, config.dev_root)
     try:
-        inv = load(config, host)
-        SOURCES.append("read")
-        return inv
+        return load(config, host), "read"
     except ArtifactError as e:
         why = str(e)
     if not trust.may_write():
         log.info(f"node artifact not used ({why}): discovering the driver in memory; "
                  "`pyxis-hook refresh` as root rebuilds it")
-        SOURCES.append("discovered")
-        return _discover(config, strict, host)
+        return _discover(config, strict, host), "discovered"
     log.debug(f"rebuilding the node artifact: {why}")
-    lock = _build_lock(config)
-    try:
-        if lock is not None:
-            try:
-                inv = load(config, host)  # built by the process that held the lock
-                SOURCES.append("read")
-                return inv
-            except ArtifactError:
-                pass
-        inv = _discover(config, strict, host)
-        SOURCES.append("discovered")
-        if inv.usable:
-            try:
-                save(config, inv)
-                SOURCES[-1] = "built"
-            except ArtifactError as e:
-                log.warning(str(e))
-        return inv
-    finally:
-        if lock is not None:
-            posix.close(lock)
+    inv, how, problem = _rebuild(config, strict, host, reread=True)
+    if problem and inv.usable:  # a usable driver left unsaved: every start will discover it again
+        log.warning(problem)
+    return inv, how
+
+
+def load_or_build(config, *, strict: bool = True, host=None) -> Inventory:
+    """`obtain`'s inventory."""
+    return obtain(config, strict=strict, host=host)[0]

@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # hints only
 class Prepared:
     """Everything decided for one container; `inventory` is None for a void request.
 
+    `artifact`: how the driver's inventory was got (`artifact.obtain`'s word), for the start's record.
     `allocated`: the GPUs are the batch scheduler's allocation (the enroot hook
     then exports the plan's env to the job).
     """
@@ -41,6 +42,7 @@ class Prepared:
     inventory: Inventory | None
     plan: Plan
     allocated: bool = False
+    artifact: str = ""
 
 
 def with_mig_uuids(inventory):
@@ -116,7 +118,7 @@ def prepare(config: Config, bundle, *, state=None, check: bool = False, confine:
     if confine:
         env, allowed = confinement(env, host)
     proc_files = read_proc_driver_files(config.proc_root)
-    inventory = artifact.load_or_build(config, strict=False, host=host)
+    inventory, source = artifact.obtain(config, strict=False, host=host)
     if envreads.names_mig_uuid(env) and any(m.uuid is None for m in inventory.host.mig_devices):
         inventory = with_mig_uuids(inventory)
     cuda = format_cuda_version(inventory.cuda_version) if inventory.cuda_version else None
@@ -128,7 +130,7 @@ def prepare(config: Config, bundle, *, state=None, check: bool = False, confine:
     if view != bundle.rootfs:
         facts = replace(facts, rootfs=bundle.rootfs)
     plan = build_plan(request, inventory, facts, config, proc_files=proc_files)
-    return _checked(Prepared(request, inventory, plan, request.allocation is not None), check)
+    return _checked(Prepared(request, inventory, plan, request.allocation is not None, source), check)
 
 
 def _checked(prepared: Prepared, check: bool) -> Prepared:

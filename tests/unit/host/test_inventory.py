@@ -626,3 +626,18 @@ def test_the_snapshot_file_name_is_stable_and_differs_per_configuration():
               (("mps_pipe_dir", "/elsewhere"), ("dev_root", "/dev2"), ("path", ("/bin",)),
                ("graphics_config_files", not c.graphics_config_files))}
     assert len(others | {artifact.artifact_path(c)}) == 5
+
+
+def test_obtain_says_how_it_got_the_inventory(tmp_path, capsys):
+    """built (discovered and saved), then read; a driver root with no driver is discovered, never saved."""
+    c = cfg(make_driver(tmp_path / "root", extra=False))
+    inv, how = artifact.obtain(c)
+    assert how == "built" and inv.usable
+    assert artifact.obtain(c) == (inv, "read")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    none = replace(c, driver_root=str(empty), snapshot_dir=str(tmp_path / "snap2"))
+    inv, how = artifact.obtain(none, strict=False)
+    assert how == "discovered" and not inv.usable
+    assert not list(tmp_path.glob("snap2/inventory-*.json"))
+    assert "warning" not in capsys.readouterr().err  # an unusable driver is no save failure to warn about

@@ -13,7 +13,7 @@ import posix
 import sys
 import time
 
-from pyxis_hook import sysrecord
+from pyxis_hook import sysrecord, userns
 
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 
@@ -52,7 +52,7 @@ def configure(log_file: str = "", level: str = "info", stderr_level: str = "warn
 
 def privileged() -> bool:
     """Whether this process is root of the initial user namespace (the one that may write the admin's files)."""
-    return posix.geteuid() == 0 and not sysrecord.in_user_namespace()
+    return posix.geteuid() == 0 and not userns.in_user_namespace()
 
 
 def start_record(outcome: str, fields: dict[str, object], environ: dict[bytes, bytes] | None = None) -> None:

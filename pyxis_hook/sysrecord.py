@@ -14,6 +14,8 @@ import errno
 import posix
 import time
 
+from pyxis_hook import userns
+
 #: where syslog(3) sends (glibc's _PATH_LOG)
 SOCKET = "/dev/log"
 TAG = "pyxis-hook"
@@ -52,44 +54,13 @@ def job_fields(environ: dict[bytes, bytes] | None = None) -> dict[str, str]:
     return found
 
 
-def _uid_map() -> list[tuple[int, int, int]] | None:
-    """/proc/self/uid_map as (inside, outside, count) lines; None when it cannot be read."""
-    try:
-        fd = posix.open("/proc/self/uid_map", posix.O_RDONLY | posix.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        raw = posix.read(fd, 65536)
-    except OSError:
-        return None
-    finally:
-        posix.close(fd)
-    try:
-        return [(int(a), int(b), int(c)) for a, b, c in (line.split() for line in raw.splitlines() if line.strip())]
-    except ValueError:
-        return None
-
-
-#: the initial user namespace's map: every uid is itself
-_IDENTITY = [(0, 0, 4294967295)]
-
-
-def in_user_namespace() -> bool:
-    """Whether this process runs in a user namespace other than the initial one (False when /proc says nothing)."""
-    mapped = _uid_map()
-    return mapped is not None and mapped != _IDENTITY
-
-
 def user_ids() -> dict[str, str]:
     """The record's `uid` (the real uid, as the parent user namespace sees it) and, in a user namespace, `ns_uid`."""
     uid = posix.getuid()
-    mapped = _uid_map()
-    if mapped is None or mapped == _IDENTITY:
+    if not userns.in_user_namespace():
         return {"uid": str(uid)}
-    for inside, outside, count in mapped:
-        if inside <= uid < inside + count:
-            return {"uid": str(outside + uid - inside), "ns_uid": str(uid)}
-    return {"uid": "unmapped", "ns_uid": str(uid)}
+    outside = userns.host_uid(uid)
+    return {"uid": "unmapped" if outside is None else str(outside), "ns_uid": str(uid)}
 
 
 def quote(value: object) -> str:

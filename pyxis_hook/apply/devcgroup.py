@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import posix
 
-from pyxis_hook import pathnames, sysrecord
+from pyxis_hook import pathnames, userns
 from pyxis_hook.errors import ApplyError
 from pyxis_hook.plan.build import Plan
 
@@ -44,7 +44,7 @@ def open_allow(plan: Plan, pid, proc: str, fds: list[int], messages: list[str]) 
         return None
     if plan.cgroup_mode != "auto":
         raise ApplyError(f"device cgroup: unknown cgroup_mode {plan.cgroup_mode!r} in plan")
-    if sysrecord.in_user_namespace():
+    if userns.in_user_namespace():
         messages.append(f"device cgroup: not modified: the hook runs in a user namespace (a rootless runtime), "
                         f"where the kernel refuses device rules; the container has the devices its cgroup allows: {rules}")
         return None

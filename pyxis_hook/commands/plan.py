@@ -54,7 +54,7 @@ def render(prepared) -> str:
     if p.cgroup_mode == "none" and p.cgroup_rules:  # no-cgroups: listed for the runtime, never written
         out.append(f"device cgroup: none (no-cgroups), {len(p.cgroup_rules)} rules not written")
     else:
-        from pyxis_hook.sysrecord import in_user_namespace
+        from pyxis_hook.userns import in_user_namespace
 
         skipped = p.cgroup_rules and p.cgroup_mode == "auto" and in_user_namespace()
         out.append(f"device cgroup: {p.cgroup_mode}" + (f", {len(p.cgroup_rules)} rules" if p.cgroup_rules else "")

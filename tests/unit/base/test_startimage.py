@@ -336,9 +336,8 @@ print(repr(dict(saved=saved, status=list(startimage.statuses()),
 """
 
 
-def test_the_boot_section_holds_what_was_imported_before_the_start_section(pkg):
-    """One file, two sections: a no-GPU run runs only the boot one; each kind of start adds what it imported."""
-    src, image, _start = pkg
+def boot_runner(src: Path, image: Path):
+    """A function running BOOT_RUNNER on the package at `src` and the image at `image`: its report."""
     script = BOOT_RUNNER.format(repo=str(REPO), lib=str(src.parent), image=str(image))
 
     def run(*args: str) -> dict:
@@ -346,6 +345,13 @@ def test_the_boot_section_holds_what_was_imported_before_the_start_section(pkg):
         assert r.returncode == 0, r.stderr
         return ast.literal_eval(r.stdout.strip().splitlines()[-1])
 
+    return run
+
+
+def test_the_boot_section_holds_what_was_imported_before_the_start_section(pkg):
+    """One file, two sections: a no-GPU run runs only the boot one; each kind of start adds what it imported."""
+    src, image, _start = pkg
+    run = boot_runner(src, image)
     cold = run("pkgx.b")
     assert cold["found"] == ["pkgx", "pkgx.a", "pkgx.b"] and cold["saved"].endswith("written, 3 modules")
     from pyxis_hook import startimage
@@ -374,13 +380,7 @@ def test_a_module_imported_before_the_no_gpu_check_moves_to_the_boot_section(pkg
     """A start of another kind imported it past its boot (the enroot shim's call): the next start that imports it
     before its no-GPU check moves it to the boot section, so the no-GPU exit runs it from the image too."""
     src, image, _start = pkg
-    script = BOOT_RUNNER.format(repo=str(REPO), lib=str(src.parent), image=str(image))
-
-    def run(*args: str) -> dict:
-        r = subprocess.run([sys.executable, "-I", "-S", "-c", script, *args], capture_output=True, text=True)
-        assert r.returncode == 0, r.stderr
-        return ast.literal_eval(r.stdout.strip().splitlines()[-1])
-
+    run = boot_runner(src, image)
     from pyxis_hook import startimage
 
     run("late", "pkgx.a", "pkgx.b")  # pkgx.a imported only after `load`
@@ -395,13 +395,7 @@ def test_a_module_imported_before_the_no_gpu_check_moves_to_the_boot_section(pkg
 def test_each_kind_of_start_runs_only_its_own_section(pkg):
     """A CDI hook step's modules go to its own section: a GPU start of the runtime never runs them."""
     src, image, _start = pkg
-    script = BOOT_RUNNER.format(repo=str(REPO), lib=str(src.parent), image=str(image))
-
-    def run(*args: str) -> dict:
-        r = subprocess.run([sys.executable, "-I", "-S", "-c", script, *args], capture_output=True, text=True)
-        assert r.returncode == 0, r.stderr
-        return ast.literal_eval(r.stdout.strip().splitlines()[-1])
-
+    run = boot_runner(src, image)
     from pyxis_hook import startimage
 
     run("pkgx.b")

@@ -80,8 +80,8 @@ def enroot(config, environ: dict[str, str]) -> int:
     """enroot's hook: the container `ENROOT_PID`/`ENROOT_ROOTFS` name gets its GPUs (enroot programs no cgroup)."""
     current["container"] = environ.get("ENROOT_ROOTFS", "").rstrip("/").rpartition("/")[2] or "enroot"
     doc = enroot_engine.documents(environ)
-    bundle = enroot_engine.synthetic_bundle(doc.rootfs, doc.env)
-    void = nogpu.void_reason(doc.env)
+    bundle = enroot_engine.synthetic_bundle(doc.rootfs, dict(doc.env))
+    void = nogpu.void_reason(bundle.env_map())
     if void is not None:
         log.debug(f"enroot container {doc.pid}: {void}")
         enroot_engine.append_environ(doc.environ_path, doc.honoured)

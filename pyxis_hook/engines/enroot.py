@@ -150,7 +150,7 @@ class EnrootDocs:
     pid: int
     rootfs: str
     environ_path: str
-    env: dict
+    env: tuple[tuple[str, str], ...]
     honoured: tuple[tuple[str, str], ...]
 
 
@@ -158,4 +158,5 @@ def documents(environ: Mapping[str, str]) -> EnrootDocs:
     """The container as enroot describes it to its hook (`environ`: the hook's own environment)."""
     pid, rootfs, environ_path = enroot_facts(environ)
     file_env = read_environ(environ_path)
-    return EnrootDocs(pid, rootfs, environ_path, container_env(file_env, environ), honoured_env(file_env, environ))
+    return EnrootDocs(pid, rootfs, environ_path, tuple(container_env(file_env, environ).items()),
+                      honoured_env(file_env, environ))

@@ -349,7 +349,7 @@ def boot_runner(src: Path, image: Path):
 
 
 def test_the_boot_section_holds_what_was_imported_before_the_start_section(pkg):
-    """One file, two sections: a no-GPU run runs only the boot one; each kind of start adds what it imported."""
+    """A no-GPU run runs only the boot section; a start of the same kind that imported more grows the image."""
     src, image, _start = pkg
     run = boot_runner(src, image)
     cold = run("pkgx.b")

@@ -16,6 +16,7 @@ import stat
 
 from pyxis_hook import pathnames
 from pyxis_hook.errors import PathError
+from pyxis_hook.kernel import lookup
 
 MAX_SYMLINKS = 40
 #: top-level directories of an image that do not exist for what reads the image's facts: the confined
@@ -221,8 +222,6 @@ class RootFS:
         resolving its name again: whatever `path` names by now, only the fd counts.
         `hidden`: the top-level directories every lookup treats as missing (HIDDEN or none).
         """
-        from pyxis_hook.kernel import lookup
-
         self.path = pathnames.normpath(pathnames.abspath(path))
         try:
             self.fd = posix.open(self.path, posix.O_PATH | posix.O_DIRECTORY | posix.O_CLOEXEC) if fd is None else posix.dup(fd)
@@ -232,8 +231,6 @@ class RootFS:
         self.hidden = hidden
         # openat2 cannot be told to leave a directory out: a RootFS that hides some walks
         self.use_openat2 = not hidden and (lookup.have_openat2() if use_openat2 is None else use_openat2)
-        # `open` runs once per mount point: an import statement there would ask the import system each time
-        self._lookup = lookup
 
     # -- lifetime -------------------------------------------------------
     def close(self) -> None:
@@ -261,7 +258,6 @@ class RootFS:
         loop or for a component that keeps changing type while it is looked at.
         """
         if self.use_openat2:
-            lookup = self._lookup
             try:
                 return lookup.openat2(self.fd, path, flags, mode,
                                       lookup.RESOLVE_IN_ROOT | lookup.RESOLVE_NO_MAGICLINKS)
@@ -313,8 +309,6 @@ class RootFS:
     def reopen(fd: int, flags: int) -> int:
         """The inode an O_PATH fd of this root holds, opened with `flags`: through the magic link of the
         hook's own procfs, also inside a container's mount namespace whose /proc is the container's."""
-        from pyxis_hook.kernel import lookup
-
         return lookup.reopen(fd, flags)
 
     def open_regular(self, path: str) -> int:

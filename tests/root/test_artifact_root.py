@@ -191,3 +191,37 @@ def test_refresh_by_an_ordinary_user_is_one_line_and_writes_nothing(tmp_path):
     assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "only the package's owner (uid 0) writes the node artifact" in r.stderr
     assert not Path(c.snapshot_dir).exists() or not os.listdir(c.snapshot_dir)
+
+
+#: a GPU start's image use, without a container: the boot and start sections loaded, the pipeline imported, saved
+_IMAGE_PROBE = """
+import sys
+sys.path.insert(0, {site!r})
+from pyxis_hook import startimage
+startimage.load_boot()
+import pyxis_hook.start
+startimage.load()
+import pyxis_hook.pipeline
+print(startimage.save() or "nothing to write")
+print("\\n".join(startimage.statuses()))
+"""
+
+
+def test_a_users_start_runs_the_start_image_root_wrote(tmp_path):
+    """Root's first start writes the image beside the package's bytecode; a user's start in a user namespace
+    (enroot's map) trusts and runs it, and writes none of its own."""
+    site = _installed(tmp_path)
+    probe = [NODE_PYTHON, "-I", "-S", "-c", _IMAGE_PROBE.format(site=str(site))]
+    root = subprocess.run(probe, capture_output=True, text=True, timeout=60, cwd="/")
+    assert root.returncode == 0 and "written" in root.stdout, root.stdout + root.stderr
+    (image,) = (site / "pyxis_hook" / "__pycache__").glob("start-image.*.bin")
+    mtime = image.stat().st_mtime_ns
+    user = subprocess.run(["setpriv", f"--reuid={USER}", f"--regid={USER}", "--clear-groups",
+                           "unshare", "--user", "--map-current-user", *probe],
+                          capture_output=True, text=True, timeout=60, cwd="/")
+    assert user.returncode == 0, user.stderr
+    lines = user.stdout.splitlines()
+    assert lines[0] == "nothing to write"
+    assert any(": boot section: " in line and "modules loaded" in line for line in lines), lines
+    assert any(": start section: " in line and "modules loaded" in line for line in lines), lines
+    assert image.stat().st_mtime_ns == mtime

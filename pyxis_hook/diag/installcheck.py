@@ -98,8 +98,8 @@ def check_node_artifact(config) -> list[Finding]:
                "the next root start rebuilds it too")
         return [Finding("warning" if trust.may_write() else "info", "node-artifact",
                         f"node artifact not used: {e}",
-                        "a start that cannot use it discovers the driver in memory: ~3x slower for ordinary "
-                        "users' starts, which cannot rebuild it", fix)]
+                        "a start that cannot use it reads every driver library to discover the driver, several "
+                        "times the cost of a start; ordinary users' starts cannot rebuild it", fix)]
     return [Finding("ok", "node-artifact", f"node artifact {path}: trusted and fresh")]
 
 

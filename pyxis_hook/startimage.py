@@ -79,21 +79,10 @@ def _header() -> bytes:
 
 def _read_blobs(path: str, wanted: tuple[str, ...] = SECTIONS) -> tuple[dict, str]:
     """The marshalled bytes of the `wanted` sections of the image at `path`, by name, or ({}, why not)."""
-    try:
-        why = trust.why_untrusted(posix.stat(path.rpartition("/")[0]))
-    except OSError as e:
-        return {}, f"no image ({e.strerror})"
+    fd, why = trust.open_trusted(path)
     if why:
-        return {}, f"directory {why}"
+        return {}, why
     try:
-        fd = posix.open(path, posix.O_RDONLY | posix.O_NOFOLLOW | posix.O_CLOEXEC | posix.O_NONBLOCK)
-    except OSError as e:
-        return {}, f"no image ({e.strerror})"
-    try:
-        st = posix.fstat(fd)
-        why = "not a regular file" if st.st_mode & 0o170000 != 0o100000 else trust.why_untrusted(st)
-        if why:
-            return {}, why
         header = _header()
         head = posix.pread(fd, len(header) + 8 * len(SECTIONS), 0)
         if not head.startswith(header) or len(head) != len(header) + 8 * len(SECTIONS):

@@ -31,6 +31,31 @@ def why_untrusted(st) -> str:
     return ""
 
 
+def open_trusted(path: str) -> tuple[int, str]:
+    """(a read-only fd of the cache file at `path`, "") when it and its directory pass the rule, else (-1, why not).
+
+    The last component is not followed and must be a regular file; the
+    caller closes the fd.
+    """
+    directory = path.rpartition("/")[0] or "/"
+    try:
+        why = why_untrusted(posix.stat(directory))
+    except OSError as e:
+        return -1, f"{directory}: {e.strerror}"
+    if why:
+        return -1, f"{directory}: {why}"
+    try:
+        fd = posix.open(path, posix.O_RDONLY | posix.O_NOFOLLOW | posix.O_CLOEXEC | posix.O_NONBLOCK)
+    except OSError as e:
+        return -1, f"{path}: {e.strerror}"
+    st = posix.fstat(fd)
+    why = "not a regular file" if st.st_mode & 0o170000 != 0o100000 else why_untrusted(st)
+    if why:
+        posix.close(fd)
+        return -1, f"{path}: {why}"
+    return fd, ""
+
+
 #: the uid the kernel shows for an unmapped owner in a user namespace (kernel.overflowuid's default)
 OVERFLOW_UID = 65534
 

@@ -62,21 +62,15 @@ def lock_path(config) -> str:
     return pathnames.join(d, "." + name.replace(".json", ".lock"))
 
 
-def _check(st, path: str, what: str = "file") -> None:
-    if what == "file" and not stat.S_ISREG(st.st_mode):
-        raise ArtifactError(f"{path}: not a regular file")
-    why = trust.why_untrusted(st)
-    if why:
-        raise ArtifactError(f"{path}: {why}")
-
-
 def trusted_dir(path: str) -> None:
     """The directory of `path` must pass the trust rule, or anyone could swap the file; ArtifactError."""
     d = pathnames.dirname(path)
     try:
-        _check(posix.stat(d), d, "dir")
+        why = trust.why_untrusted(posix.stat(d))
     except OSError as e:
         raise ArtifactError(f"{d}: {e.strerror}") from None
+    if why:
+        raise ArtifactError(f"{d}: {why}")
 
 
 def load(config, host=None) -> Inventory:
@@ -85,16 +79,9 @@ def load(config, host=None) -> Inventory:
     `host`: the GPU facts read now (read when None); they replace the saved ones.
     """
     path = artifact_path(config)
-    trusted_dir(path)
-    try:
-        fd = posix.open(path, posix.O_RDONLY | posix.O_NOFOLLOW | posix.O_CLOEXEC | posix.O_NONBLOCK)
-    except OSError as e:
-        raise ArtifactError(f"{path}: {e.strerror}") from None
-    try:
-        _check(posix.fstat(fd), path)
-    except BaseException:
-        posix.close(fd)
-        raise
+    fd, why = trust.open_trusted(path)
+    if why:
+        raise ArtifactError(why)
     try:
         raw = read_to_end(fd, ARTIFACT_LIMIT, 1 << 20)  # closes fd
     except OSError as e:
@@ -150,9 +137,8 @@ def _build_lock(config) -> int | None:
         fd = posix.open(path, posix.O_RDWR | posix.O_CREAT | posix.O_NOFOLLOW | posix.O_CLOEXEC | posix.O_NONBLOCK, 0o600)
     except (OSError, ArtifactError):
         return None
-    try:
-        _check(posix.fstat(fd), path)
-    except ArtifactError:
+    st = posix.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or trust.why_untrusted(st):
         posix.close(fd)
         return None
     deadline = time.monotonic() + BUILD_WAIT_S

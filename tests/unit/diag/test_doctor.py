@@ -444,7 +444,7 @@ def test_start_image_findings(tmp_path, monkeypatch):
     os.chmod(tmp_path / "cache", 0o755)
     path = str(tmp_path / "cache" / "start-image.bin")
     (pending,) = check_start_image(path)
-    assert (pending.severity, pending.code) == ("info", "start-image-pending") and "no image" in pending.what
+    assert (pending.severity, pending.code) == ("info", "start-image-pending") and "No such file or directory" in pending.what
     src = tmp_path / "m.py"
     src.write_text("X = 1\n")
     st = src.stat()

@@ -90,10 +90,11 @@ def _origin(tree: NodeTree, path: str, doc: dict) -> dict | None:
 def apply_install(engine: str, tree: NodeTree, changes: list[Change], doc: dict, out) -> None:
     """Write `changes` and the record `doc` (from `plan_install`); directories made are recorded too."""
     before = load_record(tree)
-    for path in [RECORD, *(c.path for c in changes)]:
-        for d in tree.missing_dirs(path):
+    missing = [d for path in [RECORD, *(c.path for c in changes)] for d in tree.missing_dirs(path)]  # all checked first
+    for d in missing:
+        if d not in doc["dirs"]:
             tree.mkdir(d)
-            doc["dirs"].setdefault(d, [])
+            doc["dirs"][d] = []
             out(f"created directory {d}")
     for c in changes:
         entry = doc["paths"][c.path]

@@ -102,20 +102,37 @@ class NodeTree:
         except FileNotFoundError:
             pass
 
+    def dir_host(self, path: str) -> str:
+        """The host path of node directory `path`, every link in it followed inside the root."""
+        try:
+            return resolve_in_root(self.root, path)
+        except Exception as e:  # RootPathError
+            raise UsageError(f"{path}: cannot be resolved under {self.root}: {e}") from None
+
     def missing_dirs(self, path: str) -> list[str]:
-        """The node directories above `path` that do not exist, outermost first."""
+        """The node directories above `path` that do not exist, outermost first.
+
+        UsageError for one that is not a directory, or a link to a place
+        whose own parent is missing (install creates directories, not link
+        targets).
+        """
         out = []
         d = os.path.dirname(path)
-        while d not in ("/", "") and not os.path.isdir(self.host(d)):
-            if os.path.lexists(self.host(d)):
+        while d not in ("/", ""):
+            h = self.dir_host(d)
+            if os.path.isdir(h) and not os.path.islink(h):
+                break
+            if os.path.lexists(h):
                 raise UsageError(f"{d}: not a directory")
+            if os.path.lexists(self.host(d)) and not os.path.isdir(os.path.dirname(h)):
+                raise UsageError(f"{d}: a link to a missing directory under {self.root}")
             out.append(d)
             d = os.path.dirname(d)
         return out[::-1]
 
     def mkdir(self, path: str) -> None:
         try:
-            os.mkdir(self.host(path), 0o755)
+            os.mkdir(self.dir_host(path), 0o755)
         except FileExistsError:
             pass
         except OSError as e:
@@ -124,7 +141,7 @@ class NodeTree:
     def rmdir(self, path: str) -> bool:
         """Remove an empty directory; False when it holds something now."""
         try:
-            os.rmdir(self.host(path))
+            os.rmdir(self.dir_host(path))
         except FileNotFoundError:
             return True
         except OSError:

@@ -11,9 +11,11 @@ OWN_CONFIG = True
 
 
 def add_arguments(parser) -> None:
-    from pyxis_hook.commands.install import add_arguments as install_arguments
+    from pyxis_hook.engines.enginefiles import ENGINES
 
-    install_arguments(parser)
+    parser.add_argument("engine", choices=ENGINES, help="the engine to unregister from")
+    parser.add_argument("--root", default="/", metavar="DIR", help="do it all under DIR as if DIR were /")
+    parser.add_argument("--dry-run", action="store_true", help="print what would change and change nothing")
 
 
 def run(args, config) -> int:

@@ -187,8 +187,7 @@ def test_install_podman_is_all_stock_podman_needs(tmp_path, host):
     r = run_cli("install", "podman", conf=host.conf)
     try:
         assert r.returncode == 0, r.stderr
-        cmd = [c for c in _podman_cmd(tmp_path, fresh_rootfs(tmp_path / "r"), "-e", "NVIDIA_VISIBLE_DEVICES=0",
-                                      script=PROBE)]
+        cmd = _podman_cmd(tmp_path, fresh_rootfs(tmp_path / "r"), "-e", "NVIDIA_VISIBLE_DEVICES=0", script=PROBE)
         i = cmd.index("--hooks-dir")
         del cmd[i:i + 2]  # podman's own hooks directories, as configured out of the box
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)

@@ -28,6 +28,8 @@ COMMANDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "cdi": ("cdi", "generate a CDI spec for the host GPUs", ()),
     "precreate": ("precreate", "podman precreate hook: add GPU devices to a proposed config.json", ()),
     "enroot": ("enroot", "run as an enroot hook (ENROOT_PID, ENROOT_ROOTFS, ENROOT_ENVIRON)", ()),
+    "install": ("install", "register the hook with an engine so its stock configuration runs it", ()),
+    "uninstall": ("uninstall", "undo `install ENGINE`: the node's files as they were before", ()),
 }
 
 
@@ -100,8 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from pyxis_hook.spec.config import load_config
 
-        config = load_config(args.config)
-        log.configure(config.log_file, config.log_level, "debug" if args.debug else "warning")
+        # install may run before pyxis.conf exists (it writes it): the command reads --config itself
+        config = None if getattr(args._module, "OWN_CONFIG", False) else load_config(args.config)
+        if config is not None:
+            log.configure(config.log_file, config.log_level, "debug" if args.debug else "warning")
         return int(args._module.run(args, config) or 0)
     except BaseException as e:  # noqa: BLE001 — the one ladder words it; SystemExit passes through
         if isinstance(e, SystemExit):

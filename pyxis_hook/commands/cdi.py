@@ -27,6 +27,9 @@ def add_arguments(parser) -> None:
     g.add_argument("--no-hooks", action="store_true",
                    help="no createContainer hooks, for engines that ignore them (Apptainer --device): "
                         "library links become binds of their file; no ld.so.cache refresh, no /proc view")
+    g.add_argument("--hook-path", default="", metavar="PATH",
+                   help="the program the spec's hooks run (the launcher `pyxis-hook install` writes); "
+                        "default: this interpreter and package")
     h = sub.add_parser("hook", help=argparse.SUPPRESS)
     h.add_argument("step", choices=["create-symlinks", "update-ldcache", "proc-driver"])
     h.add_argument("--link", action="append", default=[], metavar="PATH::TARGET")
@@ -47,7 +50,7 @@ def run(args, config) -> int:
     if args.cdi_command != "generate":
         raise UsageError("cdi: expected an action: generate")
     fmt = args.format or ("yaml" if (args.output or "").endswith((".yaml", ".yml")) else "json")
-    doc = cdi.generate_spec(config, hooks=not args.no_hooks)
+    doc = cdi.generate_spec(config, hooks=not args.no_hooks, launcher=args.hook_path)
     text = cdi.to_yaml(doc) if fmt == "yaml" else cdi.to_json(doc)
     if args.output:
         from pyxis_hook.engines.install import install_text

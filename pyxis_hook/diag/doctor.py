@@ -311,6 +311,10 @@ def run_checks(config, env: DoctorEnv | None = None, inventory=None) -> tuple[Fi
     out += check_host_ldcache(inv, config)
     out += check_ldconfig(config)
     out += check_config(config)
+    from pyxis_hook.diag import enginecheck
+
+    out += enginecheck.check_launcher()
+    out += enginecheck.check_enroot()
     out += installcheck.check_hooks_d(config, env)
     out += check_runtimes(config, env)
     out += installcheck.check_node_artifact(config)

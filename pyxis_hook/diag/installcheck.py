@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-from pyxis_hook.diag.doctorenv import DoctorEnv
+from pyxis_hook.diag.doctorenv import DEFAULT_HOOKS_DIRS, DoctorEnv
 from pyxis_hook.diag.findings import Finding
 
 
@@ -60,9 +60,13 @@ def check_hooks_d(config, env: DoctorEnv) -> list[Finding]:
             if isinstance(hook, dict) and _runs_pyxis_hook(hook):
                 found.append((p, hook))
     if not found:
+        import shutil
+
+        if env.hooks_dirs == DEFAULT_HOOKS_DIRS and not any(shutil.which(p) for p in ("podman", "crio")):
+            return []  # neither engine here (an enroot/Pyxis node): enginecheck looks at what it uses
         return [Finding("warning", "hook-not-installed", f"no pyxis-hook file in {' or '.join(env.hooks_dirs)}",
                         "podman and CRI-O run only hooks listed there (plain runc and enroot users can ignore this)",
-                        f"pyxis-hook hookd --install {env.hooks_dirs[-1]}")]
+                        "pyxis-hook install podman (or: install cri-o)")]
     out = []
     for p, hook in found:
         path = str(hook.get("path", ""))

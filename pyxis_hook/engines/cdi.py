@@ -60,16 +60,22 @@ def check_kind(kind: str) -> str:
     return kind
 
 
-def hook_command(config, python: str | None = None) -> tuple[str, list[str], list[str]]:
+def hook_command(config, python: str | None = None, launcher: str = "",
+                 env: list[str] | None = None) -> tuple[str, list[str], list[str]]:
     """(path, argv prefix, env) of `pyxis-hook cdi hook`, run by the absolute interpreter with -I -S.
 
     argv[0] is the absolute interpreter: Python derives sys.prefix from a bare
     argv[0] by a PATH search, which finds the system python, not this install.
+    With `launcher` (engines/launcher.py) the hooks run it instead; `env`
+    replaces `hook_env(config)`.
     """
     from pyxis_hook.engines.hookd import base_argv, hook_env, interpreter
 
+    env = hook_env(config) if env is None else env
+    if launcher:
+        return launcher, [launcher, "cdi", "hook"], env
     python = python or interpreter()
-    return python, [*base_argv(python), "cdi", "hook"], hook_env(config)
+    return python, [*base_argv(python), "cdi", "hook"], env
 
 
 def _node(d: DeviceEdit) -> dict:
@@ -193,14 +199,16 @@ def device_names(host) -> list[tuple[str, str]]:
     return out
 
 
-def generate_spec(config, *, python: str | None = None, machine: str | None = None, hooks: bool = True) -> dict:
+def generate_spec(config, *, python: str | None = None, machine: str | None = None, hooks: bool = True,
+                  launcher: str = "", env: list[str] | None = None) -> dict:
     """The CDI spec (a dict, JSON-able) for this host; raises DriverError when the driver is unusable.
 
     `hooks=False` is for consumers that ignore CDI hooks (Apptainer's native
     `--device`): links become binds of their target file, and there is no
     ld.so.cache refresh (the loader then finds the libraries by searching its
     default directories, which holds for the Debian multiarch dirs in
-    Debian/Ubuntu images) and no /proc/driver/nvidia view.
+    Debian/Ubuntu images) and no /proc/driver/nvidia view.  `launcher`, `env`:
+    as `hook_command` takes them.
     """
     from pyxis_hook.host import artifact
     from pyxis_hook.errors import DriverError
@@ -229,7 +237,7 @@ def generate_spec(config, *, python: str | None = None, machine: str | None = No
             raise DriverError(plan.problems[0])
         return plan
 
-    cmd = hook_command(config, python)
+    cmd = hook_command(config, python, launcher, env)
     common = plan_for("none")
     devices = []
     for name, token in device_names(host):

@@ -175,3 +175,25 @@ def test_precreate_stage(tmp_path, host):
     assert "CVD=0,1" in r.stdout
     # precreate adds no files: that is the prestart hook's (or CDI's) job
     assert "libcuda.so.1: cannot open shared object file" in r.stdout
+
+
+def test_install_podman_is_all_stock_podman_needs(tmp_path, host):
+    """`pyxis-hook install podman` onto this machine, then podman with no --hooks-dir gives the GPU; uninstall."""
+    from pyxis_hook.engines.enginefiles import ROLE_FILES, STATE_DIR
+
+    ours = [ROLE_FILES["hooks-json"][0], ROLE_FILES["launcher"][0], STATE_DIR]
+    if any(os.path.lexists(p) for p in ours):
+        pytest.skip(f"this machine already has one of {ours}")
+    r = run_cli("install", "podman", conf=host.conf)
+    try:
+        assert r.returncode == 0, r.stderr
+        cmd = _podman_cmd(tmp_path, fresh_rootfs(tmp_path / "r"), "-e", "NVIDIA_VISIBLE_DEVICES=0", script=PROBE)
+        i = cmd.index("--hooks-dir")
+        del cmd[i:i + 2]  # podman's own hooks directories, as configured out of the box
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert "nvidia0" in _nodes(r.stdout) and "cuDriverGetVersion=12020 rc=0" in r.stdout
+    finally:
+        u = run_cli("uninstall", "podman", conf=host.conf)
+    assert u.returncode == 0, u.stderr
+    assert not any(os.path.lexists(p) for p in ours)

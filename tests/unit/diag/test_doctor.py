@@ -187,9 +187,10 @@ def test_hooks_d(tmp_path):
     env = denv(tmp_path, python="/usr/bin/python3")
     hooks = Path(env.hooks_dirs[0])
     f = only(installcheck.check_hooks_d(Config(), env), "hook-not-installed")
-    assert f.fix == f"pyxis-hook hookd --install {hooks}"
+    assert f.fix == "pyxis-hook install podman (or: install cri-o)"
     (hooks / "pyxis-hook.json").write_text(json.dumps(hook_document(python="/usr/bin/python3")))
     assert only(installcheck.check_hooks_d(Config(), env), "hook-installed").severity == "ok"
+
     other = denv(tmp_path, python=shutil.which("python3") if os.path.realpath(shutil.which("python3")) !=
                  os.path.realpath("/usr/bin/python3") else "/bin/sh")
     f = only(installcheck.check_hooks_d(Config(), other), "hook-other-install")
@@ -384,6 +385,25 @@ def test_foreign_hooks_d_file_with_odd_args(tmp_path):
     doc["hook"]["env"] = 7
     (hooks / "pyxis-hook.json").write_text(json.dumps(doc))
     assert only(installcheck.check_hooks_d(Config(), env), "hook-installed").severity == "ok"
+
+
+def test_stale_registration_and_enroot_node(tmp_path):
+    """A launcher naming a gone interpreter is an error with its fix; enroot's hooks.d is checked."""
+    from pyxis_hook.diag import enginecheck
+    from pyxis_hook.engines.launcher import LAUNCHER, launcher_text
+
+    launcher = tmp_path / LAUNCHER.lstrip("/")
+    launcher.parent.mkdir(parents=True)
+    launcher.write_text(launcher_text("/opt/gone/bin/python3", "/opt/gone/pyxis_hook/__main__.py"))
+    f = only(enginecheck.check_launcher(str(tmp_path)), "registration-stale")
+    assert f.severity == "error" and f.fix.startswith("pyxis-hook install ENGINE")
+    hooks = tmp_path / "etc/enroot/hooks.d"
+    hooks.mkdir(parents=True)
+    (hooks / "98-nvidia.sh").write_text("#!/bin/bash\nexec nvidia-container-cli\n")
+    (hooks / "98-nvidia.sh").chmod(0o755)
+    ids = {f.code: f for f in enginecheck.check_enroot(str(tmp_path))}
+    assert ids["enroot-hook-missing"].fix == ids["enroot-nvidia-hook-active"].fix.split(" (")[0] == \
+        "pyxis-hook install enroot"
 
 
 def test_relative_config_matches_the_absolute_one_in_hooks_d(tmp_path, monkeypatch):

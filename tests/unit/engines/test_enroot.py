@@ -95,7 +95,7 @@ def test_missing_environ_file_is_one_line(tmp_path):
 
 def test_repo_shim_execs_pyxis_hook_enroot():
     text = (REPO / "hook.d" / SHIM_NAME).read_text()
-    assert text.startswith("#!/bin/sh\n") and text.rstrip().endswith("exec pyxis-hook enroot")
+    assert text.startswith("#!/bin/sh\n") and text.rstrip().endswith("exec '/usr/libexec/pyxis-hook/pyxis-hook' enroot")
     assert os.access(REPO / "hook.d" / SHIM_NAME, os.X_OK)
     main = os.path.join(REPO, "pyxis_hook", "__main__.py")
     assert f"exec '/x y/python' -I -S '{main}' enroot" in shim_text("/x y/python")

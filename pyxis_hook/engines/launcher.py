@@ -1,0 +1,48 @@
+"""The launcher: the one fixed path every registration names (`/usr/libexec/pyxis-hook/pyxis-hook`).
+
+A registration (hooks.d file, CDI spec, enroot shim, systemd unit) that named
+the interpreter and the package directly would break at the next Python or
+venv upgrade.  It names the launcher instead: a short Python file whose
+`#!<python> -IS` line and `MAIN` are this install's, rewritten by every
+`pyxis-hook install`.  It runs `<site>/pyxis_hook/__main__.py` as
+`python -I -S <main>` would (no site scan, no environment), so a start costs
+what the direct form costs (docs/decisions/2026-12-07-start-costs.md).
+"""
+
+from __future__ import annotations
+
+from pyxis_hook.errors import UsageError
+
+LAUNCHER = "/usr/libexec/pyxis-hook/pyxis-hook"
+_MARK = "# pyxis-hook launcher"
+
+
+def launcher_text(python: str, main: str) -> str:
+    """The launcher for interpreter `python` and package entry `main` (both absolute).
+
+    UsageError for a path the `#!` line or the Python string cannot hold
+    (whitespace, quotes, a newline).
+    """
+    for what, p in (("interpreter", python), ("package", main)):
+        if not p.startswith("/") or any(c in p for c in " \t\n\"'\\"):
+            raise UsageError(f"{p}: the {what} path must be absolute, without blanks or quotes, for the launcher")
+    return (f"#!{python} -IS\n"
+            f"{_MARK}: written by `pyxis-hook install`, which rewrites it after an upgrade.\n"
+            f"MAIN = \"{main}\"\n"
+            "import sys\n"
+            "sys.argv[0] = MAIN\n"
+            "with open(MAIN, 'rb') as f:\n"
+            "    code = compile(f.read(), MAIN, 'exec')\n"
+            "exec(code, {'__name__': '__main__', '__file__': MAIN, '__package__': None, '__spec__': None,\n"
+            "            '__builtins__': __builtins__})\n")
+
+
+def parse_launcher(text: str) -> tuple[str, str] | None:
+    """(interpreter, main) a launcher names; None when `text` is not one of ours."""
+    lines = text.split("\n")
+    if len(lines) < 3 or not lines[0].startswith("#!") or not lines[1].startswith(_MARK):
+        return None
+    python = lines[0][2:].split(" ", 1)[0]
+    if not lines[2].startswith('MAIN = "') or not lines[2].endswith('"'):
+        return None
+    return python, lines[2][len('MAIN = "'):-1]

@@ -25,10 +25,10 @@ from pathlib import Path
 import pytest
 
 from e2e.conftest import fresh_rootfs, make_host
-from fixtures import containerd, cri, ociimage
+from fixtures import containerd, cri, ociimage, upstream
 from fixtures.realdriver import CUDA_VERSION, DownloadError, driver_version, in_ci, require_driver_root
 
-pytestmark = [pytest.mark.e2e, pytest.mark.root, pytest.mark.slow, pytest.mark.realdriver,
+pytestmark = [pytest.mark.e2e, pytest.mark.root, pytest.mark.slow, pytest.mark.realdriver, pytest.mark.real_engine,
               pytest.mark.skipif(shutil.which("runc") is None, reason="runc is not installed (.ci/run installs it)")]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -116,10 +116,8 @@ def node(request, tmp_path_factory):
 
 @pytest.fixture
 def kubelet(node):
-    """The CRI client over the node's socket; needs cri-api's api.proto, kept beside the checkout."""
-    if not cri.PROTO.exists():
-        pytest.skip(f"kubernetes/cri-api's api.proto is not at {cri.PROTO}: the CRI client is generated from it")
-    client = cri.Client(node.daemon.sock, cri.PROTO)
+    """The CRI client over the node's socket, generated from cri-api's api.proto (skips when that cannot be had)."""
+    client = cri.Client(node.daemon.sock, upstream.require(cri.proto))
     yield client
     client.close()
 

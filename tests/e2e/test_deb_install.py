@@ -17,10 +17,12 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+import pyxis_hook
 from e2e.conftest import fresh_rootfs, make_host
 from fixtures.container import make_bundle
 from fixtures.debroot import chroot, installed_root, require_base_root
@@ -41,7 +43,8 @@ def deb(tmp_path_factory) -> Path:
     return Path(p.stdout.splitlines()[-1])
 
 
-def _inside(root: Path) -> callable:
+def _inside(root: Path) -> Callable[[str | Path], str]:
+    """A host path below `root` as the root's own processes name it."""
     return lambda p: "/" + str(Path(p).relative_to(root))
 
 
@@ -55,7 +58,7 @@ def test_apt_installed_deb_starts_a_gpu_container(deb, tmp_path):
         assert list((root / SITE[1:] / "pyxis_hook/__pycache__").glob("start.cpython-3*.pyc")), "postinst compiled nothing"
 
         p = chroot(root, "/usr/bin/pyxis-hook", "--version")
-        assert p.returncode == 0 and p.stdout.strip() == f"pyxis-hook {__import__('pyxis_hook').__version__}", p
+        assert p.returncode == 0 and p.stdout.strip() == f"pyxis-hook {pyxis_hook.__version__}", p
         p = chroot(root, "pyxis-hook", "config", "default")  # reads the schema from /usr/share/pyxis-hook/schemas
         assert p.returncode == 0, p.stderr
         assert p.stdout == (root / "etc/pyxis-hook/pyxis.conf").read_text()

@@ -17,9 +17,11 @@ def _schema_dir() -> str:
     """The source tree's schemas/, else the installed data files.
 
     An installed copy has them in `<prefix>/share/pyxis-hook/schemas`, where
-    <prefix> is whatever scheme pip used (venv, /usr/local, --user, --prefix):
-    found by walking up from the package rather than from sys.prefix, which
-    under `-I -S` is the base interpreter's.
+    <prefix> is whatever scheme pip used (venv, /usr/local, --user, --prefix)
+    or /usr for the .deb and .rpm (modules in /usr/lib/python3/dist-packages
+    or /usr/lib/python3.9/site-packages: four levels up): found by walking
+    up from the package rather than from sys.prefix, which under `-I -S` is
+    the base interpreter's.
     """
     pkg = pathnames.realpath(__file__)
     for _ in range(__name__.count(".")):  # up to the package's own dir, wherever this module sits in it

@@ -4,7 +4,7 @@
 installs it into a fresh minbase root of the machine's release
 (fixtures.debroot), fetching its Depends from the archive.  Inside that root
 (chroot, with the host's /proc, /sys and /dev bound in a private mount
-namespace) the registration is what the installed `pyxis-hook hookd` prints,
+namespace) the registration is what the installed `pyxis-hook install podman` writes,
 the hook runs on the root's /usr/bin/python3 from the package's files, and
 the root's own runc (Debian's) starts a container whose GPU devices and
 driver libraries come from the fixture driver tree that the conffile
@@ -65,12 +65,13 @@ def test_apt_installed_deb_starts_a_gpu_container(deb, tmp_path):
         p = chroot(root, "/usr/bin/python3", "-I", "-S", f"{SITE}/pyxis_hook/__main__.py", "--version")
         assert p.returncode == 0, p.stderr
 
-        # the registration as the installed command writes it
-        p = chroot(root, "pyxis-hook", "hookd")
+        # the registration as the admin makes it: `pyxis-hook install podman` with the installed command
+        p = chroot(root, "pyxis-hook", "install", "podman")
         assert p.returncode == 0, p.stderr
-        hook = json.loads(p.stdout)["hook"]
-        assert hook["path"] == "/usr/bin/python3"
-        assert hook["args"] == ["/usr/bin/python3", "-I", "-S", f"{SITE}/pyxis_hook/__main__.py", "prestart"]
+        hook = json.loads((root / "usr/share/containers/oci/hooks.d/pyxis-hook.json").read_text())["hook"]
+        assert hook["path"] == "/usr/libexec/pyxis-hook/pyxis-hook" and hook["args"][-1] == "prestart", hook
+        launcher = (root / "usr/libexec/pyxis-hook/pyxis-hook").read_text()
+        assert launcher.startswith("#!/usr/bin/python3 -IS\n") and f"{SITE}/pyxis_hook" in launcher, launcher
 
         # the admin points the conffile at the node's driver (here: the fixture trees, inside the root)
         host = make_host(root / "srv/gpuhost")
@@ -107,6 +108,13 @@ def test_apt_installed_deb_starts_a_gpu_container(deb, tmp_path):
         assert f"start container={name}-2 uid=0 gpus=0 devices=4 mounts=7 artifact=read result=ok" in \
             (root / "var/log/pyxis-hook.log").read_text()
         assert list((root / SITE[1:] / "pyxis_hook/__pycache__").glob("start-image.*")), "no start image written"
+
+        # uninstall takes the registration and the launcher back; the conffile stays the package's
+        p = chroot(root, "pyxis-hook", "uninstall", "podman")
+        assert p.returncode == 0, p.stderr
+        assert not (root / "usr/share/containers/oci/hooks.d/pyxis-hook.json").exists()
+        assert not (root / "usr/libexec/pyxis-hook/pyxis-hook").exists()
+        assert (root / "etc/pyxis-hook/pyxis.conf").exists()
 
         # a purge leaves nothing of the package: bytecode and the start image in its __pycache__ included
         p = chroot(root, "apt-get", "purge", "-y", "-qq", "pyxis-hook")

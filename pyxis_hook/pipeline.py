@@ -26,7 +26,6 @@ from __future__ import annotations
 from pyxis_hook import log, nogpu
 from pyxis_hook.apply import rootpin
 from pyxis_hook.apply.child import apply_plan
-from pyxis_hook.engines import enroot as enroot_engine
 from pyxis_hook.plan.prepare import prepare
 from pyxis_hook.record import replace
 from pyxis_hook.spec import oci
@@ -78,6 +77,8 @@ def prestart(config, stdin_bytes: bytes, bundle_dir: str | None = None, docs: tu
 
 def enroot(config, environ: dict[str, str]) -> int:
     """enroot's hook: the container `ENROOT_PID`/`ENROOT_ROOTFS` name gets its GPUs (enroot programs no cgroup)."""
+    from pyxis_hook.engines import enroot as enroot_engine  # enroot's starts only: a runtime's never run it
+
     current["container"] = environ.get("ENROOT_ROOTFS", "").rstrip("/").rpartition("/")[2] or "enroot"
     doc = enroot_engine.documents(environ)
     bundle = enroot_engine.synthetic_bundle(doc.rootfs, dict(doc.env))

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import errno
 import posix
+import sys
 import time
 
-from pyxis_hook import userns
+from pyxis_hook import cabi, userns
 
 #: where syslog(3) sends (glibc's _PATH_LOG)
 SOCKET = "/dev/log"
@@ -93,36 +94,54 @@ def frame(text: str, facility: int, severity: int, now: float | None = None, pid
     return f"<{facility * 8 + severity}>{stamp} {TAG}[{pid}]: {text}".encode("utf-8", "backslashreplace")
 
 
+#: <sys/socket.h>: the calls' constants (the same on every architecture the hook runs on; a socket
+#: type's SOCK_CLOEXEC and SOCK_NONBLOCK are O_CLOEXEC and O_NONBLOCK)
+AF_UNIX = 1
+SOCK_STREAM = 1
+SOCK_DGRAM = 2
+MSG_DONTWAIT = 0x40
+
+_socket = cabi.libc_function("socket", cabi.c_int)
+_sendto = cabi.libc_function("sendto", cabi.c_long)
+_connect = cabi.libc_function("connect", cabi.c_int)
+_send = cabi.libc_function("send", cabi.c_long)
+
+
+def _failed(what: str) -> str:
+    return f"{what}: {posix.strerror(cabi.get_errno())}"
+
+
 def send(data: bytes, path: str = SOCKET) -> str | None:
     """Send one datagram to the syslog socket at `path` without blocking; None when sent, else why not.
 
     A socket of the stream kind (syslog-ng's `unix-stream`) gets the datagram
     NUL-terminated, as glibc sends it there.  A full queue (a stalled journald)
-    drops the record rather than hold up the container's start.
+    drops the record rather than hold up the container's start.  The calls
+    are libc's through `cabi`, which a GPU start has loaded for its syscalls:
+    not the `_socket` module's (docs/decisions/2026-12-07-start-costs.md).
     """
-    import _socket
+    # struct sockaddr_un, sized as CPython's socket module sizes it (no NUL: the length bounds the path)
+    address = AF_UNIX.to_bytes(2, sys.byteorder) + path.encode(sys.getfilesystemencoding(), sys.getfilesystemencodeerrors())
+    fd = _socket(AF_UNIX, SOCK_DGRAM | posix.O_CLOEXEC, 0)
+    if fd < 0:
+        return _failed("no socket")
     try:
-        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_DGRAM)
-    except OSError as e:
-        return f"no socket: {e.strerror}"
-    try:
-        sock.sendto(data, _socket.MSG_DONTWAIT, path)
-        return None
-    except OSError as e:
-        if e.errno != errno.EPROTOTYPE:  # EPROTOTYPE: the listener is a stream socket
-            return f"{path}: {e.strerror}"
+        if _sendto(fd, data, cabi.c_size_t(len(data)), MSG_DONTWAIT, address, len(address)) >= 0:
+            return None
+        if cabi.get_errno() != errno.EPROTOTYPE:  # EPROTOTYPE: the listener is a stream socket
+            return _failed(path)
     finally:
-        sock.close()
+        posix.close(fd)
+    fd = _socket(AF_UNIX, SOCK_STREAM | posix.O_CLOEXEC | posix.O_NONBLOCK, 0)
+    if fd < 0:
+        return _failed("no socket")
     try:
-        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-    except OSError as e:
-        return f"no socket: {e.strerror}"
-    try:
-        sock.setblocking(False)
-        sock.connect(path)
-        sent = sock.send(data + b"\0", _socket.MSG_DONTWAIT)
-        return None if sent == len(data) + 1 else f"{path}: sent {sent} of {len(data) + 1} bytes"
-    except OSError as e:
-        return f"{path}: {e.strerror}"
+        if _connect(fd, address, len(address)) < 0:
+            return _failed(path)
+        framed = data + b"\0"
+        sent = _send(fd, framed, cabi.c_size_t(len(framed)), MSG_DONTWAIT)
+        if sent < 0:
+            return _failed(path)
+        return None if sent == len(framed) else f"{path}: sent {sent} of {len(framed)} bytes"
     finally:
-        sock.close()
+        posix.close(fd)

@@ -14,7 +14,8 @@ import errno as _errno
 import posix
 
 from pyxis_hook.errors import ApplyError
-from pyxis_hook.kernel import cabi, syscall
+from pyxis_hook import cabi
+from pyxis_hook.kernel import syscall
 from pyxis_hook.kernel.syscall import AT_EMPTY_PATH, AT_FDCWD, SyscallError
 
 # linux/openat2.h

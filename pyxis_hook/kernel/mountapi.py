@@ -10,7 +10,8 @@ from __future__ import annotations
 import errno as _errno
 import posix
 
-from pyxis_hook.kernel import cabi, syscall
+from pyxis_hook import cabi
+from pyxis_hook.kernel import syscall
 
 # --- constants (linux/mount.h) ---
 MS_RDONLY = 1

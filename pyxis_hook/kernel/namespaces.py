@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import posix
 
-from pyxis_hook.kernel import cabi, lookup, syscall
+from pyxis_hook import cabi
+from pyxis_hook.kernel import lookup, syscall
 
 # --- constants (linux/sched.h) ---
 CLONE_NEWNS = 0x00020000

@@ -25,7 +25,8 @@ from __future__ import annotations
 import errno as _errno
 import posix
 
-from pyxis_hook.kernel import cabi, syscall
+from pyxis_hook import cabi
+from pyxis_hook.kernel import syscall
 from pyxis_hook.kernel.syscall import SyscallError
 
 TYPE_CHECKING = False

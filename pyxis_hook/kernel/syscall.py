@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import posix
 
-from pyxis_hook import pathnames
+from pyxis_hook import cabi, pathnames
 from pyxis_hook.errors import ApplyError, InternalSignal
-from pyxis_hook.kernel import cabi
 
 AT_FDCWD = -100
 AT_EMPTY_PATH = 0x1000

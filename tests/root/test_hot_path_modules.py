@@ -81,7 +81,7 @@ def test_every_module_of_a_gpu_start_is_in_the_prestart_contract(gpu_start_modul
 
 
 def test_a_gpu_start_loads_no_heavy_stdlib_module(gpu_start_modules):
-    """ctypes' __init__ (the syscalls use _ctypes: kernel/cabi.py), typing, re, json, dataclasses stay off.
+    """ctypes' __init__ (the syscalls use _ctypes: cabi.py), typing, re, json, dataclasses stay off.
 
     So does `os` (~1.5 ms of a ~32 ms start, with the ~30 ABCs of _collections_abc): the start's
     modules call `posix`, its builtin core, and `pyxis_hook.pathnames` for the path strings.  And

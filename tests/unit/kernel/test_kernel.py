@@ -13,7 +13,8 @@ import posix  # what the modules under test call (they do not import os)
 import pytest
 
 from fixtures.forked import run_forked
-from pyxis_hook.kernel import cabi, lookup, mountapi, namespaces, process, syscall
+from pyxis_hook import cabi
+from pyxis_hook.kernel import lookup, mountapi, namespaces, process, syscall
 from pyxis_hook.errors import ApplyError, InternalSignal
 
 

@@ -97,7 +97,7 @@ def test_poll_reports_readable_fds_and_times_out():
 
 def test_the_structures_are_made_when_first_used():
     """Importing the module (every GPU start does) makes no ctypes class; the first rlimit call makes its one."""
-    code = ("from pyxis_hook.kernel import cabi, process as r\n"
+    code = ("from pyxis_hook import cabi\nfrom pyxis_hook.kernel import process as r\n"
             "before = sorted(cabi._MADE)\n"
             "r.getrlimit(r.RLIMIT_NOFILE)\n"
             "print(before, sorted(cabi._MADE))")

@@ -1,4 +1,4 @@
-"""The C types and libc calls the syscall wrappers (`pyxis_hook.kernel`) need, built from `_ctypes` directly.
+"""The C types and libc calls the syscall wrappers (`pyxis_hook.kernel`) and `sysrecord` need, built from `_ctypes` directly.
 
 A GPU start does not `import ctypes` (docs/decisions/2026-12-07-start-costs.md):
 its `__init__` defines some 40 types and imports `struct`, `types` and

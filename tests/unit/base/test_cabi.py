@@ -1,4 +1,4 @@
-"""kernel/cabi.py: ctypes' own classes built from _ctypes behave as ctypes' (sizes, values, errno)."""
+"""cabi.py: ctypes' own classes built from _ctypes behave as ctypes' (sizes, values, errno)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from pyxis_hook.kernel import cabi
+from pyxis_hook import cabi
 
 
 @pytest.mark.parametrize("name", ["c_int", "c_uint", "c_long", "c_ulong", "c_uint32", "c_uint64", "c_char_p",
@@ -60,7 +60,7 @@ def test_kernel_does_not_import_ctypes():
 
 def test_the_rare_types_are_made_once_when_first_asked_for():
     """Importing the syscall modules (every GPU start does) makes none; each is made once, then the same class."""
-    code = ("from pyxis_hook.kernel import cabi, lookup, mountapi, namespaces, process\n"
+    code = ("from pyxis_hook import cabi\nfrom pyxis_hook.kernel import lookup, mountapi, namespaces, process\n"
             "before = sorted(cabi._MADE)\n"
             "caps = process.capget()\n"
             "again = process.capget()\n"

@@ -13,7 +13,6 @@ client (`fixtures.cri`).  `uninstall` puts the tree back byte for byte.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.conftest import fresh_rootfs, make_host
+from e2e.conftest import file_tree, fresh_rootfs, make_host
 from fixtures import containerd, cri, ociimage
 from fixtures.realdriver import DownloadError, in_ci
 
@@ -38,14 +37,6 @@ def _cli(conf: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pyxis_hook", "--config", str(conf), *args], cwd=REPO,
                           capture_output=True, text=True)
 
-
-def _tree(root: Path) -> dict[str, bytes]:
-    out = {}
-    for d, _dirs, files in os.walk(root):
-        for f in files:
-            p = Path(d) / f
-            out[str(p.relative_to(root))] = os.readlink(p).encode() if p.is_symlink() else p.read_bytes()
-    return out
 
 
 def test_install_containerd_then_a_cri_container_gets_its_cdi_gpu_and_uninstall_restores(tmp_path):
@@ -70,7 +61,7 @@ def test_install_containerd_then_a_cri_container_gets_its_cdi_gpu_and_uninstall_
     conf_in_tree = node / str(host.conf).lstrip("/")  # install reads the pyxis.conf it registers under --root
     conf_in_tree.parent.mkdir(parents=True)
     shutil.copy2(host.conf, conf_in_tree)
-    before = _tree(node)
+    before = file_tree(node)
     r = _cli(host.conf, "install", "containerd", "--root", str(node))
     assert r.returncode == 0, r.stdout + r.stderr
     config = (node / "etc/containerd/config.toml").read_text()
@@ -107,4 +98,4 @@ def test_install_containerd_then_a_cri_container_gets_its_cdi_gpu_and_uninstall_
     assert "can't open '/dev/nvidia0': No such file or directory" in got.output, got.output
     u = _cli(host.conf, "uninstall", "containerd", "--root", str(node))
     assert u.returncode == 0, u.stdout + u.stderr
-    assert _tree(node) == before, u.stdout
+    assert file_tree(node) == before, u.stdout

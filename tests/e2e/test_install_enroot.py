@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.conftest import DRIVER_VERSION, fresh_rootfs
+from e2e.conftest import DRIVER_VERSION, file_tree, fresh_rootfs
 from fixtures.fakedriver import make_fake_driver
 from fixtures.hosttree import fake_gpus
 from fixtures.pyxisbuild import require_build
@@ -37,15 +37,6 @@ ENXIO = "No such device or address"
 PROBE = ("echo uid=$(id -u) gpus=$(ls /dev | grep -E '^nvidia[0-9]+$' | tr '\\n' ,) cuda=$(gputest 2>&1 | head -1 "
          "| tr ' ' _); for d in /dev/nvidia[0-9]*; do echo \"open ${d#/dev/} $(cat $d 2>&1 | sed 's/.*: //')\"; done")
 
-
-def _tree(root: Path) -> dict[str, bytes]:
-    """Every file and link under `root`: relative path -> content (a link: its target)."""
-    out = {}
-    for d, _dirs, files in os.walk(root):
-        for f in files:
-            p = Path(d) / f
-            out[str(p.relative_to(root))] = os.readlink(p).encode() if p.is_symlink() else p.read_bytes()
-    return out
 
 
 def test_install_enroot_then_a_users_srun_gets_its_gpu_and_uninstall_restores(tmp_path):
@@ -92,7 +83,7 @@ def test_install_enroot_then_a_users_srun_gets_its_gpu_and_uninstall_restores(tm
         u = subprocess.run(hook_command(node.package, "--config", str(node.conf), "uninstall", "enroot", "--root",
                                         str(root)), capture_output=True, text=True, cwd="/")
         assert u.returncode == 0, u.stdout + u.stderr
-        assert _tree(root) == {f"etc/enroot/{k}": v for k, v in _tree(build.sysconf).items()}, u.stdout
+        assert file_tree(root) == {f"etc/enroot/{k}": v for k, v in file_tree(build.sysconf).items()}, u.stdout
         assert filecmp.cmp(hooks / "98-nvidia.sh", build.sysconf / "hooks.d/98-nvidia.sh", shallow=False)
     finally:
         shutil.rmtree(base, ignore_errors=True)

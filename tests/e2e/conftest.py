@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -114,3 +115,13 @@ def bundle_for(tmp: Path, host: Host, env: tuple[str, ...], script: str, *, stag
     make_bundle(bundle, env=env, args=("/bin/sh", "-c", script), hooks={stage: [hook_entry(host.conf, stage)]},
                 annotations=annotations, readonly=readonly)
     return bundle
+
+
+def file_tree(root: Path) -> dict[str, bytes]:
+    """Every file and link under `root`: relative path -> content (a link: its target), to compare trees."""
+    out = {}
+    for d, _dirs, files in os.walk(root):
+        for f in files:
+            p = Path(d) / f
+            out[str(p.relative_to(root))] = os.readlink(p).encode() if p.is_symlink() else p.read_bytes()
+    return out

@@ -300,7 +300,9 @@ def _check_arguments(prog: str, parser: argparse.ArgumentParser, words: list[str
 
 def command_lines(text: str, inline: bool) -> list[list[str]]:
     """The command lines a span or a fenced line holds, each as the words after the program."""
-    out = [_words(m.group(1)) for m in _COMMAND_START.finditer(text)]
+    # `# pyxis-hook for enroot/Pyxis ...`: a shell comment's prose naming the program, not a command line
+    out = [_words(m.group(1)) for m in _COMMAND_START.finditer(text)
+           if not (text[:m.start()].rstrip().endswith("#") and m.group(1).split(" ", 1)[0] not in command_names())]
     # `journalctl -t pyxis-hook --since today`: a tag, not our command (whose first word is a command or
     # one of its global options)
     out = [w for w in out if not w or not w[0].startswith("-") or w[0] in _GLOBAL_FLAGS | _GLOBAL_WITH_VALUE]

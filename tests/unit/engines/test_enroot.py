@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-from pyxis_hook.record import replace
 from pathlib import Path
 
 import pytest
@@ -160,11 +159,14 @@ PROBE = "echo $(ls /dev | grep nvidia); /usr/bin/gputest"
 
 
 def test_documented_shim_matches_generated():
+    """docs/enroot-pyxis.md shows what `pyxis-hook install enroot` writes, line for line."""
+    from pyxis_hook.engines.filetexts import InstallContext, enroot_shim
+
     text = (REPO / "docs/enroot-pyxis.md").read_text()
     shown = text.split("```sh\n#!/bin/sh\n", 1)[1].split("```", 1)[0]
-    generated = shim_text("/usr/bin/python3.11", replace(Config(), source="/etc/pyxis-hook/pyxis.conf")).split("\n", 2)[2]
-    here = os.path.join(REPO, "pyxis_hook", "__main__.py")
-    assert shown == generated.replace(here, "/usr/lib/python3/dist-packages/pyxis_hook/__main__.py")
+    ctx = InstallContext("/usr/bin/python3", "/usr/lib/python3/dist-packages/pyxis_hook/__main__.py",
+                         "/etc/pyxis-hook/pyxis.conf", "")
+    assert shown == enroot_shim(ctx).split("\n", 1)[1]
 
 
 def test_shim_names_the_config_absolute(tmp_path):

@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 
 from e2e.conftest import file_tree, fresh_rootfs, make_host
-from fixtures import containerd, cri, ociimage
+from fixtures import containerd, cri, ociimage, upstream
 from fixtures.realdriver import DownloadError, in_ci
 
-pytestmark = [pytest.mark.e2e, pytest.mark.root, pytest.mark.slow,
+pytestmark = [pytest.mark.e2e, pytest.mark.root, pytest.mark.slow, pytest.mark.real_engine,
               pytest.mark.skipif(shutil.which("runc") is None, reason="runc is not installed (.ci/run installs it)")]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,8 +43,7 @@ def test_install_containerd_then_a_cri_container_gets_its_cdi_gpu_and_uninstall_
     from pyxis_hook.engines.containerdconf import MARK
     from pyxis_hook.engines.launcher import LAUNCHER
 
-    if not cri.PROTO.exists():
-        pytest.skip(f"kubernetes/cri-api's api.proto is not at {cri.PROTO}: the CRI client is generated from it")
+    proto = upstream.require(cri.proto)  # the CRI client is generated from kubernetes/cri-api's api.proto
     try:
         bindir = containerd.install("1.7")
     except DownloadError as e:
@@ -75,7 +74,7 @@ def test_install_containerd_then_a_cri_container_gets_its_cdi_gpu_and_uninstall_
         rootfs = fresh_rootfs(tmp_path / "rootfs")
         tar = ociimage.write_image(rootfs, tmp_path / "image.tar", IMAGE, ("/bin/busybox", "sleep", "2147483647"))
         daemon.import_image(tar, containerd.K8S_NAMESPACE)
-        kubelet = cri.Client(daemon.sock, cri.PROTO)
+        kubelet = cri.Client(daemon.sock, proto)
         try:
             logs = tmp_path / "logs"
             logs.mkdir()

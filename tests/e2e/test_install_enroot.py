@@ -29,7 +29,7 @@ from fixtures.hosttree import fake_gpus
 from fixtures.pyxisbuild import require_build
 from fixtures.pyxiscluster import NODE_ROOT, USER, hook_command, pyxis_cluster, squashfs_image
 
-pytestmark = [pytest.mark.e2e, pytest.mark.root, pytest.mark.slow,
+pytestmark = [pytest.mark.e2e, pytest.mark.root, pytest.mark.slow, pytest.mark.real_engine,
               pytest.mark.skipif(not (shutil.which("slurmctld") and shutil.which("munged")),
                                  reason="slurm-wlm and munge are not installed (.ci/run installs them)")]
 

@@ -23,7 +23,8 @@ COMMANDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "ldcheck": ("ldcheck", "explain how a container's loader will resolve the driver libraries", ()),
     "doctor": ("doctor", "check this host for the usual causes of GPU container failures", ()),
     "hookd": ("hookd", "print or install the oci-hooks(5) file for podman/CRI-O", ()),
-    "config": ("config", "print pyxis.conf with every key at its built-in default (`config default`)", ()),
+    "config": ("config", "print pyxis.conf with every key at its built-in default (`config default`), "
+               "or check the one in effect against its schema (`config check`)", ()),
     "refresh": ("refresh", "build the node artifact (the driver's inventory every start reads) now", ()),
     "cdi": ("cdi", "generate a CDI spec for the host GPUs", ()),
     "precreate": ("precreate", "podman precreate hook: add GPU devices to a proposed config.json", ()),

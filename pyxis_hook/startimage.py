@@ -23,8 +23,8 @@ Contract:
   section and this kind's section held and what this start imported, when
   that adds a module (the other kinds' sections as they were); only as the
   package's owner (`trust.may_write`), never where Python writes no
-  bytecode, never after a start that rebuilt the node artifact (pyelftools
-  would join every start).
+  bytecode, never after a start that rebuilt the node artifact or checked
+  pyxis.conf with jsonschema (pyelftools or jsonschema would join every start).
 
 Loading imports nothing: `sys`, `posix` and `marshal` are built in, and the
 import system's own classes come from `sys.modules`.  Why it exists and what
@@ -46,8 +46,9 @@ BOOT = SECTIONS[0]
 
 _SOURCE_LOADER = "SourceFileLoader"
 _EXTENSION_LOADER = "ExtensionFileLoader"
-#: a module whose presence says the start was not the steady state (the node artifact was rebuilt)
-_REBUILD_MARKER = "elftools"
+#: modules whose presence says the start was not the steady state: the node artifact was rebuilt,
+#: pyxis.conf was checked against its schema (no kept verdict yet)
+_REBUILD_MARKERS = {"elftools": "rebuilt the node artifact", "jsonschema": "checked pyxis.conf against its schema"}
 #: the most a section may hold
 _SECTION_LIMIT = 32 << 20
 #: the command lines dispatched before the parser (`pyxis_hook.start.dispatch`): the kind of start each is
@@ -319,8 +320,9 @@ def save() -> str:
         return ""
     run = _run[0]
     mods = sys.modules
-    if _REBUILD_MARKER in mods:
-        return "start image: not written: this start rebuilt the node artifact"
+    for marker, what in _REBUILD_MARKERS.items():
+        if marker in mods:
+            return f"start image: not written: this start {what}"
     kind = run.kind
     names = {BOOT: run.before[kind] - run.before[BOOT], kind: mods.keys() - run.before[kind]}
     held_boot = {e[0] for e in run.held[BOOT]}

@@ -1,9 +1,16 @@
-"""`pyxis-hook config default`: a complete, commented pyxis.conf holding the built-in defaults.
+"""`pyxis-hook config default | check`: the built-in defaults as a pyxis.conf, and checking the one in effect.
 
-Every key the schema knows, each under its description, set to the value
-the hook uses when the file does not name it; a key whose default is
-"unset" (an empty `log-file`) is written commented out.  The output
-validates as pyxis.conf: `pyxis-hook config default > /etc/pyxis-hook/pyxis.conf`.
+`default`: a complete, commented pyxis.conf.  Every key the schema knows,
+each under its description, set to the value the hook uses when the file
+does not name it; a key whose default is "unset" (an empty `log-file`) is
+written commented out.  The output validates as pyxis.conf:
+`pyxis-hook config default > /etc/pyxis-hook/pyxis.conf`.
+
+`check`: the pyxis.conf in effect (`--config`, `$PYXIS_HOOK_CONFIG`, else
+/etc/pyxis-hook/pyxis.conf) read again and checked against
+schemas/pyxis-conf.schema.json with jsonschema, whatever verdict a start
+kept for it; prints `PATH: valid`, or fails with the one line naming the
+key (exit status 2).
 """
 
 from __future__ import annotations
@@ -13,7 +20,8 @@ import textwrap
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("action", choices=("default",), help="default: print pyxis.conf with every key at its default")
+    parser.add_argument("action", choices=("default", "check"), help="default: print pyxis.conf with every key at "
+                        "its default; check: check the pyxis.conf in effect against its schema")
 
 
 def toml_value(value) -> str:
@@ -45,5 +53,14 @@ def default_text() -> str:
 
 
 def run(args, config) -> int:
+    if args.action == "check":
+        if config.source == "<defaults>":
+            print("no pyxis.conf: built-in defaults")
+            return 0
+        from pyxis_hook.spec.config import load_config
+
+        load_config(config.source, verdicts=False)  # ConfigError: the one line, exit status 2
+        print(f"{config.source}: valid")
+        return 0
     sys.stdout.write(default_text())
     return 0

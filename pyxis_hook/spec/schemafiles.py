@@ -1,9 +1,9 @@
-"""Where this installation's JSON schemas are, and reading one: for the tools and tests, never a container start.
+"""Where this installation's JSON schemas are, and reading one: for the tools, the tests and `spec.confcheck`.
 
-The schemas (`schemas/*.json`) describe what the commands print and what
-pyxis.conf may hold.  A container start validates pyxis.conf against the
-code's copy of its schema (`spec.config.SCHEMA`, which a test keeps equal to
-the file), so nothing here is on the per-container path.
+The schemas (`schemas/*.json`, the one copy) describe what the commands
+print and what pyxis.conf may hold.  A steady container start reads none:
+it takes its pyxis.conf's kept verdict (`spec.confverdict`); only a start
+whose pyxis.conf changed finds pyxis-conf.schema.json, through `spec.confcheck`.
 """
 
 from __future__ import annotations
@@ -38,6 +38,11 @@ def _schema_dir() -> str:
     return pathnames.join(sys.prefix, "share", "pyxis-hook", "schemas")
 
 
+def schema_path(name: str) -> str:
+    """The path of schema file `name` (`pyxis-conf.schema.json`...) in `_schema_dir()`; not checked for existence."""
+    return pathnames.join(_schema_dir(), name)
+
+
 def schema_dir():
     """The directory holding our JSON schemas (source tree or installed data files), as a Path."""
     from pathlib import Path
@@ -49,5 +54,5 @@ def load_schema(name: str) -> dict:
     """The schema file `name` (`pyxis-conf.schema.json`, `plan.schema.json`...), parsed."""
     from pyxis_hook import fastjson
 
-    with open(pathnames.join(_schema_dir(), name), "rb") as f:
+    with open(schema_path(name), "rb") as f:
         return fastjson.loads(f.read())

@@ -9,7 +9,7 @@ variables, paths on a node, other projects' files, shell commands of other tools
   a `.md` token is a doc beside the file or in docs/;
 * a backticked dotted name whose first part is `pyxis_hook`, the name of one of its
   modules or packages, or one of its classes (`snapshot.stale_reason`,
-  `spec.config.SCHEMA`, `RootFS.open`, `host/snapshot.load_or_build`): its longest
+  `spec.config.Config`, `RootFS.open`, `host/snapshot.load_or_build`): its longest
   prefix naming a module (by dotted suffix) is imported and the rest looked up as
   an attribute chain, in any module of that suffix;
 * a command line, backticked or in a fenced block (`pyxis-hook ...`,
@@ -20,7 +20,7 @@ variables, paths on a node, other projects' files, shell commands of other tools
 * pyxis.conf keys: the first column of docs/configuration.md's table, a backticked
   `key = value` (the value must be valid for the key too), a backticked key said to
   be "in pyxis.conf" or "key", and the keys of an unsectioned ```toml block: each
-  one the schema (`spec.config.SCHEMA`) knows; every key it knows is in the table;
+  one the schema (`schemas/pyxis-conf.schema.json`) knows; every key it knows is in the table;
 * relative markdown links: the file exists, and a `#fragment` is one of its headings;
 * docs/design.md's "Modules" section names every module of the package.
 """
@@ -317,9 +317,9 @@ def command_lines(text: str, inline: bool) -> list[list[str]]:
 
 @cache
 def schema_keys() -> frozenset[str]:
-    from pyxis_hook.spec.config import SCHEMA
+    from pyxis_hook.spec.schemafiles import load_schema
 
-    return frozenset(SCHEMA["properties"])
+    return frozenset(load_schema("pyxis-conf.schema.json")["properties"])
 
 
 def check_setting(token: str) -> str | None:
@@ -331,12 +331,12 @@ def check_setting(token: str) -> str | None:
         data = tomllib.loads(token)
     except tomllib.TOMLDecodeError:
         return None  # prose shaped like a setting (`key = value`)
-    from pyxis_hook.spec.config import SCHEMA, validate
+    from pyxis_hook.spec import confcheck
 
     key = m.group(1)
     if key not in schema_keys():
         return key
-    return f"{key} = {data[key]!r}" if validate(data, SCHEMA) else None
+    return f"{key} = {data[key]!r}" if confcheck.problem(data) else None
 
 
 _KEY_MENTION = re.compile(r"`([a-z][a-z0-9-]*)`(?= (?:in|of) (?:the |its |a )?pyxis\.conf| key\b)"
@@ -510,7 +510,7 @@ def test_design_maps_every_module():
 # --- the checker itself: it flags what is wrong, and leaves prose alone ---------------------------
 
 @pytest.mark.parametrize("token", [
-    "freshness.stale_reason", "host/artifact.py", "spec.config.SCHEMA", "pyxis_hook.spec.config.Config",
+    "freshness.stale_reason", "host/artifact.py", "spec.config.Config", "pyxis_hook.spec.config.Config",
     "lookup.openat2", "RootFS.open", "Config.driver_root", "host/freshness.stale_reason", "cli.main",
     "rootfs.py", "tests/conftest.py", "schemas/pyxis-conf.schema.json", "configuration.md", "plan.container",
     "startimage.image_path(entry)",

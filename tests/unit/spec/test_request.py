@@ -20,7 +20,7 @@ from pyxis_hook.host.cgroup import allowed_minors, parse_devices_list
 from pyxis_hook.spec.request import Request, resolve_request, void_request
 
 CFG = Config()
-SCHEMA = load_schema("request.schema.json")
+SCHEMA_OF_REQUEST = load_schema("request.schema.json")
 
 
 def uuid(minor: int) -> str:
@@ -62,7 +62,7 @@ MIGHOST = mkhost(2, mig={0: [(1, 0), (2, 0)], 1: [(3, 0)]})
 
 def resolve(env, host=HOST, config=CFG, allowed=None, **kw) -> Request:
     req = resolve_request(env, {}, host, config, allowed, **kw)
-    jsonschema.validate(req.to_dict(), SCHEMA)
+    jsonschema.validate(req.to_dict(), SCHEMA_OF_REQUEST)
     json.dumps(req.to_dict())
     return req
 
@@ -537,7 +537,7 @@ def test_property_errors_are_one_line_and_typed(env, allowed, config, privileged
         assert isinstance(e, (RequestError, RequirementError)), e
         assert str(e) and "\n" not in str(e)
     else:
-        jsonschema.validate(req.to_dict(), SCHEMA)
+        jsonschema.validate(req.to_dict(), SCHEMA_OF_REQUEST)
 
 
 def _check_within_bounds(env, allowed, config) -> str:
@@ -631,7 +631,7 @@ def test_random_order_smoke():
 
 
 def test_schema_is_valid_draft7():
-    jsonschema.Draft7Validator.check_schema(SCHEMA)
+    jsonschema.Draft7Validator.check_schema(SCHEMA_OF_REQUEST)
 
 
 def test_devices_list_feeds_resolve():

@@ -9,9 +9,9 @@ checks with jsonschema, `spec.confcheck`).  Reads only: one stat of the
 directory, one open, one stat of the schema file.
 
 `keep(...)` writes such a file whole after a successful check, only as the
-package's owner (`trust.may_write`) and only in an existing snapshot-dir
-(the node artifact's first build makes it; until then each start checks);
-it never raises.  Only valid bytes are kept: an invalid file is checked
+package's owner (`trust.may_write`), in snapshot-dir (made, one level, when
+absent: the node artifact's build would make it on the same start, after
+the check); it never raises.  Only valid bytes are kept: an invalid file is checked
 (and refused) on every start.
 """
 
@@ -63,13 +63,19 @@ def keep(raw: bytes, path: str, snapshot_dir: str, schema: str, schema_signature
     """Record that `raw` (pyxis.conf at `path`) passed the schema file `schema` with `schema_signature`.
 
     Nothing when this process may not write cache files, the directory is
-    missing or untrusted, or any write fails: the next start checks again.
+    untrusted (or cannot be made), or any write fails: the next start checks again.
     """
     if not trust.may_write() or not schema.startswith("/") or "\n" in schema:
         return
     target = verdict_path(path, snapshot_dir)
     try:
-        if trust.why_untrusted(posix.stat(snapshot_dir)):
+        try:
+            st = posix.stat(snapshot_dir)
+        except FileNotFoundError:
+            posix.mkdir(snapshot_dir, 0o755)
+            posix.chmod(snapshot_dir, 0o755)  # whatever the umask
+            st = posix.stat(snapshot_dir)
+        if trust.why_untrusted(st):
             return
         data = FORMAT + f"{schema_signature} {schema}\n".encode("utf-8", "surrogateescape") + raw
         trust.write_whole(target, data)

@@ -52,8 +52,10 @@ def test_apt_installed_deb_starts_a_gpu_container(deb, tmp_path):
     base = require_base_root()
     with installed_root(deb, base, tmp_path / "overlay") as root:
         # what apt resolved and where the files went
-        p = chroot(root, "dpkg-query", "-W", "-f", "${Package} ${Status}\n", "pyxis-hook", "python3-pyelftools")
-        assert sorted(p.stdout.splitlines()) == ["python3-pyelftools install ok installed", "pyxis-hook install ok installed"]
+        p = chroot(root, "dpkg-query", "-W", "-f", "${Package} ${Status}\n",
+                   "pyxis-hook", "python3-pyelftools", "python3-jsonschema")
+        assert sorted(p.stdout.splitlines()) == [f"{name} install ok installed" for name in
+                                                 ("python3-jsonschema", "python3-pyelftools", "pyxis-hook")]
         assert (root / "usr/bin/pyxis-hook").read_text().startswith("#!/usr/bin/python3\n")
         assert list((root / SITE[1:] / "pyxis_hook/__pycache__").glob("start.cpython-3*.pyc")), "postinst compiled nothing"
 
@@ -62,6 +64,10 @@ def test_apt_installed_deb_starts_a_gpu_container(deb, tmp_path):
         p = chroot(root, "pyxis-hook", "config", "default")  # reads the schema from /usr/share/pyxis-hook/schemas
         assert p.returncode == 0, p.stderr
         assert p.stdout == (root / "etc/pyxis-hook/pyxis.conf").read_text()
+        # Debian's jsonschema checks a pyxis.conf against the installed schema, in one line
+        (root / "tmp/bad.conf").write_text('driver-root = "/"\nno-such-key = 1\n')
+        p = chroot(root, "pyxis-hook", "--config", "/tmp/bad.conf", "config", "check")
+        assert p.returncode == 2 and "no-such-key" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p
         p = chroot(root, "/usr/bin/python3", "-I", "-S", f"{SITE}/pyxis_hook/__main__.py", "--version")
         assert p.returncode == 0, p.stderr
 

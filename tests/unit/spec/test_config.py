@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import posix
+import stat
 import subprocess
 import sys
 
@@ -274,12 +276,26 @@ def test_only_the_package_owner_keeps_a_verdict(tmp_path, monkeypatch):
     assert not _verdict(conf, snap).exists()
 
 
-def test_no_verdict_is_kept_before_snapshot_dir_exists(tmp_path):
-    """It is the node artifact's directory, made by its build: a verdict alone makes no directory."""
+def test_a_new_nodes_first_check_makes_snapshot_dir_and_keeps_its_verdict(tmp_path):
+    """One level, mode 0755 whatever the umask, so the second start already skips the check."""
     conf, snap = _conf(tmp_path)
     snap.rmdir()
+    old = posix.umask(0o077)
+    try:
+        assert load_config(str(conf), environ={}).log_level == "warning"
+    finally:
+        posix.umask(old)
+    assert snap.is_dir() and stat.S_IMODE(snap.stat().st_mode) == 0o755
+    assert confverdict.holds(conf.read_bytes(), str(conf), str(snap))
+
+
+def test_no_verdict_where_snapshot_dirs_parent_is_missing(tmp_path):
+    conf, snap = _conf(tmp_path)
+    snap.rmdir()
+    deep = tmp_path / "no" / "such" / "dir"
+    conf.write_text(conf.read_text().replace(str(snap), str(deep)))
     assert load_config(str(conf), environ={}).log_level == "warning"
-    assert not snap.exists()
+    assert not (tmp_path / "no").exists()
 
 
 def test_a_missing_schema_file_is_one_line(tmp_path, monkeypatch):

@@ -20,7 +20,8 @@ every round running every case once in a shuffled order:
   for a container process started here (`unshare -m` over the rootfs,
   standing in for runc's container before pivot_root), so one hook run is
   measured by itself; `no-cgroups = true` since that process has no cgroup
-  of its own; the `-I -m` rows are the same hook with Python's site scan;
+  of its own; the `-I -m` rows are the same hook with Python's site scan; the `launcher`
+  rows run it as engines do once `pyxis-hook install` registered it (the launcher file);
 * `runc run` of the same bundle (`/bin/true`) without and with the hook;
 * `enroot`: the enroot hook as its shim runs it (`python -I -S .../__main__.py enroot`),
   `nsenter`'ed into the stand-in's namespace with ENROOT_* set;
@@ -76,6 +77,16 @@ NODE_PY = "/usr/bin/python3"
 PEER_OWN_MS = 9.0
 
 
+def launcher(work: Path) -> list[str]:
+    """The registered form: the launcher `pyxis-hook install` writes, for this interpreter and checkout."""
+    from pyxis_hook.engines.launcher import launcher_text
+
+    path = work / "pyxis-hook-launcher"
+    path.write_text(launcher_text(PY, str(REPO / "pyxis_hook" / "__main__.py")))
+    path.chmod(0o755)
+    return [str(path), "prestart"]
+
+
 def sh(*cmd: str, **kw) -> subprocess.CompletedProcess:
     return subprocess.run(list(cmd), check=True, capture_output=True, **kw)
 
@@ -109,6 +120,7 @@ class World:
                 mkimage.ldconfig(dest)
                 self.images[name] = dest
         self.seq = 0
+        self.launcher = launcher(work)
         self.user_image = user_image(work, small)
 
 
@@ -293,6 +305,8 @@ def cases(w: World) -> dict[str, object]:
     for img in IMAGES:
         c[f"ldconfig -r, {img} image"] = lambda img=img: case_ldconfig(w, img)
     c["hook, no GPU asked (void), small"] = lambda: case_hook(w, "small", 4, ())
+    c["launcher, no GPU asked (void), small"] = lambda: case_hook(w, "small", 4, (), argv=w.launcher)
+    c["launcher, 4 GPUs, small"] = lambda: case_hook(w, "small", 4, GPU_ENV, argv=w.launcher)
     c["hook -I -m (site scan), void, small"] = lambda: case_hook(w, "small", 4, (), argv=HOOK_ARGS_SITE)
     c["hook -I -m (site scan), 4 GPUs, small"] = lambda: case_hook(w, "small", 4, GPU_ENV, argv=HOOK_ARGS_SITE)
     for n in GPU_COUNTS:
@@ -318,12 +332,12 @@ def cases(w: World) -> dict[str, object]:
 
 #: the speed targets: (name, how, numerator case, denominator case, limit); the denominator None: bare
 TARGETS = (
-    ("GPU start / bare interpreter", "hook 4 GPUs, small image / python -I -S -c pass",
-     "hook, 4 GPUs, small", None, 2.0),
+    ("GPU start / bare interpreter", "hook 4 GPUs, small image, as registered (the launcher) / python -I -S -c pass",
+     "launcher, 4 GPUs, small", None, 2.0),
     ("user's start / root's start", "the enroot hook as a user in a user namespace / as root, node python3",
      "enroot-style start as a user, user namespace, 4 GPUs", "enroot-style start as root, node python3, 4 GPUs", 1.1),
-    ("no GPU / bare interpreter", "hook, no GPU asked / python -I -S -c pass",
-     "hook, no GPU asked (void), small", None, 1.0),
+    ("no GPU / bare interpreter", "hook, no GPU asked, as registered (the launcher) / python -I -S -c pass",
+     "launcher, no GPU asked (void), small", None, 1.0),
     ("5,000-lib image / small image", "hook 5,000-lib image / hook small image (4 GPUs)",
      "hook, 4 GPUs, 5k", "hook, 4 GPUs, small", 1.1),
     ("64 GPUs / 1 GPU", "hook 64 GPUs / 1 GPU (small image)", "hook, 64 GPUs, small", "hook, 1 GPUs, small", 1.2),
@@ -440,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fixtures built in {time.perf_counter() - t0:.1f} s under {work}", file=sys.stderr)
         all_cases = cases(w)
         if args.only:
-            keep = {"bare python -I -S", "hook, 4 GPUs, small", "hook, 1 GPUs, small"}
+            keep = {"bare python -I -S", "hook, 4 GPUs, small", "hook, 1 GPUs, small", "launcher, 4 GPUs, small"}
             all_cases = {k: v for k, v in all_cases.items() if k in keep or any(o in k for o in args.only)}
         # warm-up, twice: the first start of a host builds its node artifact, the next writes the start
         # image, so every timed start is a steady one (page cache filled too)

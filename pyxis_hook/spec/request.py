@@ -33,7 +33,7 @@ from __future__ import annotations
 
 
 from pyxis_hook.spec import require
-from pyxis_hook.spec.allocation import Allocation, job_allocation, scheduler_of
+from pyxis_hook.spec.allocation import job_allocation, scheduler_of
 from pyxis_hook.nogpu import VISIBLE, is_legacy, split_tokens, void_reason
 from pyxis_hook.spec.envreads import is_mig_uuid
 from pyxis_hook.spec.config import Config
@@ -45,6 +45,8 @@ from pyxis_hook.record import record
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # hints only: typing is never imported at run time
     from typing import Mapping
+
+    from pyxis_hook.spec.allocation.gpuforms import Allocation
 
 CAPABILITIES = "NVIDIA_DRIVER_CAPABILITIES"
 MIG_CONFIG = "NVIDIA_MIG_CONFIG_DEVICES"

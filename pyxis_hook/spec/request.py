@@ -110,36 +110,6 @@ class Request:
         """Minors of every /dev/nvidiaN the container gets: selected GPUs and MIG parents."""
         return tuple(sorted({g.minor for g in self.gpus} | {m.gpu_minor for m in self.mig_devices}))
 
-    def to_dict(self) -> dict:
-        """JSON-able form, valid against schemas/request.schema.json."""
-        return {
-            "void": self.void,
-            "mode": self.mode,
-            "gpus": [
-                {"index": g.index, "minor": g.minor, "uuid": g.uuid, "bus_id": g.bus_id, "model": g.model}
-                for g in self.gpus
-            ],
-            "mig_devices": [
-                {"uuid": m.uuid, "parent_uuid": m.parent_uuid, "gpu_minor": m.gpu_minor, "gi": m.gi, "ci": m.ci,
-                 "mig_index": m.mig_index}
-                for m in self.mig_devices
-            ],
-            "gpu_minors": list(self.gpu_minors),
-            "capabilities": list(self.capabilities),
-            "requirements": [{"variable": r.variable, "expression": r.expression} for r in self.requirements],
-            "requirements_disabled": self.requirements_disabled,
-            "mig_config": self.mig_config,
-            "mig_monitor": self.mig_monitor,
-            "imex_channels": list(self.imex_channels),
-            "cuda_visible_devices": self.cuda_visible_devices,
-            "allocation": None if self.allocation is None else list(self.allocation),
-            "allocation_source": self.allocation_source,
-            "scheduler": self.scheduler,
-            "legacy": self.legacy,
-            "warnings": list(self.warnings),
-            "reasons": list(self.reasons),
-        }
-
 
 # ----------------------------------------------------------------- host listing for errors
 

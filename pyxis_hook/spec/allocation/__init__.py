@@ -62,7 +62,13 @@ _DIGITS = frozenset("0123456789")
 
 
 def is_index(tok: str) -> bool:
-    """A GPU index as the schedulers write one: 1 to 9 decimal digits."""
+    """A GPU index as the schedulers and NVIDIA_VISIBLE_DEVICES write one: 1-9 ASCII digits.
+
+    Bounded: int() of a 5,000-digit token would raise, and nothing is that
+    big.  Plain string code, not `re`, which the start path avoids
+    (tests/unit/spec/test_parsers_vs_regex.py checks it against the regular
+    expression it replaces).
+    """
     return 0 < len(tok) <= 9 and _DIGITS.issuperset(tok)
 
 

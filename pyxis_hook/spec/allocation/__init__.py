@@ -135,15 +135,19 @@ def job_allocation(env: Mapping[str, str], host: HostGpus,
         return None
     # each scheduler's reader is imported only for a job of that scheduler
     if which == "Slurm":
-        from pyxis_hook.spec.allocation import slurm as reader
-    elif which == "HTCondor":
-        from pyxis_hook.spec.allocation import htcondor as reader
-    elif which == "LSF":
-        from pyxis_hook.spec.allocation import lsf as reader
-    elif which == "Torque":
-        from pyxis_hook.spec.allocation import torque as reader
-    elif which == "OpenPBS":
-        from pyxis_hook.spec.allocation import openpbs as reader
-    else:
-        from pyxis_hook.spec.allocation import flux as reader
-    return reader.read(env, host, allowed_minors, node)
+        from pyxis_hook.spec.allocation import slurm
+        return slurm.read(env, host, allowed_minors, node)
+    if which == "HTCondor":
+        from pyxis_hook.spec.allocation import htcondor
+        return htcondor.read(env, host, allowed_minors, node)
+    if which == "LSF":
+        from pyxis_hook.spec.allocation import lsf
+        return lsf.read(env, host, allowed_minors, node)
+    if which == "Torque":
+        from pyxis_hook.spec.allocation import torque
+        return torque.read(env, host, allowed_minors, node)
+    if which == "OpenPBS":
+        from pyxis_hook.spec.allocation import openpbs
+        return openpbs.read(env, host, allowed_minors, node)
+    from pyxis_hook.spec.allocation import flux
+    return flux.read(env, host, allowed_minors, node)

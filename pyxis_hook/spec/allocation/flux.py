@@ -8,8 +8,7 @@ not set; RequestError naming it for a GPU this host lacks.
 from __future__ import annotations
 
 from pyxis_hook.host.gpus import HostGpus
-from pyxis_hook.spec.allocation import CVD
-from pyxis_hook.spec.allocation.gpuforms import Allocation, global_indices, indices
+from pyxis_hook.spec.allocation.gpuforms import Allocation, global_indices, indices, visible_devices
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # hints only: typing stays off the start path (docs/decisions/2026-12-07-start-costs.md)
@@ -17,10 +16,10 @@ if TYPE_CHECKING:  # hints only: typing stays off the start path (docs/decisions
 
 
 def read(env: Mapping[str, str], host: HostGpus, allowed: frozenset[int] | None, node: str | None) -> Allocation | None:
-    value = env.get(CVD)
-    if value is None:
+    found = visible_devices(env)
+    if found is None:
         return None
-    label = f"{CVD}={value}"
+    value, label = found
     job = f"Flux job {env.get('FLUX_JOB_ID')}"
     if value.strip() == "-1":
         return Allocation("Flux", label, (), f"{job} without GPUs ({label})")

@@ -13,11 +13,11 @@ from pyxis_hook.nogpu import split_tokens
 from pyxis_hook.errors import RequestError
 from pyxis_hook.host.gpus import Gpu, HostGpus
 from pyxis_hook.record import record
-from pyxis_hook.spec.allocation import is_index
+from pyxis_hook.spec.allocation import CVD, is_index
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # hints only: typing stays off the start path (docs/decisions/2026-12-07-start-costs.md)
-    from typing import Callable
+    from typing import Callable, Mapping
 
 _HEX = frozenset("0123456789abcdefABCDEF")
 
@@ -91,3 +91,9 @@ def indices(gpus: tuple[Gpu, ...]) -> str:
 def global_indices(host: HostGpus, label: str, value: str) -> tuple[Gpu, ...]:
     """Every token of `value` a global index (Slurm's, Torque's and Flux's form)."""
     return parse(host, label, value, lambda t: by_index(host, label, t) if is_index(t) else None)
+
+
+def visible_devices(env: Mapping[str, str]) -> tuple[str, str] | None:
+    """(value, "CUDA_VISIBLE_DEVICES=<value>") as OpenPBS, Torque and Flux write it; None when it is not set."""
+    value = env.get(CVD)
+    return None if value is None else (value, f"{CVD}={value}")

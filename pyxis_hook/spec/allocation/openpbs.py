@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pyxis_hook.host.gpus import Gpu, HostGpus
 from pyxis_hook.spec.allocation import CVD, is_index
-from pyxis_hook.spec.allocation.gpuforms import Allocation, by_minor, by_uuid, indices, parse
+from pyxis_hook.spec.allocation.gpuforms import Allocation, by_minor, by_uuid, indices, parse, visible_devices
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # hints only: typing stays off the start path (docs/decisions/2026-12-07-start-costs.md)
@@ -19,10 +19,10 @@ if TYPE_CHECKING:  # hints only: typing stays off the start path (docs/decisions
 
 
 def read(env: Mapping[str, str], host: HostGpus, allowed: frozenset[int] | None, node: str | None) -> Allocation | None:
-    value = env.get(CVD)
-    if value is None:
+    found = visible_devices(env)
+    if found is None:
         return None
-    label = f"{CVD}={value}"
+    value, label = found
     job = f"OpenPBS job {env.get('PBS_JOBID')}"
     if not value.strip():
         return Allocation("OpenPBS", label, (), f"{job} without GPUs ({CVD} is empty)")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pyxis_hook.host.gpus import HostGpus
 from pyxis_hook.spec.allocation import CVD, GPUFILE
-from pyxis_hook.spec.allocation.gpuforms import Allocation, by_index, global_indices, indices
+from pyxis_hook.spec.allocation.gpuforms import Allocation, by_index, global_indices, indices, visible_devices
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # hints only: typing stays off the start path (docs/decisions/2026-12-07-start-costs.md)
@@ -22,10 +22,10 @@ if TYPE_CHECKING:  # hints only: typing stays off the start path (docs/decisions
 
 
 def read(env: Mapping[str, str], host: HostGpus, allowed: frozenset[int] | None, node: str | None) -> Allocation | None:
-    value = env.get(CVD)
-    if value is None:
+    found = visible_devices(env)
+    if found is None:
         return _gpufile(env, host, node)
-    label = f"{CVD}={value}"
+    value, label = found
     gpus = global_indices(host, label, value)
     note = " (PBS_GPUFILE lists every node's GPUs; this node's are these)" if env.get(GPUFILE) else ""
     return Allocation("Torque", label, gpus, f"Torque job {env.get('PBS_JOBID')}: {label}: host GPUs "

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import sys
 
+from pyxis_hook.record import asdict
+
 
 def add_arguments(parser) -> None:
     parser.add_argument("--bundle", metavar="DIR", required=True, help="OCI bundle (holds config.json)")
@@ -97,8 +99,52 @@ def merge_fallback(prepared) -> str | None:
     return cacheupdate.preview(prepared.plan.rootfs, prepared.plan.ldcache)
 
 
+def request_json(req) -> dict:
+    """The request (`spec.request.Request`) in plain JSON types, valid against schemas/request.schema.json."""
+    return {
+        "void": req.void,
+        "mode": req.mode,
+        "gpus": [
+            {"index": g.index, "minor": g.minor, "uuid": g.uuid, "bus_id": g.bus_id, "model": g.model}
+            for g in req.gpus
+        ],
+        "mig_devices": [
+            {"uuid": m.uuid, "parent_uuid": m.parent_uuid, "gpu_minor": m.gpu_minor, "gi": m.gi, "ci": m.ci,
+             "mig_index": m.mig_index}
+            for m in req.mig_devices
+        ],
+        "gpu_minors": list(req.gpu_minors),
+        "capabilities": list(req.capabilities),
+        "requirements": [{"variable": r.variable, "expression": r.expression} for r in req.requirements],
+        "requirements_disabled": req.requirements_disabled,
+        "mig_config": req.mig_config,
+        "mig_monitor": req.mig_monitor,
+        "imex_channels": list(req.imex_channels),
+        "cuda_visible_devices": req.cuda_visible_devices,
+        "allocation": None if req.allocation is None else list(req.allocation),
+        "allocation_source": req.allocation_source,
+        "scheduler": req.scheduler,
+        "legacy": req.legacy,
+        "warnings": list(req.warnings),
+        "reasons": list(req.reasons),
+    }
+
+
+def plan_json(plan) -> dict:
+    """The plan (`plan.build.Plan`) in plain JSON types (lists, not tuples), valid against plan.schema.json's `plan`."""
+    return _jsonable(asdict(plan))
+
+
+def _jsonable(value):
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
 def to_json(prepared) -> dict:
-    out = {"request": prepared.request.to_dict(), "plan": prepared.plan.to_dict()}
+    out = {"request": request_json(prepared.request), "plan": plan_json(prepared.plan)}
     refused = loader_refusal(prepared)
     if prepared.plan.ldcache.mode in ("merge", "ldconfig"):
         # null: the image's ld.so.conf may be read; else why the hook would refuse the start

@@ -9,7 +9,7 @@ the real run can never disagree.
 from __future__ import annotations
 
 from pyxis_hook import pathnames
-from pyxis_hook.record import asdict, field, record
+from pyxis_hook.record import field, record
 
 #: typing.TYPE_CHECKING without importing typing, which the start path avoids (docs/decisions/2026-12-07-start-costs.md)
 TYPE_CHECKING = False
@@ -155,18 +155,6 @@ class Plan:
     @property
     def empty(self) -> bool:
         return not (self.devices or self.mounts or self.symlinks or self.proc_driver)
-
-    def to_dict(self) -> dict:
-        """Plain JSON types (lists, not tuples), valid against schemas/plan.schema.json's `plan`."""
-        return _jsonable(asdict(self))
-
-
-def _jsonable(value):
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return value
 
 
 #: device nodes whose absence makes the container unusable (the rest are warnings)

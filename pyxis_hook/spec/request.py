@@ -33,12 +33,11 @@ from __future__ import annotations
 
 
 from pyxis_hook.spec import require
-from pyxis_hook.spec.allocation import Allocation, job_allocation, scheduler_of
+from pyxis_hook.spec.allocation import is_index, job_allocation, scheduler_of
 from pyxis_hook.nogpu import VISIBLE, is_legacy, split_tokens, void_reason
-from pyxis_hook.spec.envreads import is_mig_uuid
 from pyxis_hook.spec.config import Config
 from pyxis_hook.errors import RequestError
-from pyxis_hook.host.gpus import Gpu, HostGpus, MigDevice, is_full_bus_id
+from pyxis_hook.host.gpus import Gpu, HostGpus, MigDevice
 from pyxis_hook.record import record
 
 #: typing.TYPE_CHECKING without importing typing, which the start path avoids (docs/decisions/2026-12-07-start-costs.md)
@@ -46,28 +45,13 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # hints only: typing is never imported at run time
     from typing import Mapping
 
+    from pyxis_hook.spec.allocation.gpuforms import Allocation
+
 CAPABILITIES = "NVIDIA_DRIVER_CAPABILITIES"
 MIG_CONFIG = "NVIDIA_MIG_CONFIG_DEVICES"
 MIG_MONITOR = "NVIDIA_MIG_MONITOR_DEVICES"
 IMEX = "NVIDIA_IMEX_CHANNELS"
 MAX_IMEX_CHANNEL = 1 << 20
-
-_DIGITS = frozenset("0123456789")
-#: the old MIG token form, MIG-GPU-<uuid>/<gi>/<ci> (rare: `re` is imported only for it)
-_LEGACY_MIG = r"(?i)^MIG-(GPU-[0-9a-fA-F-]+)/([0-9]{1,9})/([0-9]{1,9})$"
-
-
-# Token shapes in plain string code, not `re`, which the start path avoids;
-# tests/unit/spec/test_parsers_vs_regex.py checks each against the regular expression it replaces.
-def _is_index(tok: str) -> bool:
-    """1-9 ASCII digits (bounded: int() of a 5,000-digit token would raise, and nothing is that big)."""
-    return 0 < len(tok) <= 9 and _DIGITS.issuperset(tok)
-
-
-def _gpu_mig(tok: str) -> tuple[int, int] | None:
-    """(gpu, mig) of the `<gpu index>:<mig index>` form."""
-    gpu, sep, mig = tok.partition(":")
-    return (int(gpu), int(mig)) if sep and _is_index(gpu) and _is_index(mig) else None
 
 
 @record
@@ -108,133 +92,8 @@ class Request:
         """Minors of every /dev/nvidiaN the container gets: selected GPUs and MIG parents."""
         return tuple(sorted({g.minor for g in self.gpus} | {m.gpu_minor for m in self.mig_devices}))
 
-    def to_dict(self) -> dict:
-        """JSON-able form, valid against schemas/request.schema.json."""
-        return {
-            "void": self.void,
-            "mode": self.mode,
-            "gpus": [
-                {"index": g.index, "minor": g.minor, "uuid": g.uuid, "bus_id": g.bus_id, "model": g.model}
-                for g in self.gpus
-            ],
-            "mig_devices": [
-                {"uuid": m.uuid, "parent_uuid": m.parent_uuid, "gpu_minor": m.gpu_minor, "gi": m.gi, "ci": m.ci,
-                 "mig_index": m.mig_index}
-                for m in self.mig_devices
-            ],
-            "gpu_minors": list(self.gpu_minors),
-            "capabilities": list(self.capabilities),
-            "requirements": [{"variable": r.variable, "expression": r.expression} for r in self.requirements],
-            "requirements_disabled": self.requirements_disabled,
-            "mig_config": self.mig_config,
-            "mig_monitor": self.mig_monitor,
-            "imex_channels": list(self.imex_channels),
-            "cuda_visible_devices": self.cuda_visible_devices,
-            "allocation": None if self.allocation is None else list(self.allocation),
-            "allocation_source": self.allocation_source,
-            "scheduler": self.scheduler,
-            "legacy": self.legacy,
-            "warnings": list(self.warnings),
-            "reasons": list(self.reasons),
-        }
-
 
 # ----------------------------------------------------------------- host listing for errors
-
-
-def _gpu_label(g: Gpu) -> str:
-    return f"{g.index} ({g.uuid or 'no UUID'}, {g.bus_id})"
-
-
-def _mig_label(host: HostGpus, m: MigDevice) -> str:
-    parent = host.gpu_by_minor(m.gpu_minor)
-    idx = parent.index if parent is not None else "?"
-    return f"{idx}:{m.mig_index} ({m.uuid or f'gpu{m.gpu_minor}/gi{m.gi}/ci{m.ci}'})"
-
-
-def describe_host(host: HostGpus) -> str:
-    usable = [g for g in host.gpus if g.index is not None]
-    if not usable:
-        text = "this host has no usable GPU"
-    else:
-        text = "this host has GPUs " + ", ".join(_gpu_label(g) for g in usable)
-    if host.mig_devices:
-        text += "; MIG devices " + ", ".join(_mig_label(host, m) for m in host.mig_devices)
-    return text
-
-
-def _unknown(tok: str, host: HostGpus, hint: str = "") -> RequestError:
-    extra = f"; {hint}" if hint else ""
-    return RequestError(f"device error: {tok}: unknown device ({describe_host(host)}{extra})")
-
-
-# ----------------------------------------------------------------- token grammar (LNC select_devices)
-
-
-def _find_gpu_uuid(host: HostGpus, tok: str) -> Gpu:
-    found = host.gpu_by_uuid(tok)
-    if found is not None:
-        return found
-    want = tok.lower()
-    prefixed = [g for g in host.gpus if g.uuid and g.uuid.lower().startswith(want)]
-    hint = ""
-    if len(prefixed) == 1:
-        hint = f"only full UUIDs match: did you mean {prefixed[0].uuid}?"
-    raise _unknown(tok, host, hint)
-
-
-def _find_mig_uuid(host: HostGpus, tok: str) -> MigDevice:
-    import re
-
-    legacy = re.match(_LEGACY_MIG, tok)
-    if legacy:
-        parent_uuid, gi, ci = legacy.group(1).lower(), int(legacy.group(2)), int(legacy.group(3))
-        for m in host.mig_devices:
-            if (m.parent_uuid or "").lower() == parent_uuid and (m.gi, m.ci) == (gi, ci):
-                raise _unknown(tok, host, f"the MIG-GPU-<uuid>/<gi>/<ci> form is not supported, use "
-                                          f"{m.uuid or _mig_label(host, m).split(' ')[0]}")
-        raise _unknown(tok, host, "the MIG-GPU-<uuid>/<gi>/<ci> form is not supported, use MIG-<uuid> or <gpu>:<mig>")
-    want = tok.lower()
-    for m in host.mig_devices:
-        if m.uuid and m.uuid.lower() == want:
-            return m
-    hint = ""
-    if host.mig_devices and not any(m.uuid for m in host.mig_devices):
-        hint = "MIG UUIDs are unknown without NVML, use <gpu>:<mig>"
-    raise _unknown(tok, host, hint)
-
-
-def _find_gpu_mig(host: HostGpus, tok: str, gpu_index: int, mig_index: int) -> MigDevice:
-    parent = host.gpu_by_index(gpu_index)
-    if parent is not None:
-        for m in host.mig_devices:
-            if m.gpu_minor == parent.minor and m.mig_index == mig_index:
-                return m
-    raise _unknown(tok, host)
-
-
-def _resolve_token(host: HostGpus, tok: str) -> Gpu | MigDevice:
-    """One device token, tried in LNC's order: GPU UUID, PCI id, index, MIG UUID, <gpu>:<mig>."""
-    if tok[:4].upper() == "GPU-":
-        gpu = _find_gpu_uuid(host, tok)
-    elif is_full_bus_id(tok):
-        gpu = host.gpu_by_bus_id(tok)
-        if gpu is None:
-            raise _unknown(tok, host)
-    elif _is_index(tok):
-        gpu = host.gpu_by_index(int(tok))
-        if gpu is None:
-            raise _unknown(tok, host, "indices count GPUs in PCI bus order, not /dev/nvidiaN minors")
-    elif is_mig_uuid(tok):
-        return _find_mig_uuid(host, tok)
-    elif (pair := _gpu_mig(tok)) is not None:
-        return _find_gpu_mig(host, tok, *pair)
-    else:
-        raise _unknown(tok, host)
-    if gpu.excluded or gpu.index is None:
-        raise RequestError(f"device error: {tok}: GPU {gpu.bus_id} is excluded on this host "
-                           f"(GPU Excluded: Yes in its /proc/driver/nvidia information)")
-    return gpu
 
 
 # ----------------------------------------------------------------- the job's allocation
@@ -307,7 +166,7 @@ def _imex_channels(env: Mapping[str, str], legacy: bool, reasons: list[str]) -> 
         return ()
     channels = set()
     for tok in tokens:
-        if not _is_index(tok) or int(tok) >= MAX_IMEX_CHANNEL:
+        if not is_index(tok) or int(tok) >= MAX_IMEX_CHANNEL:
             raise RequestError(f"{IMEX}={raw}: unsupported IMEX channel value {tok!r}")
         channels.add(int(tok))
     result = tuple(sorted(channels))
@@ -350,7 +209,7 @@ def _cuda_visible(env: Mapping[str, str], gpus: tuple[Gpu, ...], migs: tuple[Mig
     uuids = {g.uuid.lower() for g in gpus if g.uuid} | {u.lower() for u in mig_uuids}
     bad = []
     for tok in tokens:
-        if _is_index(tok):
+        if is_index(tok):
             if int(tok) >= n:
                 bad.append(tok)
         elif tok[:4].upper() in ("GPU-", "MIG-"):
@@ -363,7 +222,7 @@ def _cuda_visible(env: Mapping[str, str], gpus: tuple[Gpu, ...], migs: tuple[Mig
         msg = (f"CUDA_VISIBLE_DEVICES={actual} disagrees with the injected devices: {','.join(bad)} "
                f"will not exist in the container, which sees {n} GPU(s); use CUDA_VISIBLE_DEVICES={needed} "
                f"or unset it")
-        if allocation is not None and [t for t in tokens if _is_index(t)] == [str(g.index) for g in allocation] \
+        if allocation is not None and [t for t in tokens if is_index(t)] == [str(g.index) for g in allocation] \
                 and n and any(g.index != i for i, g in enumerate(allocation)):
             msg += " (these are Slurm's global indices: is ConstrainDevices=yes set in cgroup.conf?)"
         warnings.append(msg)
@@ -467,20 +326,21 @@ def resolve_request(
         elif not candidates:
             warnings.append(f"{VISIBLE}={raw} selected no GPU: this host has no usable GPU")
     else:
+        from pyxis_hook.spec import devicelist  # the token grammar: read only by a request that names devices
+
         for tok in tokens:
-            dev = _resolve_token(host, tok)
+            dev = devicelist.resolve_token(host, tok)
             if isinstance(dev, MigDevice):
                 parent = host.gpu_by_minor(dev.gpu_minor)
                 if parent is None:
-                    raise _unknown(tok, host)
+                    raise devicelist.unknown(tok, host)
                 check_allowed(tok, parent, "MIG device")
                 migs[(dev.gpu_minor, dev.gi, dev.ci)] = dev
             else:
                 check_allowed(tok, dev, "GPU")
                 gpus[dev.minor] = dev
-        reasons.append(f"{VISIBLE}={raw}: GPU(s) {', '.join(_gpu_label(g) for g in _sorted_gpus(gpus)) or '(none)'}"
-                       + (f"; MIG device(s) {', '.join(_mig_label(host, m) for m in _sorted_migs(host, migs))}"
-                          if migs else "") + " (indices are host indices in PCI order)")
+        reasons.append(f"{VISIBLE}={raw}: " + devicelist.selection(host, _sorted_gpus(gpus), _sorted_migs(host, migs))
+                       + " (indices are host indices in PCI order)")
 
     sel_gpus = _sorted_gpus(gpus)
     sel_migs = _sorted_migs(host, migs)

@@ -11,6 +11,7 @@ from fixtures.synth import build_lib
 from pyxis_hook.spec import oci
 from pyxis_hook.spec.config import Config
 from pyxis_hook.plan.prepare import prepare
+from pyxis_hook.commands.plan import plan_json
 from pyxis_hook.plan.build import COMPAT_DIR, ContainerFacts, cuda_compat, ldcache_update
 from pyxis_hook.record import replace
 from schema_check import validate
@@ -77,7 +78,7 @@ def test_build_plan_explains_and_validates(world):  # noqa: F811
     assert plan.ldcache.first_dirs == (COMPAT_DIR,) and plan.ldcache.lib_dirs[0] == COMPAT_DIR
     assert any(n.startswith("cuda-compat: /usr/local/cuda/compat comes first") for n in plan.notes)
     assert not plan.problems
-    assert plan.to_dict()["ldcache"]["first_dirs"] == [COMPAT_DIR]
+    assert plan_json(plan)["ldcache"]["first_dirs"] == [COMPAT_DIR]
     _, plan = _plan(world, {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": "utility"}, facts=f)
     assert plan.ldcache.first_dirs == () and COMPAT_DIR not in plan.ldcache.lib_dirs
     assert any("compute capability" in n for n in plan.notes)

@@ -1,4 +1,4 @@
-"""spec/allocation.py: the job's GPUs from each batch scheduler's own variables, each in its own form.
+"""spec/allocation/: the job's GPUs from each batch scheduler's own variables, each in its own form.
 
 Every value below is one a real job gets; the comment on each test says which
 scheduler code writes it (docs/schedulers.md cites the sources).

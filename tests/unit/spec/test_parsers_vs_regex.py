@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from pyxis_hook.apply import procview
 from pyxis_hook.host import cgroup, gpufiles, gpus
 from pyxis_hook.loader import ldconf
-from pyxis_hook.spec import request, require
+from pyxis_hook.spec import allocation, devicelist, require
 
 HEXISH = "0123456789abcdefABCDEFgG:.-x/ \n"
 DIGITISH = "0123456789.:,-x \n\u0663"  # U+0663 ARABIC-INDIC DIGIT THREE: \d matches it, [0-9] does not
@@ -93,9 +93,9 @@ def test_numbered_names(prefix, name):
 @example("1234567890")
 @example("0")
 def test_request_token_shapes(tok):
-    assert request._is_index(tok) == bool(re.fullmatch(r"[0-9]{1,9}", tok))
+    assert allocation.is_index(tok) == bool(re.fullmatch(r"[0-9]{1,9}", tok))
     m = re.fullmatch(r"([0-9]{1,9}):([0-9]{1,9})", tok)
-    assert request._gpu_mig(tok) == ((int(m.group(1)), int(m.group(2))) if m else None)
+    assert devicelist.gpu_mig(tok) == ((int(m.group(1)), int(m.group(2))) if m else None)
 
 
 @settings(max_examples=500, deadline=None)
@@ -124,7 +124,7 @@ def test_dotted_numbers(value):
 def test_a_trailing_newline_is_refused_now():
     assert re.match(r"^[0-9]{1,9}(\.[0-9]{1,9})*$", "12.2\n")  # the old check let it through
     assert not require.is_dotted_number("12.2\n")
-    assert not request._is_index("0\n")
+    assert not allocation.is_index("0\n")
 
 
 @settings(max_examples=500, deadline=None)

@@ -11,6 +11,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from fixtures.hosttree import fake_gpus, make_host_tree
+from pyxis_hook.commands.plan import request_json
 from pyxis_hook.spec.config import Config
 from pyxis_hook.spec.schemafiles import load_schema
 from pyxis_hook.errors import PyxisHookError, RequestError, RequirementError
@@ -62,8 +63,8 @@ MIGHOST = mkhost(2, mig={0: [(1, 0), (2, 0)], 1: [(3, 0)]})
 
 def resolve(env, host=HOST, config=CFG, allowed=None, **kw) -> Request:
     req = resolve_request(env, {}, host, config, allowed, **kw)
-    jsonschema.validate(req.to_dict(), SCHEMA_OF_REQUEST)
-    json.dumps(req.to_dict())
+    jsonschema.validate(request_json(req), SCHEMA_OF_REQUEST)
+    json.dumps(request_json(req))
     return req
 
 
@@ -537,7 +538,7 @@ def test_property_errors_are_one_line_and_typed(env, allowed, config, privileged
         assert isinstance(e, (RequestError, RequirementError)), e
         assert str(e) and "\n" not in str(e)
     else:
-        jsonschema.validate(req.to_dict(), SCHEMA_OF_REQUEST)
+        jsonschema.validate(request_json(req), SCHEMA_OF_REQUEST)
 
 
 def _check_within_bounds(env, allowed, config) -> str:

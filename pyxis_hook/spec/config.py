@@ -119,7 +119,7 @@ def parse_config(raw: bytes, path: str = "<string>") -> Config:
     """Parse TOML bytes into a Config, with one-line errors naming file and key.
 
     A plain `key = value` file is read by flattoml (no tomllib import on the
-    hook's path); anything else goes to tomllib, which also words the errors.
+    hook's path); anything else goes to tomllib (`toml_reader`), which also words the errors.
     """
     from pyxis_hook.spec import flattoml
 
@@ -129,11 +129,10 @@ def parse_config(raw: bytes, path: str = "<string>") -> Config:
         raise ConfigError(f"{path}: not UTF-8 text") from None
     data = flattoml.loads(text)
     if data is None:
-        import tomllib
-
+        toml = toml_reader(path)
         try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as e:
+            data = toml.loads(text)
+        except toml.TOMLDecodeError as e:
             raise ConfigError(f"{path}: not valid TOML: {e}") from None
     problem = validate(data, SCHEMA)
     if problem:
@@ -146,6 +145,23 @@ def parse_config(raw: bytes, path: str = "<string>") -> Config:
         name = key.replace("-", "_")
         values[name] = tuple(value) if isinstance(value, list) else value
     return Config(source=path, **values)
+
+
+def toml_reader(path: str = "<string>"):
+    """The TOML reader module: `tomllib` (Python >= 3.11), else `tomli`, the package it was made from.
+
+    setup.cfg requires tomli on Python < 3.11.  Errors: ConfigError naming `path` when neither is there.
+    """
+    if sys.version_info >= (3, 11):
+        import tomllib
+
+        return tomllib
+    try:
+        import tomli
+    except ImportError:
+        raise ConfigError(f"{path}: more than flat `key = value` lines, which Python < 3.11 reads with tomli: "
+                          "it is not installed") from None
+    return tomli
 
 
 #: `schemas/pyxis-conf.schema.json` as `validate` reads it: its validation keywords, without the

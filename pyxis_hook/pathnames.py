@@ -23,8 +23,9 @@ import sys
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # hints only: typing stays off the start path
     from os import PathLike
+    from typing import Union
 
-    StrPath = str | PathLike[str]
+    StrPath = Union[str, PathLike[str]]  # an alias, not a hint: `|` here needs Python 3.10
 
 _S_IFMT = 0o170000
 _S_IFDIR = 0o040000

@@ -60,7 +60,7 @@ def field(*, default=_MISSING, default_factory=_MISSING, compare: bool = True):
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import dataclass_transform
+    from typing_extensions import dataclass_transform  # typing has it from Python 3.11; stubs only, never run
 else:  # what typing's does at run time, without importing typing (docs/decisions/2026-12-07-start-costs.md)
 
     def dataclass_transform(**_):

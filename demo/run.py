@@ -39,8 +39,9 @@ def main(argv: list[str]) -> int:
                     f'snapshot-dir = "{out}/snapshot"\nlog-file = "{out}/hook.log"\nlog-level = "debug"\n')
     bundle = out / "bundle"
     make_rootfs(bundle / "rootfs")
-    python = os.path.realpath(sys.executable)
-    from pyxis_hook.engines.hookd import hook_argv
+    from pyxis_hook.engines.hookd import hook_argv, interpreter
+
+    python = interpreter()  # not its realpath: a venv's python finds the venv's pyelftools
 
     hook = {"path": python, "args": hook_argv("prestart", python),
             "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin", f"PYXIS_HOOK_CONFIG={conf}"]}

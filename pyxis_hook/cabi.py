@@ -52,7 +52,7 @@ _MADE: dict[str, type] = {}
 _SIMPLE_CODES = {"c_short": "h", "c_void_p": "P"}
 
 
-def made(name: str, fields: list | None = None) -> type:
+def made(name: str, fields: "list | None" = None) -> type:
     """The C type `name`, made on first use: a simple type (`c_short`, `c_void_p`) or a Structure of `fields`.
 
     Making one imports nothing, so a path that runs in the container's

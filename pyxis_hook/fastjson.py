@@ -29,7 +29,7 @@ class _Decoder:
         self.memo: dict = {}  # key interning, per document (json clears its own after each call)
 
 
-def loads(text: str | bytes):
+def loads(text: "str | bytes"):
     """Parse one JSON document; raises ValueError as json.loads would.
 
     Bytes must be UTF-8 without a byte-order mark (json.loads would also

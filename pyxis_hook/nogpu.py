@@ -23,7 +23,7 @@ def is_legacy(env) -> bool:
     return bool(env.get("CUDA_VERSION", "")) and not env.get("NVIDIA_REQUIRE_CUDA", "")
 
 
-def void_reason(env) -> str | None:
+def void_reason(env) -> "str | None":
     """Why the container asks for no GPU (one line), or None when it may ask for one."""
     raw = env.get(VISIBLE)
     if raw is None and is_legacy(env):

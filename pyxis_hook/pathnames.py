@@ -23,8 +23,9 @@ import sys
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # hints only: typing stays off the start path
     from os import PathLike
+    from typing import Union
 
-    StrPath = str | PathLike[str]
+    StrPath = Union[str, PathLike[str]]  # an alias, not a hint: `|` here needs Python 3.10
 
 _S_IFMT = 0o170000
 _S_IFDIR = 0o040000
@@ -85,12 +86,40 @@ def dirname(p: StrPath) -> str:
     return split(p)[0]
 
 
+#: posixpath's own normpath on CPython >= 3.11 (C); None before, where `_normpath_str` stands in
+_C_NORMPATH = getattr(posix, "_path_normpath", None)
+
+
 def normpath(path: StrPath) -> str:
     """`os.path.normpath`: no '.', no 'x/..', no repeated '/' (but a leading '//' stays).
 
-    posixpath's own implementation on CPython >= 3.11: the C `posix._path_normpath`.
+    CPython >= 3.11: posixpath's own implementation, the C `posix._path_normpath`; before, `_normpath_str`.
     """
-    return posix._path_normpath(posix.fspath(path)) or "."  # type: ignore[attr-defined]  # not in typeshed
+    if _C_NORMPATH is not None:
+        return _C_NORMPATH(posix.fspath(path)) or "."
+    return _normpath_str(posix.fspath(path))
+
+
+def _normpath_str(path: str) -> str:
+    """posixpath.normpath for a str as Python code (CPython 3.10's, and 3.11+'s fallback without the C one)."""
+    if not path:
+        return "."
+    initial_slashes = 1 if path.startswith("/") else 0
+    # POSIX allows one or two initial slashes, but treats three or more as a single slash
+    if initial_slashes and path.startswith("//") and not path.startswith("///"):
+        initial_slashes = 2
+    comps: list[str] = []
+    for comp in path.split("/"):
+        if comp in ("", "."):
+            continue
+        if comp != ".." or (not initial_slashes and not comps) or (comps and comps[-1] == ".."):
+            comps.append(comp)
+        elif comps:
+            comps.pop()
+    path = "/".join(comps)
+    if initial_slashes:
+        path = "/" * initial_slashes + path
+    return path or "."
 
 
 def abspath(path: StrPath) -> str:

@@ -26,6 +26,8 @@ values).
 
 from __future__ import annotations
 
+import sys
+
 _MISSING = object()
 _MUTABLE_DEFAULTS = (list, dict, set)
 
@@ -58,7 +60,7 @@ def field(*, default=_MISSING, default_factory=_MISSING, compare: bool = True):
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import dataclass_transform
+    from typing_extensions import dataclass_transform  # typing has it from Python 3.11; stubs only, never run
 else:  # what typing's does at run time, without importing typing (docs/decisions/2026-12-07-start-costs.md)
 
     def dataclass_transform(**_):
@@ -214,7 +216,7 @@ def _init(self, *args, **kwargs) -> None:
 
 def _call_error(cls: type, all_fields: tuple[Field, ...], args: tuple, kwargs: dict) -> str:
     """CPython's message for a bad call of the __init__ dataclasses would write (checked in that order)."""
-    where = f"{cls.__qualname__}.__init__()"
+    where = f"{cls.__qualname__}.__init__()" if sys.version_info >= (3, 10) else "__init__()"  # CPython's wording
     names = [f.name for f in all_fields]
     for k in kwargs:
         if k not in names:

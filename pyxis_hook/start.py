@@ -9,7 +9,8 @@ through `run_started` into `pyxis_hook.pipeline`, whose module lists the
 stages of a start.  Nothing here imports a package module at its top.
 """
 
-# no `from __future__ import annotations`: one module less on the no-GPU path (the hints run on 3.11)
+# no `from __future__ import annotations`: one module less on the no-GPU path (a hint with `|` is
+# a string, which 3.9 and 3.10 would otherwise evaluate and fail on)
 
 import sys
 
@@ -17,7 +18,7 @@ import sys
 FIRST_LOOK_LIMIT = 1 << 20
 
 
-def dispatch(argv: list[str]) -> int | None:
+def dispatch(argv: list[str]) -> "int | None":
     """Run `argv` when it is a container start the runtime or enroot's shim makes; its exit status, else None."""
     from pyxis_hook import startimage
 
@@ -36,7 +37,7 @@ def dispatch(argv: list[str]) -> int | None:
     return None
 
 
-def first_look(data: bytes) -> tuple[bool, tuple | None]:
+def first_look(data: bytes) -> "tuple[bool, tuple | None]":
     """(the container certainly asks for no GPU, what was parsed), read with `fastjson` and `posix` only.
 
     The decision is `nogpu.void_reason` on the bundle's last-wins env.

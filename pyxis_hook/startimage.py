@@ -55,7 +55,7 @@ _SECTION_LIMIT = 32 << 20
 FAST_COMMANDS = {"prestart": "prestart", "createRuntime": "prestart", "enroot": "enroot"}
 
 
-def fast_kind(argv: list[str]) -> str | None:
+def fast_kind(argv: list[str]) -> "str | None":
     """The kind of start `argv` (the command's arguments) is when it runs without the parser, else None."""
     return FAST_COMMANDS.get(argv[0]) if len(argv) == 1 else None
 

@@ -10,7 +10,7 @@ import posix
 _IDENTITY = [(0, 0, 4294967295)]
 
 
-def uid_map() -> list[tuple[int, int, int]] | None:
+def uid_map() -> "list[tuple[int, int, int]] | None":
     """/proc/self/uid_map as (inside, outside, count) lines; None when it cannot be read."""
     try:
         fd = posix.open("/proc/self/uid_map", posix.O_RDONLY | posix.O_CLOEXEC)
@@ -34,7 +34,7 @@ def in_user_namespace() -> bool:
     return mapped is not None and mapped != _IDENTITY
 
 
-def host_uid(uid: int) -> int | None:
+def host_uid(uid: int) -> "int | None":
     """`uid` of this namespace as the parent user namespace sees it; None when it is unmapped."""
     for inside, outside, count in uid_map() or _IDENTITY:
         if inside <= uid < inside + count:

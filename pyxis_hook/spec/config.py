@@ -118,12 +118,12 @@ def parse_config(raw: bytes, path: str = "<string>", verdicts: bool = False) -> 
     """Parse TOML bytes into a Config, with one-line errors naming file and key (ConfigError).
 
     A plain `key = value` file is read by flattoml (no tomllib import on the
-    hook's path); anything else goes to tomllib, which also words the errors.
+    hook's path); anything else goes to tomllib (`toml_reader`), which also words the errors.
     The values are checked against the schema file with jsonschema
     (`spec.confcheck`), unless `verdicts` and a kept verdict says these
     bytes at `path` passed already; with `verdicts`, a check that passes
     keeps one (`spec.confverdict`: as the package's owner, in the
-    configured snapshot-dir when it exists).
+    configured snapshot-dir).
     """
     from pyxis_hook.spec import flattoml
 
@@ -133,11 +133,10 @@ def parse_config(raw: bytes, path: str = "<string>", verdicts: bool = False) -> 
         raise ConfigError(f"{path}: not UTF-8 text") from None
     data = flattoml.loads(text)
     if data is None:
-        import tomllib
-
+        toml = toml_reader(path)
         try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as e:
+            data = toml.loads(text)
+        except toml.TOMLDecodeError as e:
             raise ConfigError(f"{path}: not valid TOML: {e}") from None
     for key, value in data.items():  # a NUL would reach open()/exec() as "embedded null byte", naming nothing
         if any(isinstance(v, str) and "\0" in v for v in (value if isinstance(value, list) else [value])):
@@ -164,6 +163,23 @@ def parse_config(raw: bytes, path: str = "<string>", verdicts: bool = False) -> 
         name = key.replace("-", "_")
         values[name] = tuple(value) if isinstance(value, list) else value
     return Config(source=path, **values)
+
+
+def toml_reader(path: str = "<string>"):
+    """The TOML reader module: `tomllib` (Python >= 3.11), else `tomli`, the package it was made from.
+
+    setup.cfg requires tomli on Python < 3.11.  Errors: ConfigError naming `path` when neither is there.
+    """
+    if sys.version_info >= (3, 11):
+        import tomllib
+
+        return tomllib
+    try:
+        import tomli
+    except ImportError:
+        raise ConfigError(f"{path}: more than flat `key = value` lines, which Python < 3.11 reads with tomli: "
+                          "it is not installed") from None
+    return tomli
 
 
 def config_keys() -> tuple[str, ...]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import sys
 
 import pytest
 
@@ -60,6 +61,17 @@ def test_subset_gets_exactly_those_gpus(runtime, tmp_path, host):
     assert "smi-rc=9" in r.stdout and "couldn't communicate with the NVIDIA driver" in r.stdout
     # device cgroup: the allowed node opens as far as the (absent) driver: ENXIO, not EPERM
     assert "open0: cat: can't open '/dev/nvidia0': No such device or address" in r.stdout, r.stdout
+
+
+def test_the_hook_runs_under_the_interpreter_that_registered_it(tmp_path, host):
+    """hook_entry registers this interpreter (hookd.interpreter): the start's log names its start image by cache tag.
+
+    What makes `.ci/run`'s pass under each interpreter test that interpreter as the hook's, not only as pytest's.
+    """
+    r = _start(RUNTIMES[0], tmp_path, host, ("NVIDIA_VISIBLE_DEVICES=0",))
+    assert r.rc == 0, r.stderr
+    images = set(re.findall(r"/__pycache__/start-image\.([a-z]+-[0-9]+)-", (host.base / "hook.log").read_text()))
+    assert images == {sys.implementation.cache_tag}
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)

@@ -31,7 +31,6 @@ import argparse
 import ast
 import importlib
 import re
-import tomllib
 from functools import cache
 from pathlib import Path
 
@@ -327,11 +326,14 @@ def check_setting(token: str) -> str | None:
     m = re.match(r"^([a-z][a-z0-9-]*) = ", token)
     if not m:
         return None
+    from pyxis_hook.spec import confcheck
+    from pyxis_hook.spec.config import toml_reader
+
+    tomllib = toml_reader()
     try:
         data = tomllib.loads(token)
     except tomllib.TOMLDecodeError:
         return None  # prose shaped like a setting (`key = value`)
-    from pyxis_hook.spec import confcheck
 
     key = m.group(1)
     if key not in schema_keys():

@@ -50,6 +50,17 @@ def test_the_string_functions_equal_posixpath(p):
     assert pathnames.fsdecode(os.fsencode(p)) == os.fsdecode(os.fsencode(p)) == p
 
 
+@settings(max_examples=500, deadline=None)
+@given(PATHS)
+def test_the_python_normpath_equals_posixpath(p):
+    """The normpath a 3.9 or 3.10 start uses (no C `posix._path_normpath` there), on every interpreter."""
+    assert pathnames._normpath_str(p) == posixpath.normpath(p)
+
+
+def test_normpath_is_the_c_one_where_the_interpreter_has_it():
+    assert (pathnames._C_NORMPATH is not None) == (sys.version_info >= (3, 11))
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(PATHS, min_size=1, max_size=5))
 def test_join_equals_posixpath(parts):

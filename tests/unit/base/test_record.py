@@ -271,7 +271,8 @@ def test_records_share_their_methods_and_each_class_keeps_its_fields():
     assert shown(P(1)) == "P(a=1, b='x')" and shown(Q()) == "Q(c=())"
     assert shown(Plain(2, "y")) == "Plain(a=2, b='y')" and Plain(2) != P(2)
     assert shown(Wider(1)) == "Wider(a=1, b='x', c=3)" and hash(Wider(1)) == hash((1, "x", 3))
-    with pytest.raises(TypeError, match=r"P\.__init__\(\) missing 1 required positional argument: 'a'"):
+    owner = r"\.P\." if sys.version_info >= (3, 10) else "^"  # CPython names the class from 3.10, as the record does
+    with pytest.raises(TypeError, match=rf"{owner}__init__\(\) missing 1 required positional argument: 'a'$"):
         Plain()
 
 

@@ -68,7 +68,8 @@ def pkg(tmp_path):
     (lib / "pkgx" / "__init__.py").write_text("")
     (lib / "pkgx" / "a.py").write_text("A = 1\n")
     (lib / "pkgx" / "b.py").write_text("from pkgx import a\nVALUE = a.A + 1\n")
-    (lib / "pkgx" / "c.py").write_text("import os\nif os.path.exists(__file__ + '.fail'):\n"
+    # posix, not os: os is a source module before Python 3.11 (frozen after), and would join the image
+    (lib / "pkgx" / "c.py").write_text("import posix\nif posix.access(__file__ + '.fail', posix.F_OK):\n"
                                        "    raise RuntimeError('c refuses')\n")
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o755)

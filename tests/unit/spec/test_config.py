@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from fixtures.cli import run_cli
 from pyxis_hook import trust
 from pyxis_hook.spec import confcheck, confverdict
-from pyxis_hook.spec.config import ALL_CAPABILITIES, Config, config_keys, load_config, parse_config
+from pyxis_hook.spec.config import ALL_CAPABILITIES, Config, config_keys, load_config, parse_config, toml_reader
 from pyxis_hook.spec.schemafiles import load_schema
 from pyxis_hook.errors import ConfigError
 from pyxis_hook.sysrecord import FACILITIES
@@ -141,6 +141,19 @@ def test_cli_missing_config_file(tmp_path):
     r = run_cli("info", conf=tmp_path / "nope")
     assert r.returncode == 2
     assert "nope: cannot read configuration" in r.stderr
+
+
+def test_the_toml_reader_is_tomllib_else_tomli_else_one_line(monkeypatch):
+    """Python >= 3.11 reads with tomllib; before, tomli; without tomli, a non-flat file is a ConfigError naming it."""
+    assert toml_reader().__name__ == ("tomllib" if sys.version_info >= (3, 11) else "tomli")
+    monkeypatch.setitem(sys.modules, "tomli", None)  # as if not installed
+    flat, beyond = b'driver-root = "/opt/nvidia"\n', b'driver-root = "/opt/nv\\u0069dia"\n'
+    assert parse_config(flat, "x.conf").driver_root == "/opt/nvidia"  # flattoml's: no reader asked
+    if sys.version_info >= (3, 11):
+        assert parse_config(beyond, "x.conf").driver_root == "/opt/nvidia"
+    else:
+        with pytest.raises(ConfigError, match=r"^x\.conf: .*tomli: it is not installed$"):
+            parse_config(beyond, "x.conf")
 
 
 def test_every_config_field_is_in_schema():

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import tomllib
-
 import jsonschema
 
 from fixtures.cli import run_cli
-from pyxis_hook.spec.config import Config, parse_config
+from pyxis_hook.spec.config import Config, parse_config, toml_reader
 from pyxis_hook.spec.schemafiles import load_schema
 
 
@@ -16,7 +14,7 @@ def test_config_default_is_the_defaults_and_validates(tmp_path):
     assert r.returncode == 0 and r.stderr == "", r.stderr
     assert parse_config(r.stdout.encode(), "default") == Config()
     schema = load_schema("pyxis-conf.schema.json")
-    doc = tomllib.loads(r.stdout)
+    doc = toml_reader().loads(r.stdout)
     jsonschema.validate(doc, schema)
     lines = r.stdout.splitlines()
     for key, prop in schema["properties"].items():

@@ -9,13 +9,16 @@ but must never return something tomllib would not.
 
 from __future__ import annotations
 
-import tomllib
+import sys
 
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from pyxis_hook.spec import flattoml
-from pyxis_hook.spec.config import parse_config
+from pyxis_hook.spec.config import parse_config, toml_reader
+
+tomllib = toml_reader()  # the stdlib's, or on Python < 3.11 tomli, what the hook itself falls back to
 
 _key = st.from_regex(r"[A-Za-z0-9_-]{1,12}", fullmatch=True)
 _basic = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters='"\\\n\r\x7f'
@@ -101,6 +104,21 @@ def test_anything_else_is_refused_or_read_exactly_as_tomllib(lines, eol):
         assert mine == theirs  # a document made only of flat lines is read, never refused
     else:
         assert mine is None or mine == theirs
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="no tomllib to compare tomli with before Python 3.11")
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(_flat_docs().map(lambda doc: doc[0]), st.lists(_pieces, max_size=6).map("\n".join)))
+def test_tomli_reads_and_refuses_as_tomllib(text):
+    """tomli, which reads pyxis.conf on Python < 3.11, against the tomllib it stands in for."""
+    tomli = pytest.importorskip("tomli")
+    try:
+        theirs = tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        with pytest.raises(tomli.TOMLDecodeError):
+            tomli.loads(text)
+        return
+    assert tomli.loads(text) == theirs
 
 
 def test_the_subset_is_what_a_pyxis_conf_looks_like():

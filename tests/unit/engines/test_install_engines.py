@@ -92,9 +92,9 @@ def check_files(root: Path, engine: str) -> None:
             assert all(h["path"] == LAUNCHER for h in hooks)
             assert bool(hooks) == (role == "cdi-spec")
         elif role == "containerd-config":
-            import tomllib
+            from pyxis_hook.spec.config import toml_reader
 
-            cri = tomllib.loads(p.read_text())["plugins"]["io.containerd.grpc.v1.cri"]
+            cri = toml_reader().loads(p.read_text())["plugins"]["io.containerd.grpc.v1.cri"]
             assert cri["enable_cdi"] is True and cri["sandbox_image"] == "registry.k8s.io/pause:3.9"
             assert cri["containerd"]["runtimes"]["runc"]["options"]["SystemdCgroup"] is True
         elif role == "launcher":

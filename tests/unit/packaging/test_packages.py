@@ -67,7 +67,8 @@ def test_deb_layout_control_and_conffile(packages):
     fields = dict(re.findall(r"(?m)^(\S+): (.*)$", _out("dpkg-deb", "-f", str(deb))))
     assert fields["Package"] == "pyxis-hook" and fields["Version"] == VERSION
     assert fields["Architecture"] == "all"
-    assert [d.strip() for d in fields["Depends"].split(",")] == ["python3 (>= 3.9)", "python3-pyelftools", "python3-jsonschema"]
+    assert [d.strip() for d in fields["Depends"].split(",")] == [
+        "python3 (>= 3.9)", "python3-pyelftools", "python3-jsonschema", "python3 (>= 3.11) | python3-tomli"]
     listing = _out("dpkg-deb", "-c", str(deb)).splitlines()
     files = {line.split()[-1].removeprefix("./"): line.split()[0] for line in listing}
     site = "usr/lib/python3/dist-packages/"
@@ -100,6 +101,7 @@ def test_rpm_layout_requires_and_config(packages):
     assert _out("rpm", "-qp", "--queryformat", "%{ARCH}", str(rpm)) == "noarch"
     requires = {r.split()[0] for r in _out("rpm", "-qpR", str(rpm)).splitlines() if not r.startswith("rpmlib(")}
     assert requires == {"python3", "python3-pyelftools", "python3-jsonschema", "/bin/sh"}  # /bin/sh: the scriptlets
+    assert _out("rpm", "-qp", "--recommends", str(rpm)).split() == ["python3-tomli"]
     files = set(_out("rpm", "-qpl", str(rpm)).splitlines())
     site = "/usr/lib/python3.9/site-packages/"
     assert {site + m for m in MODULES} <= files

@@ -51,8 +51,18 @@ def schema_file() -> tuple[str, str, dict]:
 
 
 def problem(data: dict) -> str | None:
-    """None when `data` is valid against the schema, else the one line for its first bad key (module doc)."""
-    import jsonschema
+    """None when `data` is valid against the schema, else the one line for its first bad key (module doc).
+
+    Also a line, not an exception, when jsonschema cannot be imported: the
+    file is then unchecked, and a start must not go on with it.
+    """
+    try:
+        import jsonschema
+    except ImportError:
+        import sys
+
+        return (f"cannot be checked: {sys.executable} cannot import jsonschema "
+                "(Debian/Ubuntu/EL: the python3-jsonschema package; pip: jsonschema)")
 
     schema = schema_file()[2]
     errors = list(jsonschema.Draft7Validator(schema).iter_errors(data))

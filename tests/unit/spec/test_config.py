@@ -344,3 +344,12 @@ def test_a_nul_byte_in_a_value_names_the_key():
     for text, key in ((b'log-file = "/tmp/a\\u0000b"\n', "log-file"), (b'path = ["/bin", "/x\\u0000"]\n', "path")):
         with pytest.raises(ConfigError, match=f"^p.conf: key '{key}': contains a NUL byte$"):
             parse_config(text, "p.conf")
+
+
+def test_without_jsonschema_a_changed_file_is_refused_in_one_line(monkeypatch):
+    """A node python3 without jsonschema: the file cannot be checked, so it is not used, and the line says why."""
+    monkeypatch.setitem(sys.modules, "jsonschema", None)  # import jsonschema raises ImportError
+    with pytest.raises(ConfigError) as e:
+        parse_config(b'log-level = "info"\n', "/etc/pyxis-hook/pyxis.conf")
+    assert str(e.value).startswith("/etc/pyxis-hook/pyxis.conf: cannot be checked: ")
+    assert "python3-jsonschema" in str(e.value) and "\n" not in str(e.value)

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from fixtures import hosttree
+from fixtures.pyxiscluster import install_package
 from fixtures.synthdriver import V, make_driver
 from pyxis_hook.errors import ArtifactError
 from pyxis_hook.host import artifact
@@ -88,13 +89,9 @@ def _as_user(c: Config, *wrap: str) -> dict:
 
 
 def _installed(tmp_path: Path) -> Path:
-    """The package installed where any user reads it, root's, as on a node; the node's python3 must have pyelftools."""
-    if subprocess.run([NODE_PYTHON, "-I", "-c", "import elftools"], capture_output=True).returncode:
-        pytest.fail(f"{NODE_PYTHON} has no pyelftools: install Debian's python3-pyelftools (.ci/run does)")
+    """The package installed where any user reads it, root's, as on a node (`pyxiscluster.install_package`)."""
     site = tmp_path / "site"
-    shutil.copytree(REPO / "pyxis_hook", site / "pyxis_hook", ignore=shutil.ignore_patterns("__pycache__"))
-    for d, _dirs, _files in os.walk(site):
-        os.chmod(d, 0o755)
+    install_package(site)
     return site
 
 

@@ -54,8 +54,12 @@ def documents(stdin_bytes: bytes, bundle_dir: str | None = None, docs: tuple | N
     return state, oci.bundle_from_doc(config_doc, config_path[:-len("/config.json")] or "/", config_path)
 
 
-def prestart(config, stdin_bytes: bytes, bundle_dir: str | None = None, docs: tuple | None = None) -> int:
-    """The OCI prestart/createRuntime hook: the container gets its GPUs, or a PyxisHookError says why not."""
+def prestart(config, stdin_bytes: bytes, bundle_dir: str | None = None, docs: tuple | None = None,
+             stored=None) -> int:
+    """The OCI prestart/createRuntime hook: the container gets its GPUs, or a PyxisHookError says why not.
+
+    `stored`: the node artifact as loading `config` read it (`spec.config.read_config`), else read when needed.
+    """
     state, bundle = documents(stdin_bytes, bundle_dir, docs)
     current["container"] = state.id
     void = nogpu.void_reason(bundle.env_map())
@@ -64,7 +68,7 @@ def prestart(config, stdin_bytes: bytes, bundle_dir: str | None = None, docs: tu
         return 0
     pinned = rootpin.pin_bundle(bundle, state.pid, config.writable_bundle, f"container {state.id}")
     try:
-        prepared = prepare(config, bundle, state=state, check=True, view=pinned.view)
+        prepared = prepare(config, bundle, state=state, check=True, view=pinned.view, stored=stored)
         plan = prepared.plan
         log.info(f"container {state.id}: {len(plan.devices)} devices, {len(plan.mounts)} mounts, "
                  f"ldcache {plan.ldcache.mode}")
@@ -75,8 +79,11 @@ def prestart(config, stdin_bytes: bytes, bundle_dir: str | None = None, docs: tu
     return 0
 
 
-def enroot(config, environ: dict[str, str]) -> int:
-    """enroot's hook: the container `ENROOT_PID`/`ENROOT_ROOTFS` name gets its GPUs (enroot programs no cgroup)."""
+def enroot(config, environ: dict[str, str], stored=None) -> int:
+    """enroot's hook: the container `ENROOT_PID`/`ENROOT_ROOTFS` name gets its GPUs (enroot programs no cgroup).
+
+    `stored`: as `prestart`'s.
+    """
     from pyxis_hook.engines import enroot as enroot_engine  # enroot's starts only: a runtime's never run it
 
     current["container"] = environ.get("ENROOT_ROOTFS", "").rstrip("/").rpartition("/")[2] or "enroot"
@@ -88,7 +95,7 @@ def enroot(config, environ: dict[str, str]) -> int:
         enroot_engine.append_environ(doc.environ_path, doc.honoured)
         return 0
     config = replace(config, no_cgroups=True)
-    prepared = prepare(config, bundle, check=True)
+    prepared = prepare(config, bundle, check=True, stored=stored)
     plan = prepared.plan
     log.info(f"enroot container {doc.pid}: {len(plan.devices)} devices, {len(plan.mounts)} mounts")
     # written before the mounts: a failed write leaves nothing mounted, and a failed apply makes

@@ -31,9 +31,11 @@ def dispatch(argv: list[str]) -> "int | None":
         void, docs = first_look(data)
         if void:
             return 0
-        return run_started("prestart", lambda pipeline, config: pipeline.prestart(config, data, docs=docs))
+        return run_started("prestart", lambda pipeline, config, stored:
+                           pipeline.prestart(config, data, docs=docs, stored=stored))
     if kind == "enroot":  # warnings go to stderr, as from the CLI: enroot shows its hooks' output
-        return run_started("enroot", lambda pipeline, config: pipeline.enroot(config, environ()), "warning")
+        return run_started("enroot", lambda pipeline, config, stored: pipeline.enroot(config, environ(), stored),
+                           "warning")
     return None
 
 
@@ -82,7 +84,10 @@ def first_look(data: bytes) -> "tuple[bool, tuple | None]":
 
 
 def run_started(entry: str, work, stderr_level: str = "error") -> int:
-    """One container start of kind `entry`: start image, config, log, `work(pipeline, config)`, one error line.
+    """One container start of kind `entry`: start image, config, log, `work(pipeline, config, stored)`, one error line.
+
+    `stored`: the node artifact as read for pyxis.conf's verdict (`spec.config.read_config`), for the
+    pipeline's `artifact.obtain`: one read of the file a start.
 
     The garbage collector stays off for the run (a start allocates mostly
     acyclic data; a node artifact build turns it back on).  A failed start
@@ -100,14 +105,14 @@ def run_started(entry: str, work, stderr_level: str = "error") -> int:
 
     try:
         from pyxis_hook import pipeline
-        from pyxis_hook.spec.config import load_config
+        from pyxis_hook.spec.config import read_config
 
-        config = load_config(None)
+        config, stored = read_config(None)
         log.configure(config.log_file, config.log_level, stderr_level, syslog=config.syslog,
                       facility=config.syslog_facility)
         for line in startimage.statuses():
             log.debug(line)
-        rc = work(pipeline, config)
+        rc = work(pipeline, config, stored)
     except Exception as e:  # noqa: BLE001 — one line for the runtime, the traceback in the log
         rc = errors.report(e, entry)
         log.start_record(errors.one_line(e), {"container": pipeline_container(entry)})

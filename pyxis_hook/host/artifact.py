@@ -11,8 +11,11 @@ admin's rebuild (`pyxis-hook refresh`).
 One file per configuration key (`config_key`) under `snapshot-dir`, JSON,
 mode 0644 in a 0755 directory, written whole (temp file + rename).  GPU
 facts, IPC sockets and the MPS dir are never taken from it: they change
-without any driver file changing, so each start reads them afresh.
-Loading imports neither json, pyelftools nor jsonschema.
+without any driver file changing, so each start reads them afresh.  It
+also records pyxis.conf's verdict (`pyxis_conf`: the text that passed the
+schema, `spec/config.py`), which a start looks up before its configuration
+is trusted: `read` is that one read of the file, and `obtain` takes it on
+(`Stored`).  Loading imports neither json, pyelftools nor jsonschema.
 """
 
 from __future__ import annotations
@@ -25,17 +28,36 @@ from pyxis_hook.errors import ArtifactError
 from pyxis_hook.host.freshness import freshness_key, stale_reason
 from pyxis_hook.host.gpuscan import discover_gpus
 from pyxis_hook.host.inventory import Inventory, refresh_live
+from pyxis_hook.record import record, replace
 from pyxis_hook.rootfs import read_to_end
 
-#: bumped whenever discovery records something else for the same driver files, so an upgraded
-#: package rebuilds the artifact instead of trusting the old result
-FORMAT = 3
+#: bumped whenever discovery records something else for the same driver files, or the file's layout
+#: changes (4: pyxis.conf's verdict), so an upgraded package rebuilds the artifact instead of trusting the old one
+FORMAT = 4
 
 _DIGEST_PRIME = 4294967291  # 2**32 - 5
 #: the largest artifact read (a driver with every capability is ~200 KB)
 ARTIFACT_LIMIT = 64 << 20
 #: how long a build waits for another process building the same artifact before building its own
 BUILD_WAIT_S = 10.0
+
+
+@record
+class Stored:
+    """The artifact file for a configuration as one start read it (`read`), and the pyxis.conf verdict it goes on with.
+
+    `data`: the document when the file passes the trust rule, parses, and has
+    this FORMAT and the configuration's key (fresh or not); else None, and
+    `why` says why not.  `verdict`: pyxis.conf's verdict that holds for this
+    start (`spec.config.read_config`), None without a pyxis.conf; the
+    package's owner records it in a build (`save`), or in a fresh artifact
+    that records another (`record_verdict`).
+    """
+
+    path: str
+    data: dict | None
+    why: str = ""
+    verdict: dict | None = None
 
 
 def config_key(config) -> dict:
@@ -52,8 +74,12 @@ def config_key(config) -> dict:
 
 def artifact_path(config) -> str:
     """`<snapshot-dir>/inventory-<digest>.json`: the digest of `config_key`, stable across runs and Pythons."""
-    raw = repr(sorted(config_key(config).items())).encode()
-    return pathnames.join(config.snapshot_dir, f"inventory-{int.from_bytes(raw, 'big') % _DIGEST_PRIME:08x}.json")
+    return _path(config.snapshot_dir, config_key(config))
+
+
+def _path(snapshot_dir: str, key: dict) -> str:
+    raw = repr(sorted(key.items())).encode()
+    return pathnames.join(snapshot_dir, f"inventory-{int.from_bytes(raw, 'big') % _DIGEST_PRIME:08x}.json")
 
 
 def lock_path(config) -> str:
@@ -73,40 +99,73 @@ def trusted_dir(path: str) -> None:
         raise ArtifactError(f"{d}: {why}")
 
 
-def load(config, host=None) -> Inventory:
+def read(config) -> Stored:
+    """The artifact file for `config` as stored (`Stored`): the trust rule, its format and its key; not its freshness."""
+    key = config_key(config)
+    path = _path(config.snapshot_dir, key)
+    fd, why = trust.open_trusted(path)
+    if why:
+        return Stored(path, None, why)
+    try:
+        data = fastjson.loads(read_to_end(fd, ARTIFACT_LIMIT, 1 << 20))  # closes fd
+    except OSError as e:
+        return Stored(path, None, f"{path}: {e.strerror}")
+    except ValueError as e:
+        return Stored(path, None, f"{path}: corrupt: {type(e).__name__}: {e}")
+    if not isinstance(data, dict):
+        return Stored(path, None, f"{path}: corrupt: not a JSON object")
+    if data.get("format") != FORMAT:
+        return Stored(path, None, f"{path}: format {data.get('format')!r}, expected {FORMAT}")
+    if data.get("key") != key:
+        return Stored(path, None, f"{path}: built for another configuration")
+    return Stored(path, data)
+
+
+def load(config, host=None, stored: Stored | None = None) -> Inventory:
     """The artifact's inventory when trusted and fresh for `config`, else ArtifactError saying why.
 
     `host`: the GPU facts read now (read when None); they replace the saved ones.
+    `stored`: the file as this process read it for `config` (`read`), else read now.
     """
-    path = artifact_path(config)
-    fd, why = trust.open_trusted(path)
-    if why:
-        raise ArtifactError(why)
-    try:
-        raw = read_to_end(fd, ARTIFACT_LIMIT, 1 << 20)  # closes fd
-    except OSError as e:
-        raise ArtifactError(f"{path}: {e.strerror}") from None
+    stored = stored if stored is not None else read(config)
+    if stored.data is None:
+        raise ArtifactError(stored.why)
     if host is None:
         host = discover_gpus(config.proc_root, config.dev_root)
     try:
-        data = fastjson.loads(raw)
-        if data.get("format") != FORMAT:
-            raise ArtifactError(f"{path}: format {data.get('format')!r}, expected {FORMAT}")
-        if data.get("key") != config_key(config):
-            raise ArtifactError(f"{path}: built for another configuration")
-        inv = Inventory.from_dict(data["inventory"], host)
-    except ArtifactError:
-        raise
+        inv = Inventory.from_dict(stored.data["inventory"], host)
     except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise ArtifactError(f"{path}: corrupt: {type(e).__name__}: {e}") from None
+        raise ArtifactError(f"{stored.path}: corrupt: {type(e).__name__}: {e}") from None
     why = stale_reason(freshness_key(inv), config, host)
     if why:
-        raise ArtifactError(f"{path}: stale: {why}")
+        raise ArtifactError(f"{stored.path}: stale: {why}")
     return refresh_live(inv, config)
 
 
-def save(config, inv: Inventory) -> str:
-    """Write the artifact whole; its path.  ArtifactError when it cannot, or no start would trust it."""
+def _payload(doc: dict) -> bytes:
+    import json  # only when writing
+
+    return json.dumps(doc, indent=1, sort_keys=True).encode()
+
+
+def record_verdict(stored: Stored) -> None:
+    """Rewrite the artifact `stored` read whole with its `verdict`, the rest as read, when it records another.
+
+    Only as the package's owner (`trust.may_write`); a failed write is a
+    debug line (a later start checks pyxis.conf again).
+    """
+    if stored.data is None or stored.verdict is None or stored.data.get("pyxis_conf") == stored.verdict \
+            or not trust.may_write():
+        return
+    try:
+        trust.write_whole(stored.path, _payload(dict(stored.data, pyxis_conf=stored.verdict)))
+    except OSError as e:
+        log.debug(f"{stored.path}: pyxis.conf's verdict not recorded: {e.strerror}")
+
+
+def save(config, inv: Inventory, verdict: dict | None = None) -> str:
+    """Write the artifact whole, with pyxis.conf's `verdict`; its path.  ArtifactError when it cannot, or no start
+    would trust it."""
     path = artifact_path(config)
     d = pathnames.dirname(path)
     try:
@@ -116,11 +175,8 @@ def save(config, inv: Inventory) -> str:
             os.makedirs(d, mode=0o755, exist_ok=True)
             posix.chmod(d, 0o755)
         trusted_dir(path)
-        import json  # only when building
-
-        payload = json.dumps({"format": FORMAT, "key": config_key(config), "inventory": inv.to_dict()},
-                             indent=1, sort_keys=True).encode()
-        trust.write_whole(path, payload)
+        trust.write_whole(path, _payload({"format": FORMAT, "key": config_key(config), "inventory": inv.to_dict(),
+                                          "pyxis_conf": verdict}))
     except OSError as e:
         raise ArtifactError(f"{path}: cannot save the node artifact: {e.strerror}") from None
     return path
@@ -162,23 +218,28 @@ def _discover(config, strict: bool, host) -> Inventory:
     return discover(config, strict=strict, host=host)
 
 
-def _rebuild(config, strict: bool, host, reread: bool) -> tuple[Inventory, str, str]:
+def _rebuild(config, strict: bool, host, reread: bool, verdict: dict | None) -> tuple[Inventory, str, str]:
     """Under the build lock: the inventory, how it was got (`obtain`'s words) and why it was not saved ("").
 
     `reread`: first read what a process that held the lock meanwhile saved.
+    `verdict`: pyxis.conf's, to record.
     """
     lock = _build_lock(config)
     try:
         if lock is not None and reread:
+            again = replace(read(config), verdict=verdict)
             try:
-                return load(config, host), "read", ""
+                inv = load(config, host, again)
             except ArtifactError:
                 pass
+            else:
+                record_verdict(again)
+                return inv, "read", ""
         inv = _discover(config, strict, host)
         if not inv.usable:
             return inv, "discovered", f"{artifact_path(config)}: not saved: {inv.errors[0] if inv.errors else 'no driver'}"
         try:
-            save(config, inv)
+            save(config, inv, verdict)
         except ArtifactError as e:
             return inv, "discovered", str(e)
         return inv, "built", ""
@@ -187,8 +248,9 @@ def _rebuild(config, strict: bool, host, reread: bool) -> tuple[Inventory, str, 
             posix.close(lock)
 
 
-def build(config, *, strict: bool = True, host=None) -> Inventory:
-    """Discover the driver now and save the artifact (`pyxis-hook refresh`), under the build lock.
+def build(config, *, strict: bool = True, host=None, verdict: dict | None = None) -> Inventory:
+    """Discover the driver now and save the artifact, with pyxis.conf's `verdict` (`pyxis-hook refresh`), under the
+    build lock.
 
     ArtifactError when this process may not write it, the driver is not
     usable or the file cannot be saved; DriverError (strict) naming the
@@ -198,30 +260,36 @@ def build(config, *, strict: bool = True, host=None) -> Inventory:
         raise ArtifactError(f"{artifact_path(config)}: only the package's owner (uid {trust.package_owner()}) "
                             "writes the node artifact")
     host = host if host is not None else discover_gpus(config.proc_root, config.dev_root)
-    inv, _how, problem = _rebuild(config, strict, host, reread=False)
+    inv, _how, problem = _rebuild(config, strict, host, reread=False, verdict=verdict)
     if problem:
         raise ArtifactError(problem)
     return inv
 
 
-def obtain(config, *, strict: bool = True, host=None) -> tuple[Inventory, str]:
+def obtain(config, *, strict: bool = True, host=None, stored: Stored | None = None) -> tuple[Inventory, str]:
     """The inventory for `config` and how it was got: "read" (the artifact, trusted and fresh), "built"
     (discovered and saved by the package's owner) or "discovered" (in memory; logged once, with why).
 
-    `host`: the GPU facts when the caller has just read them.
+    `host`: the GPU facts when the caller has just read them.  `stored`: the
+    file as this start read it for `config` (`read`, with pyxis.conf's
+    verdict), else read now; the package's owner records its verdict.
     """
+    stored = stored if stored is not None else read(config)
     if host is None:
         host = discover_gpus(config.proc_root, config.dev_root)
     try:
-        return load(config, host), "read"
+        inv = load(config, host, stored)
     except ArtifactError as e:
         why = str(e)
+    else:
+        record_verdict(stored)
+        return inv, "read"
     if not trust.may_write():
         log.info(f"node artifact not used ({why}): discovering the driver in memory; "
                  "`pyxis-hook refresh` as root rebuilds it")
         return _discover(config, strict, host), "discovered"
     log.debug(f"rebuilding the node artifact: {why}")
-    inv, how, problem = _rebuild(config, strict, host, reread=True)
+    inv, how, problem = _rebuild(config, strict, host, reread=True, verdict=stored.verdict)
     if problem and inv.usable:  # a usable driver left unsaved: every start will discover it again
         log.warning(problem)
     return inv, how

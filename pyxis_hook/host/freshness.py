@@ -19,6 +19,11 @@ def stat_signature(path: str) -> tuple[str, int, int, int, int] | None:
         st = posix.stat(path)
     except OSError:
         return None
+    return signature(path, st)
+
+
+def signature(path: str, st) -> tuple[str, int, int, int, int]:
+    """`stat_signature` of the file at `path` whose stat result (or fstat's, of an fd open on it) is `st`."""
     return (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 

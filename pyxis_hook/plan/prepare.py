@@ -94,7 +94,7 @@ def confinement(env, host, proc_root: str = "/proc", pid: int | str | None = Non
 
 
 def prepare(config: Config, bundle, *, state=None, check: bool = False, confine: bool = True,
-            view: str | None = None) -> Prepared:
+            view: str | None = None, stored=None) -> Prepared:
     """Decide everything for `bundle` (an oci.Bundle); never touches the container.
 
     The stages, in order: the no-GPU answer; the GPUs read now and the
@@ -105,7 +105,8 @@ def prepare(config: Config, bundle, *, state=None, check: bool = False, confine:
     cgroup (`plan` passes the default too, so the dry run decides as the
     start does).  `view`: the path the image is read through (a start's
     pinned rootfs, `rootpin.PinnedRoot.view`); the plan still names
-    `bundle.rootfs`.
+    `bundle.rootfs`.  `stored`: the node artifact as loading `config` read
+    it (`spec.config.read_config`), for `artifact.obtain`.
     """
     env = bundle.env_map()
     annotations = oci.state_annotations(state, bundle) if state is not None else bundle.annotation_map()
@@ -118,7 +119,7 @@ def prepare(config: Config, bundle, *, state=None, check: bool = False, confine:
     if confine:
         env, allowed = confinement(env, host)
     proc_files = read_proc_driver_files(config.proc_root)
-    inventory, source = artifact.obtain(config, strict=False, host=host)
+    inventory, source = artifact.obtain(config, strict=False, host=host, stored=stored)
     if envreads.names_mig_uuid(env) and any(m.uuid is None for m in inventory.host.mig_devices):
         inventory = with_mig_uuids(inventory)
     cuda = format_cuda_version(inventory.cuda_version) if inventory.cuda_version else None

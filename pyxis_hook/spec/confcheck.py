@@ -4,13 +4,13 @@
 else one line naming the first bad key in the file's order: an unknown key
 (with the known ones), or the key (`key 'path[1]'` for a list's item), the
 value and what the schema allows.  `schema_file()` is the file checked
-against, with its stat signature when it was read (`spec.confverdict` keeps
-both with a verdict).  ConfigError when the schema file cannot be read (an
-incomplete installation).
+against, with its stat signature when it was read (the node artifact
+records it with pyxis.conf's verdict, `spec.config`).  ConfigError when the
+schema file cannot be read (an incomplete installation).
 
 Imports jsonschema and reads the schema file: a start reaches this module
-only when its pyxis.conf has no kept verdict (a changed file, or a user's
-own); `doctor` and `config check` always do.
+only when the node artifact records no verdict for its pyxis.conf (a
+changed file, or a new node); `doctor` and `config check` always do.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 import posix
 
 from pyxis_hook.errors import ConfigError
-from pyxis_hook.spec.confverdict import signature
+from pyxis_hook.host.freshness import signature
 
 SCHEMA_FILE = "pyxis-conf.schema.json"
 
@@ -27,10 +27,10 @@ _PATTERN_WORDS = {"^/": "an absolute path", "^@?/": "an absolute path, '@' first
                   "^(/.*)?$": 'an absolute path or ""'}
 _ARTICLE = {"array": "a list", "object": "a table", "integer": "an integer"}
 
-_loaded: list[tuple[str, str, dict]] = []
+_loaded: list[tuple[str, tuple, dict]] = []
 
 
-def schema_file() -> tuple[str, str, dict]:
+def schema_file() -> tuple[str, tuple, dict]:
     """(the schema file's path, its stat signature when read, the schema), read once a process."""
     if not _loaded:
         from pyxis_hook import fastjson
@@ -40,7 +40,7 @@ def schema_file() -> tuple[str, str, dict]:
         path = schema_path(SCHEMA_FILE)
         try:
             fd = posix.open(path, posix.O_RDONLY | posix.O_CLOEXEC)
-            sig = signature(posix.fstat(fd))
+            sig = signature(path, posix.fstat(fd))
             schema = fastjson.loads(read_to_end(fd, 1 << 20))
         except OSError as e:
             raise ConfigError(f"{path}: cannot read the configuration's schema: {e.strerror}") from None

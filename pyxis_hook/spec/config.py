@@ -2,10 +2,12 @@
 
 The file is TOML, valid when `schemas/pyxis-conf.schema.json` accepts it:
 jsonschema decides (`spec.confcheck`).  A start imports neither jsonschema
-nor `re` for a file it has seen: `load_config` takes a trusted verdict kept
-beside the node artifact (`spec.confverdict`) for bytes the schema already
-accepted, and checks (and, as root, keeps a verdict) only when there is
-none: on the first start after the file or the schema changed.
+nor `re` for a file it has seen: `read_config` takes the verdict the node
+artifact records (`host.artifact`, under its trust rule) for bytes the
+schema already accepted, and checks only when it records none for them: on
+the first start after the file or the schema changed.  The package's
+owner's start then records the new verdict in the artifact
+(`artifact.obtain`); reading a configuration writes nothing.
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ import sys
 
 from pyxis_hook import pathnames
 from pyxis_hook.errors import ConfigError
-from pyxis_hook.record import field, fields, record
+from pyxis_hook.record import field, fields, record, replace
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # hints only: nothing imported at run time (docs/decisions/2026-12-07-start-costs.md)
     from collections.abc import Mapping
+
+    from pyxis_hook.host.artifact import Stored
 
 DEFAULT_CONFIG_PATH = "/etc/pyxis-hook/pyxis.conf"
 ENV_CONFIG = "PYXIS_HOOK_CONFIG"
@@ -101,30 +105,76 @@ def find_config_path(explicit: str | None, environ: Mapping[str, str] | None = N
 
 
 def load_config(explicit: str | None = None, environ: dict[str, str] | None = None, verdicts: bool = True) -> Config:
-    """Find, parse and validate pyxis.conf (`parse_config`); built-in defaults when there is none."""
+    """Find, parse and validate pyxis.conf (`read_config`'s Config); built-in defaults when there is none."""
+    return read_config(explicit, environ, verdicts)[0]
+
+
+def read_config(explicit: str | None = None, environ: dict[str, str] | None = None,
+                verdicts: bool = True) -> tuple[Config, Stored | None]:
+    """(the Config, the node artifact read for its verdict): pyxis.conf found, parsed and validated.
+
+    Built-in defaults and None when there is no file.  The bytes are parsed
+    as `parse_config` parses them.  With `verdicts`, the node artifact at the
+    path the parsed values give is read first (`host.artifact.read`); when it
+    records a verdict that holds for these bytes (`holds`), jsonschema is not
+    asked, else the values are checked (`spec.confcheck`).  A refused file is
+    ConfigError naming the key; one that passes goes on with its new verdict
+    (`Stored.verdict`), which `artifact.obtain` records as the package's owner:
+    pass the Stored to it, so a start reads the artifact once.  Without
+    `verdicts` (`config check`) the values are always checked, and no artifact is read.
+    """
     path = find_config_path(explicit, environ)
     if path is None:
-        return Config()
+        return Config(), None
     from pyxis_hook.rootfs import read_regular_path
 
     try:
         raw = read_regular_path(path, 1 << 20)  # a FIFO or /dev/zero given as pyxis.conf: one line, no hang
     except OSError as e:
         raise ConfigError(f"{path}: cannot read configuration: {e.strerror}") from None
-    return parse_config(raw, path, verdicts)
+    data, text = _document(raw, path)
+    values = _values(data)
+    try:
+        config = Config(source=path, **values)
+    except TypeError:
+        config = None  # an unknown key: the check names it
+    stored = _stored(config) if verdicts and config is not None else None
+    if stored is not None and holds(stored.data, text):
+        return config, replace(stored, verdict=stored.data["pyxis_conf"])
+    _check(data, path)
+    if stored is not None:
+        from pyxis_hook.spec import confcheck
+
+        stored = replace(stored, verdict={"text": text, "schema": list(confcheck.schema_file()[1])})
+    return Config(source=path, **values) if config is None else config, stored
 
 
-def parse_config(raw: bytes, path: str = "<string>", verdicts: bool = False) -> Config:
+def parse_config(raw: bytes, path: str = "<string>") -> Config:
     """Parse TOML bytes into a Config, with one-line errors naming file and key (ConfigError).
 
     A plain `key = value` file is read by flattoml (no tomllib import on the
     hook's path); anything else goes to tomllib (`toml_reader`), which also words the errors.
-    The values are checked against the schema file with jsonschema
-    (`spec.confcheck`), unless `verdicts` and a kept verdict says these
-    bytes at `path` passed already; with `verdicts`, a check that passes
-    keeps one (`spec.confverdict`: as the package's owner, in the
-    configured snapshot-dir).
+    The values are checked against the schema file with jsonschema (`spec.confcheck`).
     """
+    data, _ = _document(raw, path)
+    _check(data, path)
+    return Config(source=path, **_values(data))
+
+
+def holds(artifact_data: dict | None, text: str) -> bool:
+    """Whether a node artifact's document (`Stored.data`) records that pyxis.conf's `text` passed the schema file
+    as it is now: the same text, and the schema file's stat signature (`host.freshness`) unchanged."""
+    from pyxis_hook.host.freshness import stat_signature
+
+    try:
+        kept = artifact_data["pyxis_conf"]
+        return kept["text"] == text and stat_signature(kept["schema"][0]) == tuple(kept["schema"])
+    except (TypeError, KeyError, IndexError, ValueError):  # none recorded, or not as recorded here
+        return False
+
+
+def _document(raw: bytes, path: str) -> tuple[dict, str]:
+    """(the TOML document of `raw`, its text); ConfigError naming `path` for bytes that are not one."""
     from pyxis_hook.spec import flattoml
 
     try:
@@ -141,28 +191,33 @@ def parse_config(raw: bytes, path: str = "<string>", verdicts: bool = False) -> 
     for key, value in data.items():  # a NUL would reach open()/exec() as "embedded null byte", naming nothing
         if any(isinstance(v, str) and "\0" in v for v in (value if isinstance(value, list) else [value])):
             raise ConfigError(f"{path}: key '{key}': contains a NUL byte")
-    snapshot_dir = data.get("snapshot-dir", DEFAULT_SNAPSHOT_DIR) if verdicts else ""
-    if not isinstance(snapshot_dir, str) or not snapshot_dir.startswith("/"):
-        snapshot_dir = ""  # none to look in: the check names the key
-    kept = False
-    if snapshot_dir:
-        from pyxis_hook.spec import confverdict
+    return data, text
 
-        kept = confverdict.holds(raw, path, snapshot_dir)
-    if not kept:
-        from pyxis_hook.spec import confcheck
 
-        problem = confcheck.problem(data)
-        if problem:
-            raise ConfigError(f"{path}: {problem}")
-        if snapshot_dir:
-            schema, signature, _ = confcheck.schema_file()
-            confverdict.keep(raw, path, snapshot_dir, schema, signature)
-    values: dict = {}  # key -> TOML value, as Config takes them
-    for key, value in data.items():
-        name = key.replace("-", "_")
-        values[name] = tuple(value) if isinstance(value, list) else value
-    return Config(source=path, **values)
+def _values(data: dict) -> dict:
+    """Config's keyword arguments for TOML document `data`: '_' for '-', a tuple for a list."""
+    return {key.replace("-", "_"): tuple(value) if isinstance(value, list) else value for key, value in data.items()}
+
+
+def _stored(config: Config) -> Stored | None:
+    """The node artifact for the unchecked `config` (`artifact.read`); None when its values name none."""
+    if not isinstance(config.snapshot_dir, str) or not config.snapshot_dir.startswith("/"):
+        return None
+    from pyxis_hook.host import artifact
+
+    try:
+        return artifact.read(config)
+    except (TypeError, ValueError, AttributeError):  # a value of another type: the check names it
+        return None
+
+
+def _check(data: dict, path: str) -> None:
+    """ConfigError naming `path` and the first bad key when the schema refuses `data` (`spec.confcheck`)."""
+    from pyxis_hook.spec import confcheck
+
+    problem = confcheck.problem(data)
+    if problem:
+        raise ConfigError(f"{path}: {problem}")
 
 
 def toml_reader(path: str = "<string>"):

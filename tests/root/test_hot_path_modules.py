@@ -54,8 +54,8 @@ def gpu_start_modules(tmp_path_factory) -> list[str]:
     # whatever an earlier run left
     Path(startimage.image_path()).unlink(missing_ok=True)
     names: list[str] = []
-    # the first start builds the node artifact (making snapshot-dir) and checks pyxis.conf, the second
-    # checks it again and keeps its verdict there; the third takes both, plans and applies
+    # the first start checks pyxis.conf and builds the node artifact (making snapshot-dir), recording the
+    # verdict in it; the second takes both and writes the start image; the third runs from it, plans and applies
     for _ in range(3):
         proc = start_standin(f'mount --bind "{rootfs}" "{rootfs}" && '
                              f'mount -t tmpfs tmpfs "{rootfs}/dev" && exec sleep 600')
@@ -82,9 +82,9 @@ def test_every_module_of_a_gpu_start_is_in_the_prestart_contract(gpu_start_modul
 
 
 def test_a_steady_gpu_start_imports_neither_jsonschema_nor_re(gpu_start_modules):
-    """pyxis.conf's kept verdict stands in for the schema check (spec/confverdict.py)."""
-    assert "pyxis_hook.spec.confverdict" in gpu_start_modules
-    assert not {"jsonschema", "re", "pyxis_hook.spec.confcheck"} & set(gpu_start_modules)
+    """The verdict on pyxis.conf the node artifact records stands in for the schema check (spec/config.py)."""
+    assert {"pyxis_hook.spec.config", "pyxis_hook.host.artifact"} <= set(gpu_start_modules)
+    assert not {"jsonschema", "re", "pyxis_hook.spec.confcheck", "pyxis_hook.spec.schemafiles"} & set(gpu_start_modules)
 
 
 def test_a_gpu_start_loads_no_heavy_stdlib_module(gpu_start_modules):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import posix
-import stat
 import subprocess
 import sys
 
@@ -12,21 +10,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fixtures.cli import run_cli
+from fixtures import hosttree
+from fixtures.cli import run_cli, write_conf
+from fixtures.synthdriver import V, make_driver
 from pyxis_hook import trust
-from pyxis_hook.spec import confcheck, confverdict
-from pyxis_hook.spec.config import ALL_CAPABILITIES, Config, config_keys, load_config, parse_config, toml_reader
+from pyxis_hook.host import artifact
+from pyxis_hook.spec import confcheck
+from pyxis_hook.spec.config import (ALL_CAPABILITIES, Config, config_keys, holds, load_config, parse_config,
+                                    read_config, toml_reader)
 from pyxis_hook.spec.schemafiles import load_schema
 from pyxis_hook.errors import ConfigError
 from pyxis_hook.sysrecord import FACILITIES
 
 REPO = __import__("pathlib").Path(__file__).resolve().parents[3]
-
-
-@pytest.fixture(autouse=True)
-def _private_default_snapshot_dir(tmp_path, monkeypatch):
-    """A file naming no snapshot-dir keeps its verdict in a private one, not the node's /var/cache/pyxis-hook."""
-    monkeypatch.setattr("pyxis_hook.spec.config.DEFAULT_SNAPSHOT_DIR", str(tmp_path / "default-snapshot"))
 
 
 def test_defaults_when_no_file(tmp_path, monkeypatch):
@@ -118,23 +114,14 @@ def test_a_gpu_start_refuses_a_bad_config_in_one_line(tmp_path, text, needle):
 
 
 def test_config_check(tmp_path):
-    conf, snap = _conf(tmp_path)
+    conf = tmp_path / "pyxis.conf"
+    conf.write_text('log-level = "warning"\n')
     r = run_cli("config", "check", conf=conf)
     assert (r.returncode, r.stdout, r.stderr) == (0, f"{conf}: valid\n", "")
     conf.write_text('cdi-kind = "nvidia.com"\n')
     r = run_cli("config", "check", conf=conf)
     assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
     assert f"{conf}: key 'cdi-kind': 'nvidia.com' is not a string (matching " in r.stderr
-
-
-def test_config_check_checks_whatever_verdict_was_kept(tmp_path):
-    """A verdict is trusted by a start (root kept it); `config check` reads the file and checks it anyway."""
-    conf, snap = _conf(tmp_path, 'log-level = "loud"\n')
-    schema, signature, _ = confcheck.schema_file()
-    confverdict.keep(conf.read_bytes(), str(conf), str(snap), schema, signature)
-    assert load_config(str(conf), environ={}).log_level == "loud"
-    r = run_cli("config", "check", conf=conf)
-    assert r.returncode == 2 and "key 'log-level': 'loud'" in r.stderr
 
 
 def test_cli_missing_config_file(tmp_path):
@@ -196,119 +183,184 @@ def test_the_schema_names_what_the_code_takes():
     assert props["supported-capabilities"]["items"]["enum"] == list(ALL_CAPABILITIES)
 
 
-# --- the kept verdict: a start checks a file once, not on every start -------------------------------
+# --- the verdict the node artifact records: a start checks a file once, not on every start -------------
 
-def _conf(tmp_path, text='log-level = "warning"\n'):
-    """A pyxis.conf and its snapshot-dir, which the node artifact's first build would have made."""
-    snap = tmp_path / "snap"
-    snap.mkdir(mode=0o755, exist_ok=True)
-    conf = tmp_path / "pyxis.conf"
-    conf.write_text(f'snapshot-dir = "{snap}"\n' + text)
-    return conf, snap
-
-
-def _verdict(conf, snap):
-    from pathlib import Path
-
-    return Path(confverdict.verdict_path(str(conf), str(snap)))
+@pytest.fixture
+def node(tmp_path):
+    """A pyxis.conf naming a fake node's driver and GPUs, and a snapshot-dir not made yet (a new node)."""
+    root = make_driver(tmp_path / "root")
+    host = hosttree.make_host_tree(tmp_path / "host", driver_version=V, make_nodes=False)
+    return write_conf(tmp_path / "pyxis.conf", driver_root=root, proc_root=host.proc_root, dev_root=host.dev_root,
+                      snapshot_dir=tmp_path / "snap", extra='log-level = "warning"\n')
 
 
-def test_a_checked_file_keeps_its_verdict_and_the_next_load_skips_the_check(tmp_path, monkeypatch):
-    conf, snap = _conf(tmp_path)
-    assert load_config(str(conf), environ={}).log_level == "warning"
-    verdict = _verdict(conf, snap)
-    assert verdict.read_bytes().endswith(conf.read_bytes())
-    assert oct(verdict.stat().st_mode & 0o777) == "0o644"
-    monkeypatch.setattr(confcheck, "problem", lambda data: pytest.fail("checked again"))
-    assert load_config(str(conf), environ={}).log_level == "warning"
+def _start(conf) -> str:
+    """What a GPU start does with its configuration and the node artifact: how it got the inventory."""
+    config, stored = read_config(str(conf), environ={})
+    return artifact.obtain(config, strict=False, stored=stored)[1]
 
 
-def test_parse_config_alone_neither_reads_nor_keeps_a_verdict(tmp_path, monkeypatch):
-    """`doctor` and the tests parse bytes: always checked with jsonschema, nothing written."""
-    conf, snap = _conf(tmp_path)
-    parse_config(conf.read_bytes(), str(conf))
-    assert not _verdict(conf, snap).exists()
-    load_config(str(conf), environ={})
-    calls = []
-    monkeypatch.setattr(confcheck, "problem", lambda data: calls.append(data))
-    parse_config(conf.read_bytes(), str(conf))
+def _artifact(conf):
+    """The node artifact in the configuration's snapshot-dir (the only one there)."""
+    (path,) = (conf.parent / "snap").glob("inventory-*.json")
+    return path
+
+
+def _recorded(conf):
+    """The artifact's document as stored."""
+    import json
+
+    return json.loads(_artifact(conf).read_bytes())
+
+
+def _checks(monkeypatch) -> list:
+    """The schema checks made from now on (each one still made)."""
+    calls: list = []
+    real = confcheck.problem
+    monkeypatch.setattr(confcheck, "problem", lambda data: calls.append(data) or real(data))
+    return calls
+
+
+def test_a_new_nodes_first_start_records_the_verdict_and_the_next_skips_the_check(node, monkeypatch):
+    """The first root start checks and builds the artifact with the verdict; the artifact is the one file kept."""
+    calls = _checks(monkeypatch)
+    assert _start(node) == "built" and len(calls) == 1
+    snap = node.parent / "snap"
+    assert [p.name for p in snap.iterdir() if not p.name.startswith(".")] == [_artifact(node).name]
+    kept = _recorded(node)["pyxis_conf"]
+    assert kept["text"] == node.read_text()
+    assert kept["schema"] == list(confcheck.schema_file()[1])
+    assert _start(node) == "read" and len(calls) == 1
+    assert load_config(str(node), environ={}).log_level == "warning" and len(calls) == 1
+
+
+def test_parse_config_alone_always_checks_and_reads_no_artifact(node, monkeypatch):
+    """`doctor` and the tests parse bytes: always checked with jsonschema, no artifact read."""
+    _start(node)
+    monkeypatch.setattr(artifact, "read", lambda config: pytest.fail("artifact read"))
+    calls = _checks(monkeypatch)
+    parse_config(node.read_bytes(), str(node))
     assert len(calls) == 1
 
 
-def test_a_steady_load_imports_neither_jsonschema_nor_re_and_reads_no_schema(tmp_path):
-    conf, _ = _conf(tmp_path)
+def test_a_steady_load_imports_neither_jsonschema_nor_re_and_reads_no_schema(node):
     watched = ("jsonschema", "pyxis_hook.spec.confcheck", "pyxis_hook.spec.schemafiles", "re")
     code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); "
             "from pyxis_hook import installpaths; installpaths.add(); "  # as __main__ does
-            f"from pyxis_hook.spec.config import load_config; load_config({str(conf)!r}, environ={{}}); "
-            f"print(sorted(m for m in {watched!r} if m in sys.modules))")
+            "from pyxis_hook.spec.config import read_config; from pyxis_hook.host import artifact; "
+            f"config, stored = read_config({str(node)!r}, environ={{}}); "
+            f"print(sorted(m for m in {watched!r} if m in sys.modules)); "
+            "artifact.obtain(config, strict=False, stored=stored)")
     runs = [subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, check=True).stdout
             for _ in range(2)]
-    assert runs == [f"{sorted(watched)}\n", "[]\n"]  # checked and kept, then the verdict alone
+    assert runs == [f"{sorted(watched)}\n", "[]\n"]  # checked and recorded in the build, then the verdict alone
 
 
-def test_a_changed_file_is_checked_again(tmp_path):
-    conf, snap = _conf(tmp_path)
-    load_config(str(conf), environ={})
-    conf.write_text(f'snapshot-dir = "{snap}"\nlog-level = "loud"\n')
-    with pytest.raises(ConfigError, match="key 'log-level': 'loud' is not one of"):
-        load_config(str(conf), environ={})
-    assert b"loud" not in _verdict(conf, snap).read_bytes()  # the refused bytes are never kept
+def test_a_changed_file_is_checked_and_its_verdict_rewritten_into_the_fresh_artifact(node, monkeypatch):
+    """Another log-level shares the artifact (its key is the discovery's keys): the verdict flips, the inventory stays."""
+    _start(node)
+    before = _recorded(node)
+    node.write_text(node.read_text().replace("warning", "error"))
+    calls = _checks(monkeypatch)
+    assert _start(node) == "read" and len(calls) == 1
+    after = _recorded(node)
+    assert after["pyxis_conf"]["text"] == node.read_text()
+    assert {k: v for k, v in after.items() if k != "pyxis_conf"} == {k: v for k, v in before.items() if k != "pyxis_conf"}
+    assert oct(_artifact(node).stat().st_mode & 0o777) == "0o644"
+    assert _start(node) == "read" and len(calls) == 1
 
 
-@pytest.mark.parametrize("tamper", ["schema", "mode", "owner", "body", "format", "symlink"])
-def test_a_verdict_holds_only_for_the_same_bytes_schema_and_a_trusted_file(tmp_path, tamper):
-    conf, snap = _conf(tmp_path)
-    load_config(str(conf), environ={})
-    raw, verdict = conf.read_bytes(), _verdict(conf, snap)
-    assert confverdict.holds(raw, str(conf), str(snap))
-    kept = verdict.read_bytes()
+def test_a_refused_file_is_never_recorded(node):
+    _start(node)
+    kept = _artifact(node).read_bytes()
+    node.write_text(node.read_text().replace("warning", "loud"))
+    for _ in range(2):  # refused on every start, by the same check
+        with pytest.raises(ConfigError, match="key 'log-level': 'loud' is not one of"):
+            _start(node)
+    assert _artifact(node).read_bytes() == kept
+
+
+@pytest.mark.parametrize("tamper", ["schema", "text", "mode", "owner", "format", "symlink", "none"])
+def test_a_verdict_holds_only_for_the_same_text_schema_and_a_trusted_artifact(node, tamper):
+    _start(node)
+    text, path = node.read_text(), _artifact(node)
+    config = parse_config(node.read_bytes(), str(node))
+    assert holds(artifact.read(config).data, text)
+    doc = _recorded(node)
     if tamper == "schema":  # the schema file was rewritten or reinstalled since: another signature
-        schema_path, _, _ = confcheck.schema_file()
-        verdict.write_bytes(kept.replace(kept.split(b"\n")[1], f"0 0 0 0 0 {schema_path}".encode()))
-    elif tamper == "mode":
-        verdict.chmod(0o666)
-    elif tamper == "owner":
-        __import__("os").chown(verdict, 2001, 2001)
-    elif tamper == "body":
-        verdict.write_bytes(kept + b"# more\n")
+        doc["pyxis_conf"]["schema"][4] += 1
+    elif tamper == "text":
+        doc["pyxis_conf"]["text"] += "# more\n"
     elif tamper == "format":
-        verdict.write_bytes(kept.replace(b"verdict 1", b"verdict 0", 1))
+        doc["format"] = artifact.FORMAT - 1
+    elif tamper == "none":  # an artifact built without a pyxis.conf
+        doc["pyxis_conf"] = None
+    if tamper in ("schema", "text", "format", "none"):
+        path.write_text(__import__("json").dumps(doc))
+    elif tamper == "mode":
+        path.chmod(0o666)
+    elif tamper == "owner":
+        __import__("os").chown(path, 2001, 2001)
     else:
-        target = tmp_path / "elsewhere.ok"
-        target.write_bytes(kept)
-        verdict.unlink()
-        verdict.symlink_to(target)
-    assert not confverdict.holds(raw, str(conf), str(snap))
+        target = node.parent / "elsewhere.json"
+        target.write_bytes(path.read_bytes())
+        path.unlink()
+        path.symlink_to(target)
+    assert not holds(artifact.read(config).data, text)
 
 
-def test_only_the_package_owner_keeps_a_verdict(tmp_path, monkeypatch):
-    conf, snap = _conf(tmp_path)
+def test_the_schema_file_changed_since_means_another_check(node, tmp_path, monkeypatch):
+    """The real file's signature, not a recorded one tampered with: a reinstalled schema is checked against again."""
+    import shutil
+
+    schemas = tmp_path / "schemas"
+    schemas.mkdir()
+    shutil.copy(confcheck.schema_file()[0], schemas)
+    monkeypatch.setattr("pyxis_hook.spec.schemafiles._schema_dir", lambda: str(schemas))
+    monkeypatch.setattr(confcheck, "_loaded", [])
+    _start(node)
+    assert _recorded(node)["pyxis_conf"]["schema"][0] == str(schemas / confcheck.SCHEMA_FILE)
+    calls = _checks(monkeypatch)
+    schema = schemas / confcheck.SCHEMA_FILE
+    schema.write_bytes(schema.read_bytes())  # rewritten in place: the same inode, a new mtime
+    monkeypatch.setattr(confcheck, "_loaded", [])  # as a new process reads it
+    assert _start(node) == "read" and len(calls) == 1
+    assert _recorded(node)["pyxis_conf"]["schema"] == list(confcheck.schema_file()[1])
+    assert _start(node) == "read" and len(calls) == 1
+
+
+def test_only_the_package_owner_records_a_verdict(node, monkeypatch):
     monkeypatch.setattr(trust, "may_write", lambda: False)
-    assert load_config(str(conf), environ={}).log_level == "warning"
-    assert not _verdict(conf, snap).exists()
+    assert _start(node) == "discovered" and not (node.parent / "snap").exists()
+    monkeypatch.undo()
+    _start(node)
+    kept = _artifact(node).read_bytes()
+    node.write_text(node.read_text().replace("warning", "error"))
+    monkeypatch.setattr(trust, "may_write", lambda: False)
+    calls = _checks(monkeypatch)
+    assert _start(node) == "read" and _start(node) == "read" and len(calls) == 2  # checked each time, never kept
+    assert _artifact(node).read_bytes() == kept
 
 
-def test_a_new_nodes_first_check_makes_snapshot_dir_and_keeps_its_verdict(tmp_path):
-    """One level, mode 0755 whatever the umask, so the second start already skips the check."""
-    conf, snap = _conf(tmp_path)
-    snap.rmdir()
-    old = posix.umask(0o077)
-    try:
-        assert load_config(str(conf), environ={}).log_level == "warning"
-    finally:
-        posix.umask(old)
-    assert snap.is_dir() and stat.S_IMODE(snap.stat().st_mode) == 0o755
-    assert confverdict.holds(conf.read_bytes(), str(conf), str(snap))
+def test_config_check_checks_whatever_verdict_was_recorded(node):
+    """A verdict is trusted by a start (root recorded it); `config check` reads the file and checks it anyway."""
+    _start(node)
+    doc = _recorded(node)
+    node.write_text(node.read_text().replace("warning", "loud"))
+    doc["pyxis_conf"]["text"] = node.read_text()
+    _artifact(node).write_text(__import__("json").dumps(doc))
+    assert load_config(str(node), environ={}).log_level == "loud"
+    r = run_cli("config", "check", conf=node)
+    assert r.returncode == 2 and "key 'log-level': 'loud'" in r.stderr
 
 
-def test_no_verdict_where_snapshot_dirs_parent_is_missing(tmp_path):
-    conf, snap = _conf(tmp_path)
-    snap.rmdir()
-    deep = tmp_path / "no" / "such" / "dir"
-    conf.write_text(conf.read_text().replace(str(snap), str(deep)))
-    assert load_config(str(conf), environ={}).log_level == "warning"
-    assert not (tmp_path / "no").exists()
+def test_refresh_records_the_verdict(node):
+    assert run_cli("refresh", conf=node).returncode == 0
+    assert _recorded(node)["pyxis_conf"]["text"] == node.read_text()
+    node.write_text(node.read_text().replace("warning", "error"))
+    r = run_cli("refresh", conf=node)
+    assert r.returncode == 0 and r.stdout.endswith(": fresh\n"), r.stdout
+    assert _recorded(node)["pyxis_conf"]["text"] == node.read_text()
 
 
 def test_a_missing_schema_file_is_one_line(tmp_path, monkeypatch):

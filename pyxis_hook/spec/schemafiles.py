@@ -2,8 +2,9 @@
 
 The schemas (`schemas/*.json`, the one copy) describe what the commands
 print and what pyxis.conf may hold.  A steady container start reads none:
-it takes its pyxis.conf's kept verdict (`spec.confverdict`); only a start
-whose pyxis.conf changed finds pyxis-conf.schema.json, through `spec.confcheck`.
+it takes the verdict on its pyxis.conf the node artifact records
+(`spec.config`); only a start whose pyxis.conf changed finds
+pyxis-conf.schema.json, through `spec.confcheck`.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ def run(args, config) -> int:
                 return FINDINGS
             print(f"node artifact: {e}: rebuilding")
     try:
-        inv = artifact.build(config, verdict=stored.verdict if stored is not None else None)
+        inv = artifact.build(config, verdict=stored[3] if stored is not None else None)
     except ArtifactError as e:
         raise DriverError(str(e)) from None
     print(f"node artifact {path}: built for driver {inv.driver_version}, {len(inv.files)} files, "

@@ -14,8 +14,16 @@ facts, IPC sockets and the MPS dir are never taken from it: they change
 without any driver file changing, so each start reads them afresh.  It
 also records pyxis.conf's verdict (`pyxis_conf`: the text that passed the
 schema, `spec/config.py`), which a start looks up before its configuration
-is trusted: `read` is that one read of the file, and `obtain` takes it on
-(`Stored`).  Loading imports neither json, pyelftools nor jsonschema.
+is trusted: `read` is that one read of the file, and `obtain` takes it on.
+Loading imports neither json, pyelftools nor jsonschema.
+
+The file as read is a `Stored` tuple, (path, document, why, verdict): the
+document when the file passes the trust rule, parses, and has this FORMAT
+and the configuration's key (fresh or not), else None and why not; and
+pyxis.conf's verdict that holds for this start (`spec.config.read_config`
+sets it; None without a pyxis.conf), which the package's owner records in
+a build (`save`), or in a fresh artifact that records another
+(`record_verdict`).
 """
 
 from __future__ import annotations
@@ -28,8 +36,11 @@ from pyxis_hook.errors import ArtifactError
 from pyxis_hook.host.freshness import freshness_key, stale_reason
 from pyxis_hook.host.gpuscan import discover_gpus
 from pyxis_hook.host.inventory import Inventory, refresh_live
-from pyxis_hook.record import record, replace
 from pyxis_hook.rootfs import read_to_end
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # hints only
+    Stored = tuple[str, "dict | None", str, "dict | None"]
 
 #: bumped whenever discovery records something else for the same driver files, or the file's layout
 #: changes (4: pyxis.conf's verdict), so an upgraded package rebuilds the artifact instead of trusting the old one
@@ -40,24 +51,6 @@ _DIGEST_PRIME = 4294967291  # 2**32 - 5
 ARTIFACT_LIMIT = 64 << 20
 #: how long a build waits for another process building the same artifact before building its own
 BUILD_WAIT_S = 10.0
-
-
-@record
-class Stored:
-    """The artifact file for a configuration as one start read it (`read`), and the pyxis.conf verdict it goes on with.
-
-    `data`: the document when the file passes the trust rule, parses, and has
-    this FORMAT and the configuration's key (fresh or not); else None, and
-    `why` says why not.  `verdict`: pyxis.conf's verdict that holds for this
-    start (`spec.config.read_config`), None without a pyxis.conf; the
-    package's owner records it in a build (`save`), or in a fresh artifact
-    that records another (`record_verdict`).
-    """
-
-    path: str
-    data: dict | None
-    why: str = ""
-    verdict: dict | None = None
 
 
 def config_key(config) -> dict:
@@ -100,25 +93,26 @@ def trusted_dir(path: str) -> None:
 
 
 def read(config) -> Stored:
-    """The artifact file for `config` as stored (`Stored`): the trust rule, its format and its key; not its freshness."""
+    """The artifact file for `config` as stored (module doc), no verdict yet: the trust rule, its format and its key;
+    not its freshness."""
     key = config_key(config)
     path = _path(config.snapshot_dir, key)
     fd, why = trust.open_trusted(path)
     if why:
-        return Stored(path, None, why)
+        return path, None, why, None
     try:
         data = fastjson.loads(read_to_end(fd, ARTIFACT_LIMIT, 1 << 20))  # closes fd
     except OSError as e:
-        return Stored(path, None, f"{path}: {e.strerror}")
+        return path, None, f"{path}: {e.strerror}", None
     except ValueError as e:
-        return Stored(path, None, f"{path}: corrupt: {type(e).__name__}: {e}")
+        return path, None, f"{path}: corrupt: {type(e).__name__}: {e}", None
     if not isinstance(data, dict):
-        return Stored(path, None, f"{path}: corrupt: not a JSON object")
-    if data.get("format") != FORMAT:
-        return Stored(path, None, f"{path}: format {data.get('format')!r}, expected {FORMAT}")
-    if data.get("key") != key:
-        return Stored(path, None, f"{path}: built for another configuration")
-    return Stored(path, data)
+        why = f"{path}: corrupt: not a JSON object"
+    elif data.get("format") != FORMAT:
+        why = f"{path}: format {data.get('format')!r}, expected {FORMAT}"
+    elif data.get("key") != key:
+        why = f"{path}: built for another configuration"
+    return path, None if why else data, why, None
 
 
 def load(config, host=None, stored: Stored | None = None) -> Inventory:
@@ -127,18 +121,18 @@ def load(config, host=None, stored: Stored | None = None) -> Inventory:
     `host`: the GPU facts read now (read when None); they replace the saved ones.
     `stored`: the file as this process read it for `config` (`read`), else read now.
     """
-    stored = stored if stored is not None else read(config)
-    if stored.data is None:
-        raise ArtifactError(stored.why)
+    path, data, why, _ = stored if stored is not None else read(config)
+    if data is None:
+        raise ArtifactError(why)
     if host is None:
         host = discover_gpus(config.proc_root, config.dev_root)
     try:
-        inv = Inventory.from_dict(stored.data["inventory"], host)
+        inv = Inventory.from_dict(data["inventory"], host)
     except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise ArtifactError(f"{stored.path}: corrupt: {type(e).__name__}: {e}") from None
+        raise ArtifactError(f"{path}: corrupt: {type(e).__name__}: {e}") from None
     why = stale_reason(freshness_key(inv), config, host)
     if why:
-        raise ArtifactError(f"{stored.path}: stale: {why}")
+        raise ArtifactError(f"{path}: stale: {why}")
     return refresh_live(inv, config)
 
 
@@ -154,13 +148,13 @@ def record_verdict(stored: Stored) -> None:
     Only as the package's owner (`trust.may_write`); a failed write is a
     debug line (a later start checks pyxis.conf again).
     """
-    if stored.data is None or stored.verdict is None or stored.data.get("pyxis_conf") == stored.verdict \
-            or not trust.may_write():
+    path, data, _, verdict = stored
+    if data is None or verdict is None or data.get("pyxis_conf") == verdict or not trust.may_write():
         return
     try:
-        trust.write_whole(stored.path, _payload(dict(stored.data, pyxis_conf=stored.verdict)))
+        trust.write_whole(path, _payload(dict(data, pyxis_conf=verdict)))
     except OSError as e:
-        log.debug(f"{stored.path}: pyxis.conf's verdict not recorded: {e.strerror}")
+        log.debug(f"{path}: pyxis.conf's verdict not recorded: {e.strerror}")
 
 
 def save(config, inv: Inventory, verdict: dict | None = None) -> str:
@@ -227,7 +221,7 @@ def _rebuild(config, strict: bool, host, reread: bool, verdict: dict | None) -> 
     lock = _build_lock(config)
     try:
         if lock is not None and reread:
-            again = replace(read(config), verdict=verdict)
+            again = (*read(config)[:3], verdict)
             try:
                 inv = load(config, host, again)
             except ArtifactError:
@@ -289,7 +283,7 @@ def obtain(config, *, strict: bool = True, host=None, stored: Stored | None = No
                  "`pyxis-hook refresh` as root rebuilds it")
         return _discover(config, strict, host), "discovered"
     log.debug(f"rebuilding the node artifact: {why}")
-    inv, how, problem = _rebuild(config, strict, host, reread=True, verdict=stored.verdict)
+    inv, how, problem = _rebuild(config, strict, host, reread=True, verdict=stored[3])
     if problem and inv.usable:  # a usable driver left unsaved: every start will discover it again
         log.warning(problem)
     return inv, how

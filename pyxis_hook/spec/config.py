@@ -17,7 +17,7 @@ import sys
 
 from pyxis_hook import pathnames
 from pyxis_hook.errors import ConfigError
-from pyxis_hook.record import field, fields, record, replace
+from pyxis_hook.record import field, fields, record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # hints only: nothing imported at run time (docs/decisions/2026-12-07-start-costs.md)
@@ -119,8 +119,8 @@ def read_config(explicit: str | None = None, environ: dict[str, str] | None = No
     records a verdict that holds for these bytes (`holds`), jsonschema is not
     asked, else the values are checked (`spec.confcheck`).  A refused file is
     ConfigError naming the key; one that passes goes on with its new verdict
-    (`Stored.verdict`), which `artifact.obtain` records as the package's owner:
-    pass the Stored to it, so a start reads the artifact once.  Without
+    (the Stored's last item), which `artifact.obtain` records as the package's
+    owner: pass the Stored to it, so a start reads the artifact once.  Without
     `verdicts` (`config check`) the values are always checked, and no artifact is read.
     """
     path = find_config_path(explicit, environ)
@@ -139,13 +139,13 @@ def read_config(explicit: str | None = None, environ: dict[str, str] | None = No
     except TypeError:
         config = None  # an unknown key: the check names it
     stored = _stored(config) if verdicts and config is not None else None
-    if stored is not None and holds(stored.data, text):
-        return config, replace(stored, verdict=stored.data["pyxis_conf"])
+    if stored is not None and holds(stored[1], text):
+        return config, (*stored[:3], stored[1]["pyxis_conf"])
     _check(data, path)
     if stored is not None:
         from pyxis_hook.spec import confcheck
 
-        stored = replace(stored, verdict={"text": text, "schema": list(confcheck.schema_file()[1])})
+        stored = (*stored[:3], {"text": text, "schema": list(confcheck.schema_file()[1])})
     return Config(source=path, **values) if config is None else config, stored
 
 
@@ -162,7 +162,7 @@ def parse_config(raw: bytes, path: str = "<string>") -> Config:
 
 
 def holds(artifact_data: dict | None, text: str) -> bool:
-    """Whether a node artifact's document (`Stored.data`) records that pyxis.conf's `text` passed the schema file
+    """Whether a node artifact's document (as `artifact.read` gives it) records that pyxis.conf's `text` passed the schema file
     as it is now: the same text, and the schema file's stat signature (`host.freshness`) unchanged."""
     from pyxis_hook.host.freshness import stat_signature
 

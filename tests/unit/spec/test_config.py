@@ -285,7 +285,7 @@ def test_a_verdict_holds_only_for_the_same_text_schema_and_a_trusted_artifact(no
     _start(node)
     text, path = node.read_text(), _artifact(node)
     config = parse_config(node.read_bytes(), str(node))
-    assert holds(artifact.read(config).data, text)
+    assert holds(artifact.read(config)[1], text)
     doc = _recorded(node)
     if tamper == "schema":  # the schema file was rewritten or reinstalled since: another signature
         doc["pyxis_conf"]["schema"][4] += 1
@@ -306,7 +306,7 @@ def test_a_verdict_holds_only_for_the_same_text_schema_and_a_trusted_artifact(no
         target.write_bytes(path.read_bytes())
         path.unlink()
         path.symlink_to(target)
-    assert not holds(artifact.read(config).data, text)
+    assert not holds(artifact.read(config)[1], text)
 
 
 def test_the_schema_file_changed_since_means_another_check(node, tmp_path, monkeypatch):

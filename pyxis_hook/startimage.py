@@ -47,7 +47,7 @@ BOOT = SECTIONS[0]
 _SOURCE_LOADER = "SourceFileLoader"
 _EXTENSION_LOADER = "ExtensionFileLoader"
 #: modules whose presence says the start was not the steady state: the node artifact was rebuilt,
-#: pyxis.conf was checked against its schema (no kept verdict yet)
+#: pyxis.conf was checked against its schema (the node artifact recorded no verdict on it yet)
 _REBUILD_MARKERS = {"elftools": "rebuilt the node artifact", "jsonschema": "checked pyxis.conf against its schema"}
 #: the most a section may hold
 _SECTION_LIMIT = 32 << 20

@@ -101,12 +101,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return errors.USAGE
     try:
-        from pyxis_hook.spec.config import load_config
+        from pyxis_hook.spec.config import read_config
 
         # install may run before pyxis.conf exists (it writes it): the command reads --config itself
-        config = None if getattr(args._module, "OWN_CONFIG", False) else load_config(args.config)
+        config, stored = (None, None) if getattr(args._module, "OWN_CONFIG", False) else read_config(args.config)
         if config is not None:
             log.configure(config.log_file, config.log_level, "debug" if args.debug else "warning")
+        if stored is not None:  # a file checked just now: recorded as a start would (a CDI hook step is one)
+            from pyxis_hook.host import artifact
+
+            artifact.record_verdict(stored)
         return int(args._module.run(args, config) or 0)
     except BaseException as e:  # noqa: BLE001 — the one ladder words it; SystemExit passes through
         if isinstance(e, SystemExit):

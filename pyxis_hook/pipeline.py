@@ -26,6 +26,7 @@ from __future__ import annotations
 from pyxis_hook import log, nogpu
 from pyxis_hook.apply import rootpin
 from pyxis_hook.apply.child import apply_plan
+from pyxis_hook.host import artifact
 from pyxis_hook.plan.prepare import prepare
 from pyxis_hook.record import replace
 from pyxis_hook.spec import oci
@@ -65,6 +66,7 @@ def prestart(config, stdin_bytes: bytes, bundle_dir: str | None = None, docs: tu
     void = nogpu.void_reason(bundle.env_map())
     if void is not None:
         log.debug(f"container {state.id}: {void}")
+        _keep_verdict(stored)
         return 0
     pinned = rootpin.pin_bundle(bundle, state.pid, config.writable_bundle, f"container {state.id}")
     try:
@@ -93,6 +95,7 @@ def enroot(config, environ: dict[str, str], stored=None) -> int:
     if void is not None:
         log.debug(f"enroot container {doc.pid}: {void}")
         enroot_engine.append_environ(doc.environ_path, doc.honoured)
+        _keep_verdict(stored)
         return 0
     config = replace(config, no_cgroups=True)
     prepared = prepare(config, bundle, check=True, stored=stored)
@@ -129,3 +132,9 @@ def cdi_step(config, step: str, stdin_bytes: bytes, *, links=(), folders=(), lib
     finally:
         pinned.close()
     return 0
+
+
+def _keep_verdict(stored) -> None:
+    """A start that reads no node artifact further still records pyxis.conf's new verdict (`stored`), as one that does."""
+    if stored is not None:
+        artifact.record_verdict(stored)

@@ -405,3 +405,34 @@ def test_without_jsonschema_a_changed_file_is_refused_in_one_line(monkeypatch):
         parse_config(b'log-level = "info"\n', "/etc/pyxis-hook/pyxis.conf")
     assert str(e.value).startswith("/etc/pyxis-hook/pyxis.conf: cannot be checked: ")
     assert "python3-jsonschema" in str(e.value) and "\n" not in str(e.value)
+
+
+def _changed(conf) -> None:
+    """pyxis.conf edited after the artifact recorded its verdict."""
+    conf.write_text(conf.read_text().replace('log-level = "warning"', 'log-level = "error"'))
+
+
+def test_a_no_gpu_start_records_a_changed_files_verdict(node, tmp_path, monkeypatch):
+    """A start that ends at the no-GPU exit reads no artifact further, and still records the verdict it checked."""
+    from fixtures.container import make_bundle
+    from fixtures.oci_state import state_json
+    from pyxis_hook import pipeline
+
+    _start(node)
+    _changed(node)
+    config, stored = read_config(str(node), environ={})
+    bundle = make_bundle(tmp_path / "bundle", env=("NVIDIA_VISIBLE_DEVICES=void",))
+    assert pipeline.prestart(config, state_json(bundle).encode(), stored=stored) == 0
+    assert _recorded(node)["pyxis_conf"]["text"] == node.read_text()
+    calls = _checks(monkeypatch)
+    load_config(str(node), environ={})
+    assert calls == []
+
+
+def test_a_command_records_a_changed_files_verdict(node):
+    """A CDI hook step is a command (cli.main): it records the verdict it checked, as a start does."""
+    _start(node)
+    _changed(node)
+    r = run_cli("info", "--json", conf=node)
+    assert r.returncode == 0, r.stderr
+    assert _recorded(node)["pyxis_conf"]["text"] == node.read_text()

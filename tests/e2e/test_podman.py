@@ -14,7 +14,6 @@ import os
 import resource
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import pytest
 
 from e2e.conftest import fresh_rootfs, make_host, mount_table
 from fixtures.cli import run_cli
+from pyxis_hook.engines.hookd import interpreter
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root, pytest.mark.slow,
               pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed (.ci/run installs it)")]
@@ -160,7 +160,7 @@ def test_precreate_stage(tmp_path, host):
     """podman 4.3 runs hooks.d `precreate` hooks (config.json on stdin, the new one on stdout)."""
     hooks = tmp_path / "hooks.d"
     hooks.mkdir()
-    python = os.path.realpath(sys.executable)
+    python = interpreter()  # a venv's bin/python as is: its realpath would leave the venv (and the package) behind
     (hooks / "pyxis-hook-precreate.json").write_text(json.dumps({
         "version": "1.0.0",
         "hook": {"path": python, "args": [python, "-I", "-m", "pyxis_hook", "precreate"],

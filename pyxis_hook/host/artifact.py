@@ -12,16 +12,16 @@ One file per configuration key (`config_key`) under `snapshot-dir`, JSON,
 mode 0644 in a 0755 directory, written whole (temp file + rename).  GPU
 facts, IPC sockets and the MPS dir are never taken from it: they change
 without any driver file changing, so each start reads them afresh.  It
-also records pyxis.conf's verdict (`pyxis_conf`: the text that passed the
-schema, `spec/config.py`), which a start looks up before its configuration
+also records pyxis.conf's verdicts (`pyxis_conf`: the texts that passed the
+schema, newest first, `spec/config.py`), which a start looks up before its configuration
 is trusted: `read` is that one read of the file, and `obtain` takes it on.
 Loading imports neither json, pyelftools nor jsonschema.
 
 The file as read is a `Stored` tuple, (path, document, why, verdict): the
 document when the file passes the trust rule, parses, and has this FORMAT
 and the configuration's key (fresh or not), else None and why not; and
-pyxis.conf's verdict that holds for this start (`spec.config.read_config`
-sets it; None without a pyxis.conf), which the package's owner records in
+pyxis.conf's verdicts as they hold for this start (`spec.config.read_config`
+sets them; None without a pyxis.conf), which the package's owner records in
 a build (`save`), or in a fresh artifact that records another
 (`record_verdict`).
 """
@@ -40,7 +40,7 @@ from pyxis_hook.rootfs import read_to_end
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # hints only
-    Stored = tuple[str, "dict | None", str, "dict | None"]
+    Stored = tuple[str, "dict | None", str, "list | None"]
 
 #: bumped whenever discovery records something else for the same driver files, or the file's layout
 #: changes (4: pyxis.conf's verdict), so an upgraded package rebuilds the artifact instead of trusting the old one
@@ -157,7 +157,7 @@ def record_verdict(stored: Stored) -> None:
         log.debug(f"{path}: pyxis.conf's verdict not recorded: {e.strerror}")
 
 
-def save(config, inv: Inventory, verdict: dict | None = None) -> str:
+def save(config, inv: Inventory, verdict: list | None = None) -> str:
     """Write the artifact whole, with pyxis.conf's `verdict`; its path.  ArtifactError when it cannot, or no start
     would trust it."""
     path = artifact_path(config)
@@ -212,7 +212,7 @@ def _discover(config, strict: bool, host) -> Inventory:
     return discover(config, strict=strict, host=host)
 
 
-def _rebuild(config, strict: bool, host, reread: bool, verdict: dict | None) -> tuple[Inventory, str, str]:
+def _rebuild(config, strict: bool, host, reread: bool, verdict: list | None) -> tuple[Inventory, str, str]:
     """Under the build lock: the inventory, how it was got (`obtain`'s words) and why it was not saved ("").
 
     `reread`: first read what a process that held the lock meanwhile saved.
@@ -242,7 +242,7 @@ def _rebuild(config, strict: bool, host, reread: bool, verdict: dict | None) -> 
             posix.close(lock)
 
 
-def build(config, *, strict: bool = True, host=None, verdict: dict | None = None) -> Inventory:
+def build(config, *, strict: bool = True, host=None, verdict: list | None = None) -> Inventory:
     """Discover the driver now and save the artifact, with pyxis.conf's `verdict` (`pyxis-hook refresh`), under the
     build lock.
 

@@ -145,7 +145,10 @@ def read_config(explicit: str | None = None, environ: dict[str, str] | None = No
     if stored is not None:
         from pyxis_hook.spec import confcheck
 
-        stored = (*stored[:3], {"text": text, "schema": list(confcheck.schema_file()[1])})
+        kept = stored[1].get("pyxis_conf") if isinstance(stored[1], dict) else None
+        others = [v for v in kept if isinstance(v, dict) and v.get("text") != text] if isinstance(kept, list) else []
+        verdict = {"text": text, "schema": list(confcheck.schema_file()[1])}
+        stored = (*stored[:3], [verdict, *others][:VERDICTS_KEPT])
     return Config(source=path, **values) if config is None else config, stored
 
 
@@ -161,16 +164,24 @@ def parse_config(raw: bytes, path: str = "<string>") -> Config:
     return Config(source=path, **_values(data))
 
 
+#: the pyxis.conf texts whose verdicts a node artifact keeps, newest first: two files that share one
+#: artifact (they differ only in keys discovery does not read, e.g. log-level) must not undo each other's
+VERDICTS_KEPT = 8
+
+
 def holds(artifact_data: dict | None, text: str) -> bool:
     """Whether a node artifact's document (as `artifact.read` gives it) records that pyxis.conf's `text` passed the schema file
-    as it is now: the same text, and the schema file's stat signature (`host.freshness`) unchanged."""
+    as it is now: one of its verdicts (`VERDICTS_KEPT`) has the same text, and the schema file's stat signature
+    (`host.freshness`) is unchanged."""
     from pyxis_hook.host.freshness import stat_signature
 
     try:
-        kept = artifact_data["pyxis_conf"]
-        return kept["text"] == text and stat_signature(kept["schema"][0]) == tuple(kept["schema"])
+        for kept in artifact_data["pyxis_conf"]:
+            if kept["text"] == text:
+                return stat_signature(kept["schema"][0]) == tuple(kept["schema"])
     except (TypeError, KeyError, IndexError, ValueError):  # none recorded, or not as recorded here
-        return False
+        pass
+    return False
 
 
 def _document(raw: bytes, path: str) -> tuple[dict, str]:

@@ -227,7 +227,7 @@ def test_a_new_nodes_first_start_records_the_verdict_and_the_next_skips_the_chec
     assert _start(node) == "built" and len(calls) == 1
     snap = node.parent / "snap"
     assert [p.name for p in snap.iterdir() if not p.name.startswith(".")] == [_artifact(node).name]
-    kept = _recorded(node)["pyxis_conf"]
+    kept = _recorded(node)["pyxis_conf"][0]
     assert kept["text"] == node.read_text()
     assert kept["schema"] == list(confcheck.schema_file()[1])
     assert _start(node) == "read" and len(calls) == 1
@@ -264,7 +264,7 @@ def test_a_changed_file_is_checked_and_its_verdict_rewritten_into_the_fresh_arti
     calls = _checks(monkeypatch)
     assert _start(node) == "read" and len(calls) == 1
     after = _recorded(node)
-    assert after["pyxis_conf"]["text"] == node.read_text()
+    assert after["pyxis_conf"][0]["text"] == node.read_text()
     assert {k: v for k, v in after.items() if k != "pyxis_conf"} == {k: v for k, v in before.items() if k != "pyxis_conf"}
     assert oct(_artifact(node).stat().st_mode & 0o777) == "0o644"
     assert _start(node) == "read" and len(calls) == 1
@@ -288,9 +288,9 @@ def test_a_verdict_holds_only_for_the_same_text_schema_and_a_trusted_artifact(no
     assert holds(artifact.read(config)[1], text)
     doc = _recorded(node)
     if tamper == "schema":  # the schema file was rewritten or reinstalled since: another signature
-        doc["pyxis_conf"]["schema"][4] += 1
+        doc["pyxis_conf"][0]["schema"][4] += 1
     elif tamper == "text":
-        doc["pyxis_conf"]["text"] += "# more\n"
+        doc["pyxis_conf"][0]["text"] += "# more\n"
     elif tamper == "format":
         doc["format"] = artifact.FORMAT - 1
     elif tamper == "none":  # an artifact built without a pyxis.conf
@@ -319,13 +319,13 @@ def test_the_schema_file_changed_since_means_another_check(node, tmp_path, monke
     monkeypatch.setattr("pyxis_hook.spec.schemafiles._schema_dir", lambda: str(schemas))
     monkeypatch.setattr(confcheck, "_loaded", [])
     _start(node)
-    assert _recorded(node)["pyxis_conf"]["schema"][0] == str(schemas / confcheck.SCHEMA_FILE)
+    assert _recorded(node)["pyxis_conf"][0]["schema"][0] == str(schemas / confcheck.SCHEMA_FILE)
     calls = _checks(monkeypatch)
     schema = schemas / confcheck.SCHEMA_FILE
     schema.write_bytes(schema.read_bytes())  # rewritten in place: the same inode, a new mtime
     monkeypatch.setattr(confcheck, "_loaded", [])  # as a new process reads it
     assert _start(node) == "read" and len(calls) == 1
-    assert _recorded(node)["pyxis_conf"]["schema"] == list(confcheck.schema_file()[1])
+    assert _recorded(node)["pyxis_conf"][0]["schema"] == list(confcheck.schema_file()[1])
     assert _start(node) == "read" and len(calls) == 1
 
 
@@ -347,7 +347,7 @@ def test_config_check_checks_whatever_verdict_was_recorded(node):
     _start(node)
     doc = _recorded(node)
     node.write_text(node.read_text().replace("warning", "loud"))
-    doc["pyxis_conf"]["text"] = node.read_text()
+    doc["pyxis_conf"][0]["text"] = node.read_text()
     _artifact(node).write_text(__import__("json").dumps(doc))
     assert load_config(str(node), environ={}).log_level == "loud"
     r = run_cli("config", "check", conf=node)
@@ -356,11 +356,11 @@ def test_config_check_checks_whatever_verdict_was_recorded(node):
 
 def test_refresh_records_the_verdict(node):
     assert run_cli("refresh", conf=node).returncode == 0
-    assert _recorded(node)["pyxis_conf"]["text"] == node.read_text()
+    assert _recorded(node)["pyxis_conf"][0]["text"] == node.read_text()
     node.write_text(node.read_text().replace("warning", "error"))
     r = run_cli("refresh", conf=node)
     assert r.returncode == 0 and r.stdout.endswith(": fresh\n"), r.stdout
-    assert _recorded(node)["pyxis_conf"]["text"] == node.read_text()
+    assert _recorded(node)["pyxis_conf"][0]["text"] == node.read_text()
 
 
 def test_a_missing_schema_file_is_one_line(tmp_path, monkeypatch):
@@ -423,7 +423,7 @@ def test_a_no_gpu_start_records_a_changed_files_verdict(node, tmp_path, monkeypa
     config, stored = read_config(str(node), environ={})
     bundle = make_bundle(tmp_path / "bundle", env=("NVIDIA_VISIBLE_DEVICES=void",))
     assert pipeline.prestart(config, state_json(bundle).encode(), stored=stored) == 0
-    assert _recorded(node)["pyxis_conf"]["text"] == node.read_text()
+    assert _recorded(node)["pyxis_conf"][0]["text"] == node.read_text()
     calls = _checks(monkeypatch)
     load_config(str(node), environ={})
     assert calls == []
@@ -435,4 +435,28 @@ def test_a_command_records_a_changed_files_verdict(node):
     _changed(node)
     r = run_cli("info", "--json", conf=node)
     assert r.returncode == 0, r.stderr
-    assert _recorded(node)["pyxis_conf"]["text"] == node.read_text()
+    assert _recorded(node)["pyxis_conf"][0]["text"] == node.read_text()
+
+
+def test_two_files_sharing_one_artifact_keep_both_verdicts(node, monkeypatch):
+    """Files differing only in keys discovery does not read share one artifact: neither undoes the other's verdict."""
+    other = node.with_name("other.conf")
+    other.write_text(node.read_text().replace('log-level = "warning"', 'log-level = "info"'))
+    _start(node)
+    _start(other)
+    assert [v["text"] for v in _recorded(node)["pyxis_conf"]] == [other.read_text(), node.read_text()]
+    calls = _checks(monkeypatch)
+    for _ in range(3):
+        assert _start(node) == "read" and _start(other) == "read"
+    assert calls == []
+
+
+def test_at_most_verdicts_kept_texts_newest_first(node):
+    from pyxis_hook.spec.config import VERDICTS_KEPT
+
+    _start(node)
+    for i in range(VERDICTS_KEPT + 2):
+        node.write_text(node.read_text() + f"# edit {i}\n")
+        _start(node)
+    texts = [v["text"] for v in _recorded(node)["pyxis_conf"]]
+    assert len(texts) == VERDICTS_KEPT and texts[0] == node.read_text()

@@ -4,8 +4,9 @@ It also runs as a file, `python -I -S <dir>/pyxis_hook/__main__.py prestart`:
 `-S` skips the site scan (.pth files, an editable install's finder) and `-I`
 ignores the environment, so the package's own parent directory is put on
 sys.path here, and nothing else (`installpaths` adds this installation's
-own directories).  Run as a file, this module is compiled on every run:
-what can live elsewhere does.
+own directories, whenever the site scan did not run: also under the
+launcher `pyxis-hook install` writes, which imports this module).  Run as
+a file, this module is compiled on every run: what can live elsewhere does.
 """
 
 import sys
@@ -25,7 +26,7 @@ from pyxis_hook import startimage  # noqa: E402
 
 if startimage.fast_kind(sys.argv[1:]) is not None:  # a container start: the dispatch and no-GPU check from the image
     startimage.load_boot()
-if not __package__:
+if sys.flags.no_site:  # run as a file or by the launcher, without the site scan
     from pyxis_hook import installpaths
 
     installpaths.add()

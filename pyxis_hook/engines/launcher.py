@@ -4,9 +4,10 @@ A registration (hooks.d file, CDI spec, enroot shim, systemd unit) that named
 the interpreter and the package directly would break at the next Python or
 venv upgrade.  It names the launcher instead: a short Python file whose
 `#!<python> -IS` line and `MAIN` are this install's, rewritten by every
-`pyxis-hook install`.  It runs `<site>/pyxis_hook/__main__.py` as
-`python -I -S <main>` would (no site scan, no environment), so a start costs
-what the direct form costs (docs/decisions/2026-12-07-start-costs.md).
+`pyxis-hook install`.  It puts `MAIN`'s site directory first on sys.path and
+imports `pyxis_hook.__main__`, which runs the command as `python -I -S
+<main>` would (no site scan, no environment), from its cached bytecode:
+a start costs no more than the direct form (bench/README.md).
 """
 
 from __future__ import annotations
@@ -31,11 +32,8 @@ def launcher_text(python: str, main: str) -> str:
             f"MAIN = \"{main}\"\n"
             "import sys\n"
             "sys.argv[0] = MAIN\n"
-            "with open(MAIN, 'rb') as f:\n"
-            "    source = f.read()\n"
-            "# exec of the source, not compile(): compile() first builds the ast module's classes (~2 ms)\n"
-            "exec(source, {'__name__': '__main__', '__file__': MAIN, '__package__': None, '__spec__': None,\n"
-            "              '__builtins__': __builtins__})\n")
+            "sys.path.insert(0, MAIN.rpartition('/')[0].rpartition('/')[0])\n"
+            "import pyxis_hook.__main__  # runs the command and exits, from its cached bytecode\n")
 
 
 def parse_launcher(text: str) -> tuple[str, str] | None:

@@ -50,13 +50,22 @@ def instructions(argv: list[str], out: Path, **kw) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tree", metavar="DIR", default=str(bench.REPO), help="the checkout whose hook is counted")
+    ap.add_argument("--launcher", action="store_true",
+                    help="count the hook as `pyxis-hook install` registers it (the launcher), not `python -I -S __main__.py`")
     args = ap.parse_args()
     if not shutil.which("valgrind"):
         ap.error("valgrind is not installed")
-    hook = [bench.PY, "-I", "-S", str(Path(args.tree) / "pyxis_hook" / "__main__.py"), "prestart"]
+    main_py = str(Path(args.tree) / "pyxis_hook" / "__main__.py")
+    hook = [bench.PY, "-I", "-S", main_py, "prestart"]
     work = Path(tempfile.mkdtemp(prefix="pyxis-callgrind-"))
     try:
         w = bench.World(work, None)
+        if args.launcher:
+            from pyxis_hook.engines.launcher import launcher_text
+
+            (work / "launcher").write_text(launcher_text(bench.PY, main_py))
+            (work / "launcher").chmod(0o755)
+            hook = [str(work / "launcher"), "prestart"]
         for label, image, n, env in CASES:
             for _ in range(4):
                 bench.case_hook(w, image, n, env, argv=hook)

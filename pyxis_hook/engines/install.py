@@ -13,7 +13,8 @@ from pyxis_hook.errors import UsageError
 
 
 def install_text(path: str, text: str, mode: int = 0o644) -> str:
-    """Atomically write `text` to `path` with `mode`; UsageError naming the path on failure.
+    """Atomically write `text` to `path` with `mode`, as UTF-8 (surrogate escapes back to the bytes they
+    stand for, so text read with `surrogateescape` is written back unchanged); UsageError naming the path.
 
     The directory must exist ("<dir>: not a directory"): an install never
     creates engine configuration directories the engine does not read.
@@ -24,8 +25,8 @@ def install_text(path: str, text: str, mode: int = 0o644) -> str:
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(text.encode("utf-8", "surrogateescape"))
         os.chmod(tmp, mode)  # the umask may have trimmed it
         os.replace(tmp, path)
     except OSError as e:

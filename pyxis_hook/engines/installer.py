@@ -83,7 +83,7 @@ def _origin(tree: NodeTree, path: str, doc: dict) -> dict | None:
     for d in tree.missing_dirs(backup):
         tree.mkdir(d)
         doc["dirs"][d] = []
-    tree.put_bytes_of(backup, cur[1], cur[2])
+    tree.put(backup, cur[1], cur[2])
     return {"backup": backup, "mode": cur[2]}
 
 
@@ -129,7 +129,7 @@ def _restore(tree: NodeTree, path: str, entry: dict, out) -> None:
         got = tree.get(origin["backup"])
         if got is None:
             raise UsageError(f"{origin['backup']}: the copy of {path} install kept is gone")
-        tree.put_bytes_of(path, got[1], origin["mode"])
+        tree.put(path, got[1], origin["mode"])
         tree.remove(origin["backup"])
         out(f"restored {path}")
 

@@ -70,21 +70,6 @@ class NodeTree:
         h = self.host(path)
         install_text(h, content, mode)
 
-    def put_bytes_of(self, path: str, content: str, mode: int) -> None:
-        """`put` for content read with `get` (undecodable bytes kept as they were)."""
-        h = self.host(path)
-        tmp = f"{h}.{os.getpid()}.tmp"
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
-            with os.fdopen(fd, "wb") as f:
-                f.write(content.encode("utf-8", "surrogateescape"))
-            os.chmod(tmp, mode)
-            os.replace(tmp, h)
-        except OSError as e:
-            if os.path.lexists(tmp):
-                os.unlink(tmp)
-            raise UsageError(f"{path}: cannot write: {e.strerror}") from None
-
     def link(self, path: str, target: str) -> None:
         h = self.host(path)
         tmp = f"{h}.{os.getpid()}.tmp"

@@ -187,3 +187,17 @@ def test_a_link_out_of_the_root_is_not_followed(tmp_path, admin_conf):
     assert cli("install", "podman", "--root", str(root)).returncode == 0
     assert list(outside.iterdir()) == []
     assert (root / str(outside).lstrip("/") / "containers/oci/hooks.d/pyxis-hook.json").is_file()
+
+
+def test_a_file_install_changes_comes_back_byte_for_byte_even_when_not_utf8(tmp_path, admin_conf):
+    """NVIDIA's enroot hook with a Latin-1 byte in a comment: backed up, stubbed, restored as it was."""
+    root = node(tmp_path / "root", admin_conf)
+    nv = root / "etc/enroot/hooks.d/98-nvidia.sh"
+    nv.write_bytes(nv.read_bytes() + b"# Copyright \xa9 NVIDIA\n")
+    before = snapshot(root)
+    r = cli("install", "enroot", "--root", str(root))
+    assert r.returncode == 0, r.stderr
+    assert b"\xa9" not in nv.read_bytes()  # the stub
+    r = cli("uninstall", "enroot", "--root", str(root))
+    assert r.returncode == 0, r.stderr
+    assert snapshot(root) == before

@@ -460,3 +460,14 @@ def test_at_most_verdicts_kept_texts_newest_first(node):
         _start(node)
     texts = [v["text"] for v in _recorded(node)["pyxis_conf"]]
     assert len(texts) == VERDICTS_KEPT and texts[0] == node.read_text()
+
+
+def test_config_check_records_the_verdict_that_users_starts_then_take(node, monkeypatch):
+    """Under Pyxis only users start containers and none may write: the admin's `config check` records it for them."""
+    _start(node)
+    _changed(node)
+    r = run_cli("config", "check", conf=node)
+    assert r.returncode == 0 and "valid" in r.stdout, r.stderr
+    monkeypatch.setattr(trust, "may_write", lambda: False)  # a job's user, as the artifact's reader only
+    calls = _checks(monkeypatch)
+    assert _start(node) == "read" and calls == []

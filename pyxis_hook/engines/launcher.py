@@ -33,7 +33,12 @@ def launcher_text(python: str, main: str) -> str:
             "import sys\n"
             "sys.argv[0] = MAIN\n"
             "sys.path.insert(0, MAIN.rpartition('/')[0].rpartition('/')[0])\n"
-            "import pyxis_hook.__main__  # runs the command and exits, from its cached bytecode\n")
+            "try:\n"
+            "    import pyxis_hook.__main__  # runs the command and exits, from its cached bytecode\n"
+            "except ModuleNotFoundError as e:  # the package moved (an upgrade): one line, not a traceback\n"
+            "    if e.name not in ('pyxis_hook', 'pyxis_hook.__main__'):\n"
+            "        raise\n"
+            "    sys.exit(f'pyxis-hook: error: {MAIN} is gone: run `pyxis-hook install ENGINE` from the upgraded install')\n")
 
 
 def parse_launcher(text: str) -> tuple[str, str] | None:

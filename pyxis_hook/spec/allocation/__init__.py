@@ -18,23 +18,9 @@ them, and `request_env` builds the env a request reads from the container's
 env and the scheduler's, each name from its owner (docs/schedulers.md, "The
 allocation rule").
 
-Sources, first match wins:
-
-* Slurm: SLURM_STEP_GPUS, else SLURM_JOB_GPUS (global indices or UUIDs).
-* HTCondor (`_CONDOR_AssignedGPUs` or `BATCH_SYSTEM=HTCondor`):
-  `_CONDOR_AssignedGPUs`, CUDA_VISIBLE_DEVICES, GPU_DEVICE_ORDINAL;
-  `GPU-<8 hex>` UUID prefixes, full UUIDs, `CUDA<N>` / `<N>`; `10000` = none.
-* LSF (`LSB_JOBID`): CUDA_VISIBLE_DEVICES and the tasks'
-  `CUDA_VISIBLE_DEVICES<N>`, together; indices renumbered from 0 when
-  the job is in a device cgroup (`LSB_RESOURCE_ENFORCE="gpu"`), global
-  otherwise: counted inside `allowed_minors` when that bound is known.
-* Torque (`PBS_JOBID` with PBS_GPUFILE or `PBS_VERSION=TORQUE-...`):
-  CUDA_VISIBLE_DEVICES, this node's global indices; without it (the MoM's
-  `$cuda_visible_devices false`), this node's lines of PBS_GPUFILE
-  (`host.torquegpus`); a GPU file Torque did not write = no GPU.
-* OpenPBS / PBS Pro (`PBS_JOBID`): CUDA_VISIBLE_DEVICES from the
-  pbs_cgroups hook: full UUIDs (>= 20), minors (<= 19); empty = none.
-* Flux (`FLUX_JOB_ID`): CUDA_VISIBLE_DEVICES, global indices; `-1` = none.
+Which scheduler, first match wins: Slurm, HTCondor, LSF, Torque, OpenPBS, Flux
+(`job_allocation`); what each one's variables mean is its reader's docstring
+and docs/schedulers.md, "Per scheduler".
 """
 
 from __future__ import annotations

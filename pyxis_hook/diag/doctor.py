@@ -19,6 +19,7 @@ import stat
 import subprocess
 
 from pyxis_hook.host.cgroup import read_text
+from pyxis_hook.host.gpus import optional_nodes
 from pyxis_hook.errors import ConfigError, ElfError, LdCacheError
 from pyxis_hook.diag import installcheck
 from pyxis_hook.diag.doctorenv import DoctorEnv
@@ -28,8 +29,6 @@ from pyxis_hook.rootfs import try_resolve_in_root
 PERSISTENCED_SOCKET = "/var/run/nvidia-persistenced/socket"
 PERSISTENCED_PID = "/var/run/nvidia-persistenced/nvidia-persistenced.pid"
 RUNTIMES = ("runc", "crun")
-#: nodes many healthy hosts lack (modeset needs nvidia-modeset.ko; uvm-tools is optional)
-OPTIONAL_NODES = ("/dev/nvidia-modeset", "/dev/nvidia-uvm-tools")
 
 
 # ------------------------------------------------------------------ driver
@@ -82,10 +81,11 @@ def check_devices(host, config) -> list[Finding]:
                            "('nvidia-smi works but CUDA does not see the GPU')",
                            "modprobe nvidia-uvm (or nvidia-modprobe -u -c=0); make it load at boot"))
     good = 0
+    optional = optional_nodes(host.mig_config_minor, host.mig_monitor_minor)
     for n in host.nodes:
         where = os.path.join(config.dev_root, n.path.lstrip("/"))
         if n.problem:
-            if n.problem == "missing" and n.path in OPTIONAL_NODES:
+            if n.problem == "missing" and n.path in optional:
                 continue
             out.append(Finding("error", "device-node", f"{where}: {n.problem} (expected char {n.major}:{n.minor})",
                                "the hook bind-mounts host nodes; a missing or wrong node means no GPU in the container",

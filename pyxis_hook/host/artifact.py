@@ -43,8 +43,9 @@ if TYPE_CHECKING:  # hints only
     Stored = tuple[str, "dict | None", str, "list | None"]
 
 #: bumped whenever discovery records something else for the same driver files, or the file's layout
-#: changes (4: pyxis.conf's verdict), so an upgraded package rebuilds the artifact instead of trusting the old one
-FORMAT = 4
+#: changes (4: pyxis.conf's verdict; 5: no mig-minors table in the GPU facts), so an upgraded package rebuilds the
+#: artifact instead of trusting the old one
+FORMAT = 5
 
 _DIGEST_PRIME = 4294967291  # 2**32 - 5
 #: the largest artifact read (a driver with every capability is ~200 KB)

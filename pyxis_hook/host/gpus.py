@@ -111,10 +111,8 @@ class DeviceNode:
 class HostGpus:
     """Everything procfs and /dev say about the host's NVIDIA devices.
 
-    `mig_minors` are all `/proc/driver/nvidia-caps/mig-minors` entries as
-    (name, minor), e.g. ("config", 1), ("gpu0/gi1/access", 12) — MIG config
-    "all" needs the gpu entries.  `nodes` are every expected device node with
-    its check result; `warnings` are one-line texts naming the path concerned.
+    `nodes` are every expected device node with its check result;
+    `warnings` are one-line texts naming the path concerned.
     """
 
     driver_version: str | None
@@ -126,7 +124,6 @@ class HostGpus:
     imex_channels: tuple[int, ...] = ()
     warnings: tuple[str, ...] = ()
     nodes: tuple[DeviceNode, ...] = ()
-    mig_minors: tuple[tuple[str, int], ...] = ()
     proc_root: str = "/proc"
     dev_root: str = "/"
 
@@ -170,7 +167,6 @@ class HostGpus:
             "imex_channels": list(self.imex_channels),
             "warnings": list(self.warnings),
             "nodes": [_node_to_dict(n) for n in self.nodes],
-            "mig_minors": [[n, m] for n, m in self.mig_minors],
             "proc_root": self.proc_root,
             "dev_root": self.dev_root,
         }
@@ -199,7 +195,6 @@ class HostGpus:
             imex_channels=tuple(d.get("imex_channels", ())),
             warnings=tuple(d.get("warnings", ())),
             nodes=tuple(DeviceNode(**n) for n in d.get("nodes", ())),
-            mig_minors=tuple((str(n), int(m)) for n, m in d.get("mig_minors", ())),
             proc_root=d.get("proc_root", "/proc"),
             dev_root=d.get("dev_root", "/"),
         )
@@ -277,6 +272,14 @@ def format_bus_id(parsed: tuple[int, int, int, int]) -> str:
 
 def cap_node_path(minor: int) -> str:
     return f"/dev/nvidia-caps/nvidia-cap{minor}"
+
+
+def optional_nodes(mig_config_minor: int | None, mig_monitor_minor: int | None) -> frozenset[str]:
+    """The expected nodes a healthy host may lack: `/dev/nvidia-modeset` (needs nvidia-modeset.ko),
+    `/dev/nvidia-uvm-tools`, and MIG's config and monitor nodes, which nvidia-modprobe makes on
+    demand (a request that needs a missing one fails then, `plan.build`)."""
+    return frozenset(["/dev/nvidia-modeset", "/dev/nvidia-uvm-tools"] + [
+        cap_node_path(m) for m in (mig_config_minor, mig_monitor_minor) if m is not None])
 
 
 def imex_node_path(channel: int) -> str:

@@ -16,7 +16,8 @@ from pyxis_hook.host.gpufiles import (majors_from_devices, numbered, parse_acces
 from pyxis_hook.host.probe import Reader
 from pyxis_hook.rootfs import read_to_end
 from pyxis_hook.host.gpus import (MODESET_MINOR, NVIDIA_MAJOR, NVIDIACTL_MINOR, DeviceMajors, DeviceNode, Gpu,
-                                  HostGpus, MigDevice, cap_node_path, format_bus_id, imex_node_path, parse_bus_id)
+                                  HostGpus, MigDevice, cap_node_path, format_bus_id, imex_node_path, optional_nodes,
+                                  parse_bus_id)
 
 
 def _join(root: str, path: str) -> str:
@@ -56,24 +57,25 @@ def discover_gpus(proc_root: str = "/proc", dev_root: str = "/", reader: Reader 
     if majors.nvidia is None and (gpus or devices_text is not None):
         r.warnings.append(f"{_join(proc_root, 'devices')}: no nvidia-frontend/nvidia character major")
 
-    mig_minors: tuple[tuple[str, int], ...] = ()
-    mtext = r.read(_join(proc_root, "driver/nvidia-caps/mig-minors"), missing_ok=True)
-    if mtext is not None:
-        mig_minors = parse_mig_minors(mtext)
     mig_devices = _read_mig(r, nv, gpus)
     mig_config = _cap_minor(r, pathnames.join(nv, "capabilities/mig/config"))
     mig_monitor = _cap_minor(r, pathnames.join(nv, "capabilities/mig/monitor"))
-    minor_map = dict(mig_minors)
-    if mig_config is None:
-        mig_config = minor_map.get("config")
-    if mig_monitor is None:
-        mig_monitor = minor_map.get("monitor")
+    if mig_config is None or mig_monitor is None:
+        # only then: the module writes the table for every GPU it could drive (4,322 lines,
+        # ~110 KB, on every node), which is too much to read on each start for two numbers
+        mtext = r.read(_join(proc_root, "driver/nvidia-caps/mig-minors"), missing_ok=True)
+        minor_map = dict(parse_mig_minors(mtext)) if mtext is not None else {}
+        if mig_config is None:
+            mig_config = minor_map.get("config")
+        if mig_monitor is None:
+            mig_monitor = minor_map.get("monitor")
 
     imex = _read_imex(r, dev_root)
 
     nodes = _check_nodes(r, gpus, majors, mig_devices, mig_config, mig_monitor, imex, dev_root)
+    optional = optional_nodes(mig_config, mig_monitor)
     for n in nodes:
-        if n.problem and not (n.problem == "missing" and n.path in _OPTIONAL_NODES):
+        if n.problem and not (n.problem == "missing" and n.path in optional):
             r.warnings.append(f"{_join(dev_root, n.path)}: {n.problem}")
     return HostGpus(
         driver_version=driver_version,
@@ -85,7 +87,6 @@ def discover_gpus(proc_root: str = "/proc", dev_root: str = "/", reader: Reader 
         imex_channels=imex,
         warnings=tuple(r.warnings),
         nodes=nodes,
-        mig_minors=mig_minors,
         proc_root=proc_root,
         dev_root=dev_root,
     )
@@ -165,10 +166,6 @@ def _read_mig(r: Reader, nv: str, gpus: tuple[Gpu, ...]) -> tuple[MigDevice, ...
 def _read_imex(r: Reader, dev_root: str) -> tuple[int, ...]:
     d = _join(dev_root, "dev/nvidia-caps-imex-channels")
     return tuple(sorted(c for n in r.listdir(d) if (c := numbered(n, "channel")) is not None))
-
-
-# Absent on many healthy hosts: modeset needs nvidia-modeset.ko, uvm-tools is optional.
-_OPTIONAL_NODES = frozenset({"/dev/nvidia-modeset", "/dev/nvidia-uvm-tools"})
 
 
 def check_node(dev_root: str, path: str, major: int, minor: int, reader: Reader | None = None) -> DeviceNode:

@@ -6,6 +6,7 @@ import json
 import os
 import random
 import subprocess
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -99,10 +100,13 @@ def test_default_tree(tmp_path):
     assert host.gpus[0].model == "NVIDIA A100-SXM4-80GB"
     assert host.gpus[0].proc_name == "0000:06:00.0"
     assert (host.majors.nvidia, host.majors.uvm, host.majors.caps, host.majors.imex) == (195, 511, 510, 509)
-    assert host.mig_devices == () and host.mig_config_minor is None
+    # MIG's management capabilities exist on every node; their nodes only once nvidia-modprobe made them
+    assert host.mig_devices == () and (host.mig_config_minor, host.mig_monitor_minor) == (1, 2)
     if ROOT:
         assert host.warnings == ()
-        assert all(n.exists and n.problem is None for n in host.nodes)
+        on_demand = {"/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia-caps/nvidia-cap2"}  # made by nvidia-modprobe
+        assert all(n.exists and n.problem is None for n in host.nodes if n.path not in on_demand)
+        assert {n.path for n in host.nodes if n.problem == "missing"} == on_demand
 
 
 def test_open_module_aarch64(tmp_path):
@@ -213,7 +217,6 @@ def test_mig(tmp_path):
                             "/proc/driver/nvidia/capabilities/gpu3/mig/gi2/ci1/access")
     for p in d.proc_paths:
         assert os.path.isfile(tree.proc_root + p[len("/proc"):])
-    assert dict(host.mig_minors) == t
     if ROOT:
         assert host.warnings == ()
         assert host.node(f"/dev/nvidia-caps/nvidia-cap{t['gpu3/gi2/ci1/access']}").problem is None
@@ -312,3 +315,19 @@ def test_reader_reads_what_a_text_mode_open_reads(tmp_path_factory, data):
         expected = f.read()
     r = probe.Reader()
     assert r.read(str(path)) == expected and r.warnings == []
+
+
+def test_mig_config_and_monitor_minors_come_from_their_capability_files_then_the_table(tmp_path):
+    # the module's mig-minors table lists every GPU it could drive (4,322 lines on every node): the
+    # two minors a start needs come from their own capability files, the table only when those are absent
+    tree = make_host_tree(tmp_path, gpus=fake_gpus(1), mig={0: {}}, make_nodes=False)
+    caps = Path(tree.proc_root) / "driver/nvidia/capabilities/mig"
+    (Path(tree.proc_root) / "driver/nvidia-caps/mig-minors").write_text("config 7\nmonitor 8\ngpu0/gi0/access 9\n")
+    host = discover(tree)
+    assert (host.mig_config_minor, host.mig_monitor_minor) == (1, 2)
+    (caps / "monitor").unlink()
+    host = discover(tree)
+    assert (host.mig_config_minor, host.mig_monitor_minor) == (1, 8)
+    (caps / "config").unlink()
+    host = discover(tree)
+    assert (host.mig_config_minor, host.mig_monitor_minor) == (7, 8)

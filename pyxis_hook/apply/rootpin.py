@@ -49,6 +49,10 @@ from pyxis_hook import pathnames
 from pyxis_hook.errors import OciError
 from pyxis_hook.record import record
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # hints only
+    from typing import Callable
+
 
 class RootfsError(OciError):
     """The bundle's `root.path` is not the rootfs the runtime set up for the container."""
@@ -210,55 +214,60 @@ def _judge(fd: int, pid: int, where: str, proc: str, ref: int | str) -> tuple[st
         is_mount_root = lookup.mount_id(up, f"{proc}/self") != mount_id  # '..' of a mount's root is on the mount below
     finally:
         posix.close(up)
-    theirs = _mounts(read_text(f"{where}/mountinfo") or "")
-    ours = _mounts(read_text(f"{proc}/{ref}/mountinfo") or "")
+    theirs = read_text(f"{where}/mountinfo") or ""
+    ours = mount_points(read_text(f"{proc}/{ref}/mountinfo") or "")
     if not ours:  # never judge against an empty table: every mount would look like the runtime's
         raise RootfsError(f"cannot read the mount table of process {ref}, the namespace the container's "
                           "was copied from")
-    line = next((line for mid, _point, line in theirs if mid == str(mount_id)), None)
+    line = mount_line(theirs, str(mount_id))
     if line is None:
         return "", f"it is on mount {mount_id}, which container process {pid} does not have"
-    problem = runtime_mount_problem(line.split(" ", 5)[4], is_mount_root, [p for _m, p, _l in theirs],
-                                    [p for _m, p, _l in ours])
+    problem = runtime_mount_problem(line.split(" ", 5)[4], is_mount_root, mount_points(theirs).count, ours.count)
     return parse_mountinfo(line)[0].mount_point, problem
 
 
-def runtime_mount_problem(point: str, is_mount_root: bool, theirs: list[str], ours: list[str]) -> str | None:
+def runtime_mount_problem(point: str, is_mount_root: bool, theirs: Callable[[str], int],
+                          ours: Callable[[str], int]) -> str | None:
     """Why the directory at the root (or not) of the mount at `point` is not a rootfs the runtime mounted.
 
-    `theirs`/`ours`: the mount points of the container's and of the hook's
-    mount namespace, one entry per mount (stacked mounts repeat).  The
+    `theirs`/`ours`: how many mounts the container's and the hook's mount
+    namespace have at a mount point (stacked mounts count each).  The
     container's namespace started as a copy of the hook's; a mount point it
     has more often is one the runtime mounted on.  None when it is the root
     of such a mount and no such mount lies above it.
     """
-    if theirs.count(point) <= ours.count(point):
+    if theirs(point) <= ours(point):
         return f"the mount it is on, at {point}, is also in the hook's own mount namespace: not one the runtime made"
     above = point
     while above != "/":
         above = pathnames.dirname(above)
-        if theirs.count(above) > ours.count(above):
+        if theirs(above) > ours(above):
             return f"the mount it is on, at {point}, lies below {above}, a mount the runtime made"
     if not is_mount_root:
         return f"it is a directory inside the mount at {point}, not that mount's root"
     return None
 
 
-def _mounts(text: str) -> list[tuple[str, str, str]]:
-    """(mount id, mount point as mountinfo escapes it, line) per line of a mountinfo.
+def mount_line(mountinfo: str, mount_id: str) -> str | None:
+    """The line of mount `mount_id` in a mountinfo text, or None."""
+    if mountinfo.startswith(mount_id + " "):
+        at = 0
+    else:
+        at = mountinfo.find(f"\n{mount_id} ") + 1
+        if not at:
+            return None
+    end = mountinfo.find("\n", at)
+    return mountinfo[at:] if end == -1 else mountinfo[at:end]
 
-    Only the two fields the rule compares, split off each line, not
-    `cgroup.parse_mountinfo` records: a node may have thousands of mounts
-    (each container has some), and a record each is a cost of the start
-    (docs/decisions/2026-12-07-start-costs.md).  Both namespaces escape the same
-    way, and an escape holds no '/', so escaped points compare and climb like
-    the paths.
+
+def mount_points(mountinfo: str) -> list[str]:
+    """The mount point of each line of a mountinfo text: its fifth field, as the kernel escapes it.
+
+    Only that field, split off each line: a node may have thousands of mounts
+    (each container has some), and a start reads two tables.  Both namespaces
+    escape the same way, and an escape holds no '/', so escaped points
+    compare and climb like the paths.
     """
-    out = []
-    for line in text.splitlines():
-        f = line.split(" ", 5)
-        if len(f) == 6:
-            out.append((f[0], f[4], line))
-    return out
+    return [line.split(" ", 5)[4] for line in mountinfo.splitlines() if line.count(" ") >= 5]
 
 

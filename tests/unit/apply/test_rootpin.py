@@ -15,7 +15,9 @@ import shutil
 import pytest
 
 from fixtures.standin import start_standin
-from pyxis_hook.apply.rootpin import runtime_mount_problem
+from hypothesis import given, strategies as st
+
+from pyxis_hook.apply.rootpin import mount_line, mount_points, runtime_mount_problem
 
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
 
@@ -24,13 +26,14 @@ LIBDIR = "/usr/lib/x86_64-linux-gnu"
 
 
 def test_the_runtimes_bind_mount_is_the_rootfs():
-    assert runtime_mount_problem("/b/rootfs", True, ["/", "/proc", "/b/rootfs", "/b/rootfs/proc"],
-                                 ["/", "/proc"]) is None
+    assert runtime_mount_problem("/b/rootfs", True, ["/", "/proc", "/b/rootfs", "/b/rootfs/proc"].count,
+                                 ["/", "/proc"].count) is None
 
 
 def test_a_bind_stacked_on_a_host_mount_is_the_rootfs():
     """podman: the overlay is a host mount at the path, the runtime's bind sits on its copy."""
-    assert runtime_mount_problem("/m/merged", True, ["/", "/m/merged", "/m/merged"], ["/", "/m/merged"]) is None
+    assert runtime_mount_problem("/m/merged", True, ["/", "/m/merged", "/m/merged"].count,
+                                 ["/", "/m/merged"].count) is None
 
 
 @pytest.mark.parametrize("point, is_root, words", [
@@ -42,7 +45,22 @@ def test_a_bind_stacked_on_a_host_mount_is_the_rootfs():
 def test_anything_else_is_refused_with_the_reason(point, is_root, words):
     theirs = ["/", "/home", "/b/rootfs", "/b/rootfs/dev"]
     ours = ["/", "/home"]
-    assert words in runtime_mount_problem(point, is_root, theirs, ours)
+    assert words in runtime_mount_problem(point, is_root, theirs.count, ours.count)
+
+
+_FIELD = st.text(alphabet="/abc\\0", min_size=1, max_size=6)  # fields hold no raw space: the kernel escapes it
+
+
+@given(st.lists(st.tuples(_FIELD, _FIELD), min_size=1, max_size=12), _FIELD)
+def test_a_mountinfo_line_and_its_mount_point(rows, other):
+    """The fifth field is the point: not the root (fourth), the options, or the source after the separator."""
+    lines = [f"{i} 1 0:{i} {root} {where} rw,{other} shared:1 - ext4 {other} rw"
+             for i, (root, where) in enumerate(rows, start=20)]
+    text = "\n".join(lines) + "\n"
+    assert mount_points(text) == [where for _root, where in rows]
+    for i, line in enumerate(lines, start=20):
+        assert mount_line(text, str(i)) == line
+    assert mount_line(text, "2") is None and mount_line(text, "0") is None
 
 
 # ------------------------------------------------------------ stand-in containers (root)

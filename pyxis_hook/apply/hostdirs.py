@@ -37,46 +37,9 @@ from __future__ import annotations
 import posix
 
 from pyxis_hook import pathnames
+from pyxis_hook.apply.mounttable import device_of, escape, filesystem_point, host_filesystems
 from pyxis_hook.kernel import lookup
 from pyxis_hook.rootfs import PROC_LIMIT, read_to_end
-
-#: what mountinfo escapes in a mount point (fs/proc_namespace.c: seq_path_root(..., " \t\n\\"))
-_ESCAPED = " \t\n\\"
-
-
-def escape(path: str) -> str:
-    """`path` as mountinfo prints it (octal escapes), so it compares with its mount points."""
-    return "".join(f"\\{ord(c):03o}" if c in _ESCAPED else c for c in path)
-
-
-def host_filesystems(mountinfo: str, rootfs_point: str | None) -> dict[str, str]:
-    """major:minor -> the first mount point of that filesystem, for mounts outside `rootfs_point`.
-
-    `rootfs_point` is escaped as mountinfo escapes (`escape`); None leaves
-    nothing out.
-    """
-    out: dict[str, str] = {}
-    below = "" if rootfs_point is None else rootfs_point.rstrip("/") + "/"
-    for line in mountinfo.splitlines():
-        f = line.split(" ", 5)
-        if len(f) < 6:
-            continue
-        point = f[4]
-        if below and (point == rootfs_point or point.startswith(below)):
-            continue
-        out.setdefault(f[2], point)
-    return out
-
-
-def mount_devices(mountinfo: str) -> dict[int, str]:
-    """mount id -> major:minor, per line of a mountinfo."""
-    out = {}
-    for line in mountinfo.splitlines():
-        f = line.split(" ", 3)
-        if len(f) == 4 and f[0].isdigit():
-            out[int(f[0])] = f[2]
-    return out
-
 
 def rootfs_point(rootfs: str, want: posix.stat_result) -> str | None:
     """The rootfs's mount point as the hook's namespace names it (escaped), or None when unsure.
@@ -112,8 +75,9 @@ class HostDirs:
         self._point = point
         # opened here, in the hook's own namespace: reading it later still lists that namespace's mounts
         self._ours = posix.open("/proc/self/mountinfo", posix.O_RDONLY | posix.O_CLOEXEC)
+        self._host_text: str | None = None
         self._host: dict[str, str] | None = None
-        self._theirs: dict[int, str] | None = None
+        self._theirs: str | None = None
         self._root_mount: int | None = None
         self._verdicts: dict[int, str | None] = {}
 
@@ -122,15 +86,17 @@ class HostDirs:
             posix.close(self._ours)
             self._ours = -1
 
-    def _host_map(self) -> dict[str, str]:
-        if self._host is None:
-            fd, self._ours = self._ours, -1  # read once: the map is kept
-            self._host = host_filesystems(_read_text(fd), self._point)
-        return self._host
+    def _host_table(self) -> str:
+        if self._host_text is None:
+            fd, self._ours = self._ours, -1  # read once: the text is kept
+            self._host_text = _read_text(fd)
+        return self._host_text
 
     def host_devices(self) -> frozenset[str]:
         """The host's filesystems (major:minor): the confined ldconfig's view makes their mounts read-only."""
-        return frozenset(self._host_map())
+        if self._host is None:
+            self._host = host_filesystems(self._host_table(), self._point)
+        return frozenset(self._host)
 
     def why(self, dir_fd: int, root_fd: int) -> str | None:
         """None when the directory `dir_fd` is the container's; else why it is a host directory.
@@ -146,15 +112,16 @@ class HostDirs:
             return None
         if mid in self._verdicts:
             return self._verdicts[mid]
-        if self._theirs is None or mid not in self._theirs:  # read again for a mount made since (a dir bind)
+        dev = device_of(self._theirs, mid) if self._theirs is not None else None
+        if dev is None:  # read again for a mount made since (a dir bind)
             # now: the container's namespace
             fd = posix.open(lookup.proc_self_path("mountinfo"), posix.O_RDONLY | posix.O_CLOEXEC)
-            self._theirs = mount_devices(_read_text(fd))
-        dev = self._theirs.get(mid)
+            self._theirs = _read_text(fd)
+            dev = device_of(self._theirs, mid)
         if dev is None:
             verdict: str | None = f"its mount ({mid}) is not in the container's mount table"
         else:
-            where = self._host_map().get(dev)
+            where = filesystem_point(self._host_table(), dev, self._point)
             verdict = None if where is None else \
                 f"it is a host directory bound into the container (its filesystem, {dev}, is mounted at {where} on the host)"
         self._verdicts[mid] = verdict

@@ -39,6 +39,7 @@ from __future__ import annotations
 import posix
 
 from pyxis_hook import log
+from pyxis_hook.apply.mounttable import mount_line, mount_points
 from pyxis_hook.errors import PathError
 from pyxis_hook.host.cgroup import parse_mountinfo, read_text
 from pyxis_hook.kernel import lookup
@@ -246,28 +247,3 @@ def runtime_mount_problem(point: str, is_mount_root: bool, theirs: Callable[[str
     if not is_mount_root:
         return f"it is a directory inside the mount at {point}, not that mount's root"
     return None
-
-
-def mount_line(mountinfo: str, mount_id: str) -> str | None:
-    """The line of mount `mount_id` in a mountinfo text, or None."""
-    if mountinfo.startswith(mount_id + " "):
-        at = 0
-    else:
-        at = mountinfo.find(f"\n{mount_id} ") + 1
-        if not at:
-            return None
-    end = mountinfo.find("\n", at)
-    return mountinfo[at:] if end == -1 else mountinfo[at:end]
-
-
-def mount_points(mountinfo: str) -> list[str]:
-    """The mount point of each line of a mountinfo text: its fifth field, as the kernel escapes it.
-
-    Only that field, split off each line: a node may have thousands of mounts
-    (each container has some), and a start reads two tables.  Both namespaces
-    escape the same way, and an escape holds no '/', so escaped points
-    compare and climb like the paths.
-    """
-    return [line.split(" ", 5)[4] for line in mountinfo.splitlines() if line.count(" ") >= 5]
-
-

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 
-from pyxis_hook.apply import hostdirs
+from hypothesis import given, strategies as st
+
+from pyxis_hook.apply import hostdirs, mounttable
 
 #: the hook's own namespace on a node: / on a disk, devtmpfs /dev, a tmpfs /run, a podman overlay
 HOST = """\
@@ -23,7 +25,7 @@ HOST = """\
 
 
 def test_every_filesystem_of_the_hooks_namespace_is_the_hosts():
-    host = hostdirs.host_filesystems(HOST, None)
+    host = mounttable.host_filesystems(HOST, None)
     assert host == {"8:1": "/", "0:5": "/dev", "0:21": "/dev/shm", "0:22": "/run", "0:40":
                     "/var/lib/containers/storage/overlay/abc/merged", "0:41": "/srv/my\\040data"}
 
@@ -37,26 +39,42 @@ def test_the_containers_own_mounts_in_the_hooks_namespace_are_left_out():
 42 41 0:51 / /home/u/.local/share/enroot/pyxis_1/dev/pts rw - devpts devpts rw
 43 41 0:21 / /home/u/.local/share/enroot/pyxis_1/dev/shm rw - tmpfs tmpfs rw
 """
-    host = hostdirs.host_filesystems(enroot, "/home/u/.local/share/enroot/pyxis_1")
+    host = mounttable.host_filesystems(enroot, "/home/u/.local/share/enroot/pyxis_1")
     assert "0:50" not in host and "0:51" not in host  # the container's tmpfs and devpts: private
     assert host["8:1"] == "/" and host["0:21"] == "/dev/shm"  # the host's, wherever else they are bound
     # a sibling that merely starts with the same name is not below the rootfs
     sibling = enroot + "44 22 0:52 / /home/u/.local/share/enroot/pyxis_10 rw - tmpfs tmpfs rw\n"
-    assert hostdirs.host_filesystems(sibling, "/home/u/.local/share/enroot/pyxis_1")["0:52"].endswith("pyxis_10")
+    assert mounttable.host_filesystems(sibling, "/home/u/.local/share/enroot/pyxis_1")["0:52"].endswith("pyxis_10")
 
 
 def test_a_rootfs_at_the_root_leaves_nothing_out_but_claims_nothing():
-    assert hostdirs.host_filesystems(HOST, "/") == {}
+    assert mounttable.host_filesystems(HOST, "/") == {}
 
 
 def test_escape_matches_the_kernels_mount_points():
-    assert hostdirs.escape("/srv/my data\\x\tb\nc") == "/srv/my\\040data\\134x\\011b\\012c"
-    assert "0:41" not in hostdirs.host_filesystems(HOST, hostdirs.escape("/srv/my data"))
+    assert mounttable.escape("/srv/my data\\x\tb\nc") == "/srv/my\\040data\\134x\\011b\\012c"
+    assert "0:41" not in mounttable.host_filesystems(HOST, mounttable.escape("/srv/my data"))
 
 
-def test_mount_devices_maps_ids_to_filesystems():
-    assert hostdirs.mount_devices(HOST + "garbage\n\n") == {22: "8:1", 23: "0:5", 24: "0:21", 25: "0:22",
-                                                             26: "0:40", 27: "0:41"}
+def test_device_of_a_mount_id():
+    table = HOST + "garbage\n\n"
+    assert [mounttable.device_of(table, i) for i in range(22, 28)] == ["8:1", "0:5", "0:21", "0:22", "0:40", "0:41"]
+    assert mounttable.device_of(table, 2) is None and mounttable.device_of(table, 220) is None
+
+
+_POINT = st.sampled_from(["/", "/dev", "/run", "/r", "/r/dev", "/r/x", "/rr", "0:5", "/srv/my\\040data"])
+
+
+@given(st.lists(st.tuples(st.sampled_from(["8:1", "0:5", "0:21"]), st.sampled_from(["/", "0:5", "/r"]), _POINT),
+                max_size=10), st.sampled_from([None, "/", "/r", "/r/"]))
+def test_filesystem_point_answers_as_the_whole_map(rows, rootfs_point):
+    """From the lines naming the filesystem only, the same first point outside the rootfs as parsing every line;
+    the same text as a root, a point or a source is not a filesystem."""
+    table = "".join(f"{30 + i} 1 {dev} {root} {point} rw shared:1 - tmpfs {dev} rw\n"
+                    for i, (dev, root, point) in enumerate(rows))
+    whole = mounttable.host_filesystems(table, rootfs_point)
+    for dev in ("8:1", "0:5", "0:21", "0:99"):
+        assert mounttable.filesystem_point(table, dev, rootfs_point) == whole.get(dev)
 
 
 def test_rootfs_point_only_when_it_is_the_directory_written_in(tmp_path):
@@ -79,7 +97,7 @@ def test_the_mount_tables_are_read_once_and_the_hosts_fd_released():
     import pytest
 
     with open("/proc/self/mountinfo") as f:
-        want = hostdirs.host_filesystems(f.read(), None)
+        want = mounttable.host_filesystems(f.read(), None)
     h = hostdirs.HostDirs(None)
     fd = h._ours
     try:

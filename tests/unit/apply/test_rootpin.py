@@ -13,11 +13,12 @@ import os
 import shutil
 
 import pytest
-
-from fixtures.standin import start_standin
 from hypothesis import given, strategies as st
 
-from pyxis_hook.apply.rootpin import mount_line, mount_points, runtime_mount_problem
+from fixtures.standin import start_standin
+
+from pyxis_hook.apply.mounttable import mount_line, mount_points
+from pyxis_hook.apply.rootpin import runtime_mount_problem
 
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
 

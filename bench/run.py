@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The hook's speed targets and its cost beside runc and glibc's ldconfig, in one run, interleaved.
 
-    sudo python bench/run.py [--peer PATH] [--rounds 11] [--imports]
+    sudo python bench/run.py [--peer PATH] [--rounds 11] [--imports] [--mounts N]
 
 Root is needed (overlay mounts, mknod'ed fake GPU nodes, runc).  Everything
 is built under --work (default a temp dir): a fake driver (tests/fixtures),
@@ -30,6 +30,9 @@ every round running every case once in a shuffled order:
   own python3), beside the same start as root: the node artifact and start image root wrote;
 * `peer` (with --peer): nvidia-container-cli `configure` on the same
   rootfs and container process, interleaved.
+
+`--mounts N` runs it all on a busy node: in a private mount namespace holding N more
+mounts, as a Kubernetes node's pods give it thousands (the hook reads the mount tables).
 
 No timing is asserted anywhere; the table is the result (bench/README.md).
 """
@@ -436,6 +439,24 @@ def imports(w: World) -> str:
     return "\n".join(out)
 
 
+#: set in the re-run of `--mounts N` inside its private mount namespace
+_MOUNTS_DONE = "PYXIS_BENCH_MOUNTS"
+
+
+def busy_node(n: int) -> None:
+    """N tmpfs mounts in this (private) mount namespace, under a temp dir, by mount(2) directly (seconds, not minutes)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    base = Path(tempfile.mkdtemp(prefix="pyxis-bench-mounts-"))
+    for i in range(n):
+        d = base / f"pod-{i:05d}" / "volumes" / "kube-api-access"
+        d.mkdir(parents=True)
+        if libc.mount(b"tmpfs", str(d).encode(), b"tmpfs", 0, b"size=64k") != 0:
+            raise OSError(ctypes.get_errno(), f"mount tmpfs on {d}")
+    print(f"{n} tmpfs mounts under {base} (this mount namespace only)", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="pyxis-hook speed targets and its cost beside runc and ldconfig")
     ap.add_argument("--peer", metavar="PATH", help="an nvidia-container-cli binary to time interleaved")
@@ -443,9 +464,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", metavar="DIR", help="where to build the fixtures (default: a temp dir, removed)")
     ap.add_argument("--imports", action="store_true", help="also show -X importtime of the hook")
     ap.add_argument("--only", metavar="TEXT", action="append", help="run only cases whose name contains TEXT")
+    ap.add_argument("--mounts", type=int, default=0, metavar="N",
+                    help="run on a node with N more mounts (a Kubernetes node's pods have thousands): every case "
+                         "runs in a private mount namespace holding N tmpfs mounts")
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
         ap.error("needs root (overlay mounts, device nodes, runc)")
+    if args.mounts and os.environ.get(_MOUNTS_DONE) != str(args.mounts):
+        # again, in a private mount namespace: the N mounts are made there, and the containers'
+        # namespaces (copies of it) hold them too, as on a busy node
+        return subprocess.run(["unshare", "-m", "--propagation", "private", PY, __file__, *sys.argv[1:]],
+                              env=dict(os.environ, **{_MOUNTS_DONE: str(args.mounts)})).returncode
+    if args.mounts:
+        busy_node(args.mounts)
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="pyxis-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
@@ -474,7 +505,8 @@ def main(argv: list[str] | None = None) -> int:
         for k, v in times.items():
             q = statistics.quantiles(v, n=4) if len(v) >= 2 else [v[0]] * 3
             spread[k] = (q[2] - q[0]) / 2
-        print(f"command: python bench/run.py{' --peer ' + args.peer if args.peer else ''} --rounds {args.rounds}")
+        print(f"command: python bench/run.py{' --peer ' + args.peer if args.peer else ''} --rounds {args.rounds}"
+              f"{f' --mounts {args.mounts}' if args.mounts else ''}")
         print(f"machine: {machine()}")
         print(f"medians of {args.rounds} interleaved runs; baseline: "
               + ("nvidia-container-cli (--peer), " if args.peer else "no nvidia-container-cli given: glibc's ldconfig "

@@ -70,7 +70,8 @@ def prestart(config, stdin_bytes: bytes, bundle_dir: str | None = None, docs: tu
         return 0
     pinned = rootpin.pin_bundle(bundle, state.pid, config.writable_bundle, f"container {state.id}")
     try:
-        prepared = prepare(config, bundle, state=state, check=True, view=pinned.view, stored=stored)
+        prepared = prepare(config, bundle, state=state, check=True, view=pinned.view, stored=stored,
+                           own_table=pinned.own_table)
         plan = prepared.plan
         log.info(f"container {state.id}: {len(plan.devices)} devices, {len(plan.mounts)} mounts, "
                  f"ldcache {plan.ldcache.mode}")

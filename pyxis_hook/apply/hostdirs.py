@@ -68,16 +68,20 @@ class HostDirs:
     """The question `why(dir_fd)`, for one container; made by apply's child before it enters the namespace.
 
     Everything is read lazily, once: a start that creates nothing reads no
-    mountinfo.  `close` releases the host mountinfo fd.
+    mountinfo.  `own_table`, `their_table`: the hook's own and the
+    container's mount tables as this start already read them
+    (`rootpin.PinnedRoot`), else they are read here (the container's again
+    for a mount it does not list: one made since).  `close` releases the
+    host mountinfo fd.
     """
 
-    def __init__(self, point: str | None):
+    def __init__(self, point: str | None, own_table: str | None = None, their_table: str | None = None):
         self._point = point
         # opened here, in the hook's own namespace: reading it later still lists that namespace's mounts
-        self._ours = posix.open("/proc/self/mountinfo", posix.O_RDONLY | posix.O_CLOEXEC)
-        self._host_text: str | None = None
+        self._ours = -1 if own_table is not None else posix.open("/proc/self/mountinfo", posix.O_RDONLY | posix.O_CLOEXEC)
+        self._host_text: str | None = own_table
         self._host: dict[str, str] | None = None
-        self._theirs: str | None = None
+        self._theirs: str | None = their_table
         self._root_mount: int | None = None
         self._verdicts: dict[int, str | None] = {}
 

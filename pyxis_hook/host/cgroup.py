@@ -307,12 +307,17 @@ def read_slurm_cgroup(proc_root: str, pid: int | str) -> SlurmCgroup | None:
     return slurm_of_lines(parse_proc_cgroup(cg)) if cg is not None else None
 
 
-def _v1_devices_dir(proc_root: str, pid: int | str, mountinfo_pid: int | str) -> DeviceCgroup | None:
-    """The v1 devices cgroup of `pid` with a host directory; None on v2, without cgroups or mount."""
+def _v1_devices_dir(proc_root: str, pid: int | str, mountinfo_pid: int | str,
+                    mountinfo: str | None = None) -> DeviceCgroup | None:
+    """The v1 devices cgroup of `pid` with a host directory; None on v2, without cgroups or mount.
+
+    `mountinfo`: `mountinfo_pid`'s mount table when the caller has read it already."""
     cg = read_text(pathnames.join(proc_root, str(pid), "cgroup"))
     if cg is None or "devices" not in cg:  # no v1 devices controller: skip reading all of mountinfo
         return None
-    dc = devices_cgroup(cg, read_text(pathnames.join(proc_root, str(mountinfo_pid), "mountinfo")) or "")
+    if mountinfo is None:
+        mountinfo = read_text(pathnames.join(proc_root, str(mountinfo_pid), "mountinfo"))
+    dc = devices_cgroup(cg, mountinfo or "")
     if dc is None or dc.controller != "v1" or dc.fs_path is None:
         return None
     return dc
@@ -356,7 +361,7 @@ def step_dir(task_dir: str, slurm: SlurmCgroup) -> str | None:
 
 
 def gpu_bound(proc_root: str, pid: int | str, candidates, nvidia_major: int = 195,
-              mountinfo_pid: int | str = "self") -> GpuBound | None:
+              mountinfo_pid: int | str = "self", mountinfo: str | None = None) -> GpuBound | None:
     """The GPU minors for a container started by process `pid`; None = cannot tell (as `gpu_minors_allowed`).
 
     Pyxis starts one container per node for all the tasks of a step, from
@@ -366,8 +371,9 @@ def gpu_bound(proc_root: str, pid: int | str, candidates, nvidia_major: int = 19
     the step on this node (Slurm's `task_cgroup_devices.c` writes both).
     The container must hold the step's GPUs: each task's own cgroup still
     confines that task.  So a task cgroup's list is widened to its step's.
+    `mountinfo`: as `_v1_devices_dir`'s.
     """
-    dc = _v1_devices_dir(proc_root, pid, mountinfo_pid)
+    dc = _v1_devices_dir(proc_root, pid, mountinfo_pid, mountinfo)
     if dc is None or dc.fs_path is None:
         return None
     own = _minors_of(dc.fs_path, candidates, nvidia_major)

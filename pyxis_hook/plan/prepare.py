@@ -64,17 +64,19 @@ def with_mig_uuids(inventory):
     return inv_mod.with_host(inventory, nvml.fill_mig_uuids(inventory.host, lib))
 
 
-def confinement(env, host, proc_root: str = "/proc", pid: int | str | None = None):
+def confinement(env, host, proc_root: str = "/proc", pid: int | str | None = None, own_table: str | None = None):
     """(env, allowed GPU minors) for a hook whose process `pid` may sit in a device cgroup.
 
     `allowed` is None when the cgroup does not narrow the host's GPUs or
     cannot tell (v2).  In a Slurm task cgroup the step's allocation on this
     node wins over the task's narrower view (`cgroup.gpu_bound`), and GPU
     variables that hold the task's renumbered view are set aside
-    (`taskview`); the log says which source won.
+    (`taskview`); the log says which source won.  `own_table`: this
+    process's mount table as the start read it already (`prepare`'s).
     """
     pid = posix.getpid() if pid is None else pid
-    bound = cgroup.gpu_bound(proc_root, pid, [g.minor for g in host.gpus], host.majors.nvidia or gpus.NVIDIA_MAJOR)
+    bound = cgroup.gpu_bound(proc_root, pid, [g.minor for g in host.gpus], host.majors.nvidia or gpus.NVIDIA_MAJOR,
+                             mountinfo=own_table if proc_root == "/proc" else None)
     allowed = None
     if bound is not None:
         allowed = bound.minors
@@ -94,7 +96,7 @@ def confinement(env, host, proc_root: str = "/proc", pid: int | str | None = Non
 
 
 def prepare(config: Config, bundle, *, state=None, check: bool = False, confine: bool = True,
-            view: str | None = None, stored=None) -> Prepared:
+            view: str | None = None, stored=None, own_table: str | None = None) -> Prepared:
     """Decide everything for `bundle` (an oci.Bundle); never touches the container.
 
     The stages, in order: the no-GPU answer; the GPUs read now and the
@@ -106,7 +108,8 @@ def prepare(config: Config, bundle, *, state=None, check: bool = False, confine:
     start does).  `view`: the path the image is read through (a start's
     pinned rootfs, `rootpin.PinnedRoot.view`); the plan still names
     `bundle.rootfs`.  `stored`: the node artifact as loading `config` read
-    it (`spec.config.read_config`), for `artifact.obtain`.
+    it (`spec.config.read_config`), for `artifact.obtain`.  `own_table`: this
+    process's mount table as the start read it (`rootpin.PinnedRoot.own_table`).
     """
     env = bundle.env_map()
     annotations = oci.state_annotations(state, bundle) if state is not None else bundle.annotation_map()
@@ -117,7 +120,7 @@ def prepare(config: Config, bundle, *, state=None, check: bool = False, confine:
     host = discover_gpus(config.proc_root, config.dev_root)
     allowed = None
     if confine:
-        env, allowed = confinement(env, host)
+        env, allowed = confinement(env, host, own_table=own_table)
     proc_files = read_proc_driver_files(config.proc_root)
     inventory, source = artifact.obtain(config, strict=False, host=host, stored=stored)
     if envreads.names_mig_uuid(env) and any(m.uuid is None for m in inventory.host.mig_devices):

@@ -116,3 +116,13 @@ def test_the_mount_tables_are_read_once_and_the_hosts_fd_released():
     finally:
         h.close()
     h.close()
+
+
+def test_a_table_the_start_read_already_is_used_not_read_again():
+    """Pinning read the hook's own mount table; the same start's HostDirs takes it and opens none of its own."""
+    h = hostdirs.HostDirs(None, HOST)
+    try:
+        assert h._ours == -1
+        assert h.host_devices() == frozenset({"8:1", "0:5", "0:21", "0:22", "0:40", "0:41"})
+    finally:
+        h.close()

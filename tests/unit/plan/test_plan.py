@@ -264,17 +264,20 @@ def test_prepare_is_bounded_by_the_hooks_device_cgroup(world, tmp_path, monkeypa
     base, tree, cfg, inv = world
     seen = []
 
-    def allowed(proc_root, pid, candidates, major):
-        seen.append((sorted(candidates), major))
+    def allowed(proc_root, pid, candidates, major, mountinfo=None):
+        seen.append((sorted(candidates), major, mountinfo))
         return cgroup.GpuBound(frozenset({1, 3}), "GPUs from the device cgroup")
 
     monkeypatch.setattr(cgroup, "gpu_bound", allowed)
     bundle = oci.load_bundle(str(make_bundle(tmp_path / "b", env=("NVIDIA_VISIBLE_DEVICES=all",))))
     assert prepare(cfg, bundle).request.gpu_minors == (1, 3)
-    assert seen == [([0, 1, 2, 3], 195)]
+    assert seen == [([0, 1, 2, 3], 195, None)]
+    # the mount table the start read already (pinning's) is the one the v1 cgroup's mount is looked up in
+    assert prepare(cfg, bundle, own_table="22 1 8:1 / / rw - ext4 /dev/sda1 rw\n").request.gpu_minors == (1, 3)
+    assert seen[-1] == ([0, 1, 2, 3], 195, "22 1 8:1 / / rw - ext4 /dev/sda1 rw\n")
     assert prepare(cfg, bundle, confine=False).request.gpu_minors == (0, 1, 2, 3)
     monkeypatch.setattr(cgroup, "gpu_bound",  # not confined
-                        lambda *a: cgroup.GpuBound(frozenset({0, 1, 2, 3}), "GPUs from the device cgroup"))
+                        lambda *a, **k: cgroup.GpuBound(frozenset({0, 1, 2, 3}), "GPUs from the device cgroup"))
     assert prepare(cfg, bundle).request.gpu_minors == (0, 1, 2, 3)
 
 

@@ -332,7 +332,8 @@ class _NoImports:
 def _child(plan: Plan, ns_fd: int, binds, gpu_dirs, exe_fd, owner, root, allow, point) -> dict:
     sys.meta_path.insert(0, _NoImports)  # until the process dies or `_go_home` takes it out
     # before setns: it keeps the hook's own mount table (the ones pinning read, when it did)
-    host_dirs = hostdirs.HostDirs(point, getattr(root, "own_table", None), getattr(root, "their_table", None))
+    tables = (root.own_table, root.their_table) if root is not None else (None, None)
+    host_dirs = hostdirs.HostDirs(point, *tables)
     namespaces.enter_mount_ns(ns_fd)
     undo = mounts.Undo()
     messages: list[str] = []

@@ -1,14 +1,11 @@
 """Queries on a mountinfo text (`/proc/<pid>/mountinfo`), answered without parsing every line into records.
 
-A node may have thousands of mounts (each container has some), and a
-start reads up to four tables: the container's and the hook's, to pin the
-rootfs (`apply/rootpin.py`) and to tell a host directory bound in
-(`apply/hostdirs.py`).  So each query splits off only the field it needs,
-or finds its line with `str.find`.  A line is `id parent major:minor root
-point options ... - fstype source superoptions`; no field holds a raw space
-(the kernel escapes space, tab, newline and backslash as octal:
-fs/proc_namespace.c, `seq_path_root(..., " \t\n\\")`), and the options
-after the point start with `rw` or `ro` (show_mountinfo).
+Each query splits off only the field it needs, or finds its line with
+`str.find`: a node may have thousands of mounts
+(docs/decisions/2026-12-07-real-node-shapes.md).  A line is `id parent
+major:minor root point options ... - fstype source superoptions`; no field
+holds a raw space (the kernel escapes space, tab, newline and backslash as
+octal: fs/proc_namespace.c, `seq_path_root(..., " \t\n\\")`).
 """
 
 from __future__ import annotations

@@ -69,9 +69,8 @@ class PinnedRoot:
     #: True when the container process had already pivoted (its root directory is the rootfs)
     pivoted: bool
     #: this process's own mount table (`/proc/self/mountinfo`) as pinning read it, None when it read
-    #: another's, and the container's (None after pivot_root, when pinning reads neither): the start's
-    #: other readers of these tables take them from here (on a node of thousands of mounts each read
-    #: costs the kernel milliseconds)
+    #: another's, and the container's (None after pivot_root, when pinning reads neither): the same
+    #: start's other readers take them from here instead of reading them again
     own_table: str | None = None
     their_table: str | None = None
 
@@ -103,8 +102,10 @@ def pin_rootfs(rootfs: str, pid: int, *, proc: str = "/proc", ref: int | str = "
         if pivoted:
             _check_pivoted(rootfs, pid, root_fd)
             return PinnedRoot(fd=posix.dup(root_fd), ns_path="/", pivoted=True)
-        fd, mount_point, theirs, table = _runtime_mount(rootfs, pid, root_fd, where, proc, ref)
-        own = table if (proc, str(ref)) == ("/proc", "self") else None
+        theirs = read_text(f"{where}/mountinfo") or ""
+        ours = read_text(f"{proc}/{ref}/mountinfo") or ""
+        fd, mount_point = _runtime_mount(rootfs, pid, root_fd, where, proc, ref, theirs, ours)
+        own = ours if (proc, str(ref)) == ("/proc", "self") else None
         return PinnedRoot(fd=fd, ns_path=mount_point, pivoted=False, own_table=own, their_table=theirs)
     finally:
         posix.close(root_fd)
@@ -183,10 +184,11 @@ def _check_pivoted(rootfs: str, pid: int, root_fd: int) -> None:
                           "(it has pivoted into another): not the rootfs the runtime set up")
 
 
-def _runtime_mount(rootfs: str, pid: int, root_fd: int, where: str, proc: str,
-                   ref: int | str) -> tuple[int, str, str, str]:
-    """Before pivot_root: (fd, mount point) of the runtime's rootfs mount that `rootfs` leads to, and the
-    container's and `ref`'s mount tables as read."""
+def _runtime_mount(rootfs: str, pid: int, root_fd: int, where: str, proc: str, ref: int | str,
+                   theirs: str, ours: str) -> tuple[int, str]:
+    """Before pivot_root: (fd, mount point) of the runtime's rootfs mount that `rootfs` leads to.
+
+    `theirs`, `ours`: the mount tables of the container and of `ref`."""
 
     with RootFS(f"{where}/root", fd=root_fd) as theirs_root:  # the container's mounts, chroot semantics
         try:
@@ -197,7 +199,7 @@ def _runtime_mount(rootfs: str, pid: int, root_fd: int, where: str, proc: str,
             raise RootfsError(f"root.path {rootfs}: not a directory in the mount namespace of container "
                               f"process {pid}: {why}") from None
     try:
-        point, problem, theirs, table = _judge(fd, pid, where, proc, ref)
+        point, problem = _judge(fd, pid, proc, ref, theirs, ours)
         if problem:
             try:
                 problem = f"it leads to {posix.readlink(f'{proc}/self/fd/{fd}')}: {problem}"
@@ -205,7 +207,7 @@ def _runtime_mount(rootfs: str, pid: int, root_fd: int, where: str, proc: str,
                 pass
             raise RootfsError(f"root.path {rootfs} is not the rootfs the runtime set up for container "
                               f"process {pid}: {problem}")
-        return fd, point, theirs, table
+        return fd, point
     except OSError as e:
         posix.close(fd)
         raise RootfsError(f"root.path {rootfs}: cannot inspect it in container process {pid}: {e.strerror}") from None
@@ -214,9 +216,9 @@ def _runtime_mount(rootfs: str, pid: int, root_fd: int, where: str, proc: str,
         raise
 
 
-def _judge(fd: int, pid: int, where: str, proc: str, ref: int | str) -> tuple[str, str | None, str, str]:
-    """(mount point of the mount `fd` is on, why it is not the runtime's rootfs or None, the container's and
-    `ref`'s mount tables)."""
+def _judge(fd: int, pid: int, proc: str, ref: int | str, theirs: str, table: str) -> tuple[str, str | None]:
+    """(mount point of the mount `fd` is on, why it is not the runtime's rootfs or None), from the container's
+    mount table and `ref`'s."""
 
     mount_id = lookup.mount_id(fd, f"{proc}/self")
     up = posix.open("..", posix.O_PATH | posix.O_DIRECTORY | posix.O_CLOEXEC, dir_fd=fd)
@@ -224,17 +226,15 @@ def _judge(fd: int, pid: int, where: str, proc: str, ref: int | str) -> tuple[st
         is_mount_root = lookup.mount_id(up, f"{proc}/self") != mount_id  # '..' of a mount's root is on the mount below
     finally:
         posix.close(up)
-    theirs = read_text(f"{where}/mountinfo") or ""
-    table = read_text(f"{proc}/{ref}/mountinfo") or ""
     ours = mount_points(table)
     if not ours:  # never judge against an empty table: every mount would look like the runtime's
         raise RootfsError(f"cannot read the mount table of process {ref}, the namespace the container's "
                           "was copied from")
     line = mount_line(theirs, str(mount_id))
     if line is None:
-        return "", f"it is on mount {mount_id}, which container process {pid} does not have", theirs, table
+        return "", f"it is on mount {mount_id}, which container process {pid} does not have"
     problem = runtime_mount_problem(line.split(" ", 5)[4], is_mount_root, mount_points(theirs).count, ours.count)
-    return parse_mountinfo(line)[0].mount_point, problem, theirs, table
+    return parse_mountinfo(line)[0].mount_point, problem
 
 
 def runtime_mount_problem(point: str, is_mount_root: bool, theirs: Callable[[str], int],

@@ -61,8 +61,8 @@ def discover_gpus(proc_root: str = "/proc", dev_root: str = "/", reader: Reader 
     mig_config = _cap_minor(r, pathnames.join(nv, "capabilities/mig/config"))
     mig_monitor = _cap_minor(r, pathnames.join(nv, "capabilities/mig/monitor"))
     if mig_config is None or mig_monitor is None:
-        # only then: the module writes the table for every GPU it could drive (4,322 lines,
-        # ~110 KB, on every node), which is too much to read on each start for two numbers
+        # only then: the module's table lists every GPU it could drive, on every node
+        # (docs/decisions/2026-12-07-real-node-shapes.md)
         mtext = r.read(_join(proc_root, "driver/nvidia-caps/mig-minors"), missing_ok=True)
         minor_map = dict(parse_mig_minors(mtext)) if mtext is not None else {}
         if mig_config is None:

@@ -33,6 +33,11 @@ def test_pins_the_runtimes_mount_and_reads_the_image_through_it(bundle, runtime_
         assert (st.st_dev, st.st_ino) == (os.stat(root).st_dev, os.stat(root).st_ino)
         with open(f"{pinned.view}/etc/marker") as f:
             assert f.read() == "image\n"
+        # the two mount tables it judged by, kept for the start's other readers: the container's lists its
+        # rootfs mount, this process's own is the one /proc/self/mountinfo gives
+        assert f" {root} " in pinned.their_table
+        with open("/proc/self/mountinfo") as f:
+            assert pinned.own_table.splitlines()[0] == f.readline().rstrip("\n")
     finally:
         pinned.close()
 
@@ -89,6 +94,7 @@ def test_after_pivot_the_process_root_is_the_rootfs(bundle, start):
     pinned = pin_rootfs(str(root), pid)
     pinned.close()
     assert (pinned.ns_path, pinned.pivoted) == ("/", True)
+    assert pinned.own_table is None and pinned.their_table is None  # no table read: HostDirs reads its own
     with pytest.raises(RootfsError, match=f"root.path {canary} is not the root directory of container process"):
         pin_rootfs(str(canary), pid)
     _repoint(root, canary)

@@ -486,3 +486,21 @@ def test_start_image_findings(tmp_path, monkeypatch):
     os.chmod(tmp_path / "cache", 0o755)
     monkeypatch.setattr(sys, "dont_write_bytecode", True)  # python -B: no bytecode, no image either
     assert check_start_image(str(tmp_path / "cache" / "other.bin"))[0].code == "start-image-unwritable"
+
+
+def test_devices_mig_management_nodes_made_on_demand_are_no_error(tmp_path):
+    """MIG's config and monitor nodes exist only once nvidia-modprobe made them: missing, they are no finding;
+    a GPU's node missing still is an error (as any user sees the host: no node is made without root here)."""
+    from pyxis_hook.host.gpus import DeviceNode
+    from pyxis_hook.host.gpuscan import discover_gpus
+
+    tree = make_host_tree(tmp_path, make_nodes=False)
+    host = discover_gpus(tree.proc_root, tree.dev_root)
+    assert (host.mig_config_minor, host.mig_monitor_minor) == (1, 2)
+    present = tuple(DeviceNode(n.path, n.major, n.minor, 0o666, True, None)
+                    if not n.path.startswith("/dev/nvidia-caps/") else n for n in host.nodes)
+    cfg = Config(proc_root=tree.proc_root, dev_root=tree.dev_root)
+    assert not by_code(doctor.check_devices(replace(host, nodes=present), cfg), "device-node")
+    gone = tuple(replace(n, exists=False, problem="missing") if n.path == "/dev/nvidia0" else n for n in present)
+    assert [f.what for f in by_code(doctor.check_devices(replace(host, nodes=gone), cfg), "device-node")] == [
+        f"{tree.dev_root}/dev/nvidia0: missing (expected char 195:0)"]

@@ -331,3 +331,15 @@ def test_mig_config_and_monitor_minors_come_from_their_capability_files_then_the
     (caps / "config").unlink()
     host = discover(tree)
     assert (host.mig_config_minor, host.mig_monitor_minor) == (7, 8)
+
+
+def test_the_mig_table_is_not_read_while_the_capability_files_answer(tmp_path):
+    """A start reads the module's table (every GPU it could drive, on every node) only for a missing file:
+    here an unreadable table costs no warning until a capability file is gone."""
+    tree = make_host_tree(tmp_path, gpus=fake_gpus(1), make_nodes=False)
+    table = Path(tree.proc_root) / "driver/nvidia-caps/mig-minors"
+    table.unlink()
+    table.mkdir()  # reading it fails
+    assert not [w for w in discover(tree).warnings if "mig-minors" in w]
+    (Path(tree.proc_root) / "driver/nvidia/capabilities/mig/monitor").unlink()
+    assert [w for w in discover(tree).warnings if "mig-minors" in w and "cannot read" in w]

@@ -473,7 +473,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.mounts and os.environ.get(_MOUNTS_DONE) != str(args.mounts):
         # again, in a private mount namespace: the N mounts are made there, and the containers'
         # namespaces (copies of it) hold them too, as on a busy node
-        return subprocess.run(["unshare", "-m", "--propagation", "private", PY, __file__, *sys.argv[1:]],
+        again = sys.argv[1:] if argv is None else argv
+        return subprocess.run(["unshare", "-m", "--propagation", "private", PY, __file__, *again],
                               env=dict(os.environ, **{_MOUNTS_DONE: str(args.mounts)})).returncode
     if args.mounts:
         busy_node(args.mounts)

@@ -73,6 +73,9 @@ def build_parser(only: str | None = None):
     parser.add_argument("--config", metavar="PATH", help="pyxis.conf to use (default: $PYXIS_HOOK_CONFIG, "
                         "else /etc/pyxis-hook/pyxis.conf, else built-in defaults)")
     parser.add_argument("--debug", action="store_true", help="also print debug messages on stderr")
+    # the node artifact as reading pyxis.conf read it (`spec.config.read_config`): commands that read the
+    # artifact take it from here, not read it again
+    parser.set_defaults(stored=None)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     import importlib
 
@@ -111,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             from pyxis_hook.host import artifact
 
             artifact.record_verdict(stored)
+            args.stored = stored
         return int(args._module.run(args, config) or 0)
     except BaseException as e:  # noqa: BLE001 — the one ladder words it; SystemExit passes through
         if isinstance(e, SystemExit):

@@ -170,7 +170,7 @@ def run(args, config) -> int:
                 raise UsageError(f"--env {item!r}: expected NAME=VALUE")
             extra.append(tuple(item.split("=", 1)))
         bundle = replace(bundle, env=bundle.env + tuple(extra))
-    prepared = prepare(config, bundle)
+    prepared = prepare(config, bundle, stored=args.stored)
     if args.json:
         sys.stdout.write(json.dumps(to_json(prepared), indent=2) + "\n")
     else:

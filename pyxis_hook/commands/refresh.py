@@ -2,9 +2,8 @@
 
 Run as root (the package's owner): every start then reads the artifact,
 an ordinary user's too.  Without `--force` a trusted, fresh artifact is left
-as it is, but for pyxis.conf's verdict, which is recorded in it as a start
-would (`spec.config.read_config`).  `--check` only says whether it is fresh
-(exit 1 when not).
+as it is (pyxis.conf's verdict is recorded in it as by every command:
+`cli.main`).  `--check` only says whether it is fresh (exit 1 when not).
 """
 
 from __future__ import annotations
@@ -21,15 +20,12 @@ def add_arguments(parser) -> None:
 def run(args, config) -> int:
     from pyxis_hook.errors import ArtifactError, DriverError
     from pyxis_hook.host import artifact
-    from pyxis_hook.spec.config import read_config
 
     path = artifact.artifact_path(config)
-    stored = read_config(config.source)[1] if config.source != "<defaults>" else None
+    stored = args.stored
     if not args.force:
         try:
             artifact.load(config, stored=stored)
-            if stored is not None and not args.check:
-                artifact.record_verdict(stored)
             print(f"node artifact {path}: fresh")
             return OK
         except ArtifactError as e:

@@ -32,7 +32,7 @@ def launcher_text(python: str, main: str) -> str:
             f"MAIN = \"{main}\"\n"
             "import sys\n"
             "sys.argv[0] = MAIN\n"
-            "sys.path.insert(0, MAIN.rpartition('/')[0].rpartition('/')[0])\n"
+            "sys.path.insert(0, MAIN.rpartition('/')[0].rpartition('/')[0] or '/')  # never '', the working dir\n"
             "try:\n"
             "    import pyxis_hook.__main__  # runs the command and exits, from its cached bytecode\n"
             "except ModuleNotFoundError as e:  # the package moved (an upgrade): one line, not a traceback\n"

@@ -20,10 +20,10 @@ Loading imports neither json, pyelftools nor jsonschema.
 The file as read is a `Stored` tuple, (path, document, why, verdict): the
 document when the file passes the trust rule, parses, and has this FORMAT
 and the configuration's key (fresh or not), else None and why not; and
-pyxis.conf's verdicts as they hold for this start (`spec.config.read_config`
-sets them; None without a pyxis.conf), which the package's owner records in
-a build (`save`), or in a fresh artifact that records another
-(`record_verdict`).
+pyxis.conf's verdicts: as the document records them (`read`), or as
+`spec.config.read_config` replaced them for this start, which the package's
+owner keeps in a build (`save`: a rebuild loses none), or writes into a
+fresh artifact that records others (`record_verdict`).
 """
 
 from __future__ import annotations
@@ -94,8 +94,8 @@ def trusted_dir(path: str) -> None:
 
 
 def read(config) -> Stored:
-    """The artifact file for `config` as stored (module doc), no verdict yet: the trust rule, its format and its key;
-    not its freshness."""
+    """The artifact file for `config` as stored (module doc), with the verdicts it records: the trust rule, its format
+    and its key; not its freshness."""
     key = config_key(config)
     path = _path(config.snapshot_dir, key)
     fd, why = trust.open_trusted(path)
@@ -113,7 +113,7 @@ def read(config) -> Stored:
         why = f"{path}: format {data.get('format')!r}, expected {FORMAT}"
     elif data.get("key") != key:
         why = f"{path}: built for another configuration"
-    return path, None if why else data, why, None
+    return (path, None, why, None) if why else (path, data, "", data.get("pyxis_conf"))
 
 
 def load(config, host=None, stored: Stored | None = None) -> Inventory:

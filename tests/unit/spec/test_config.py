@@ -429,6 +429,39 @@ def test_a_no_gpu_start_records_a_changed_files_verdict(node, tmp_path, monkeypa
     assert calls == []
 
 
+def test_an_enroot_no_gpu_start_records_a_changed_files_verdict(node, tmp_path, monkeypatch):
+    """enroot's hook, ending at the no-GPU exit (the job asked for none), records the verdict it checked too."""
+    import os
+
+    from pyxis_hook import pipeline
+
+    _start(node)
+    _changed(node)
+    config, stored = read_config(str(node), environ={})
+    (tmp_path / "rootfs").mkdir()
+    environ = tmp_path / "environ"
+    environ.write_text("NVIDIA_VISIBLE_DEVICES=void\n")
+    assert pipeline.enroot(config, {"ENROOT_PID": str(os.getpid()), "ENROOT_ROOTFS": str(tmp_path / "rootfs"),
+                                    "ENROOT_ENVIRON": str(environ)}, stored) == 0
+    assert _recorded(node)["pyxis_conf"][0]["text"] == node.read_text()
+
+
+def test_a_rebuild_keeps_the_verdicts_whoever_asks_for_it(node):
+    """A stale artifact rebuilt for a caller that read pyxis.conf itself (precreate, plan, `cdi generate` pass no
+    Stored) keeps the verdicts it recorded: users' starts do not go back to checking the file."""
+    import os
+
+    from pyxis_hook.spec.config import load_config as load
+
+    assert _start(node) == "built"
+    before = _recorded(node)
+    os.utime(before["inventory"]["sources"][0][0], (1, 1))  # a driver file changed: the artifact is stale
+    assert artifact.obtain(load(str(node), environ={}), strict=False)[1] == "built"
+    after = _recorded(node)
+    assert after["inventory"]["sources"] != before["inventory"]["sources"]
+    assert after["pyxis_conf"] == before["pyxis_conf"]
+
+
 def test_a_command_records_a_changed_files_verdict(node):
     """A CDI hook step is a command (cli.main): it records the verdict it checked, as a start does."""
     _start(node)

@@ -28,6 +28,22 @@ def _main_file(hook: dict) -> str | None:
     return None
 
 
+def _runs(hook: dict) -> tuple[str, str | None, bool]:
+    """(interpreter, realpath'd pyxis_hook/__main__.py or None, through a launcher) of a hook: the launcher
+    `pyxis-hook install` registers names both; a direct registration runs its path."""
+    from pyxis_hook.engines.launcher import parse_launcher
+
+    path = str(hook.get("path", ""))
+    try:
+        with open(path, "rb") as f:
+            named = parse_launcher(f.read(4096).decode("utf-8", "replace"))
+    except OSError:
+        named = None
+    if named is not None:
+        return named[0], os.path.realpath(named[1]), True
+    return path, _main_file(hook), False
+
+
 def _runs_pyxis_hook(hook: dict) -> bool:
     args = _strs(hook.get("args"))
     return ("pyxis_hook" in args or _main_file(hook) is not None
@@ -75,14 +91,17 @@ def check_hooks_d(config, env: DoctorEnv) -> list[Finding]:
             out.append(Finding("error", "hook-path-missing", f"{p}: hook path {path} is not an executable file",
                                "the engine fails every container start with this hook", "pyxis-hook hookd --install "
                                + os.path.dirname(p)))
-        elif os.path.realpath(path) != os.path.realpath(python) or _main_file(hook) not in (None, this_main):
-            out.append(Finding("warning", "hook-other-install", f"{p} runs {path}, not this install's {python}",
+            continue
+        runs, main, launched = _runs(hook)
+        again = "install podman (or: install cri-o)" if launched else "hookd --install " + os.path.dirname(p)
+        if os.path.realpath(runs) != os.path.realpath(python) or main not in (None, this_main):
+            out.append(Finding("warning", "hook-other-install", f"{p} runs {runs}, not this install's {python}",
                                "containers get another pyxis-hook (version, configuration) than the one checked here",
-                               "pyxis-hook hookd --install " + os.path.dirname(p)))
+                               "pyxis-hook " + again))
         elif want_conf and (os.path.abspath(conf) if conf else None) != want_conf:
             out.append(Finding("warning", "hook-other-config", f"{p} uses configuration {conf or 'the default'}, "
                                f"not {want_conf}", "the hook would read another pyxis.conf than this check",
-                               "pyxis-hook --config " + want_conf + " hookd --install " + os.path.dirname(p)))
+                               f"pyxis-hook --config {want_conf} {again}"))
         else:
             out.append(Finding("ok", "hook-installed", f"{p} runs this install ({path})"))
     return out

@@ -88,27 +88,44 @@ def _origin(tree: NodeTree, path: str, doc: dict) -> dict | None:
 
 
 def apply_install(engine: str, tree: NodeTree, changes: list[Change], doc: dict, out) -> None:
-    """Write `changes` and the record `doc` (from `plan_install`); directories made are recorded too."""
+    """Write `changes` and the record `doc` (from `plan_install`); directories made are recorded too.
+
+    A write that fails stops the install with its error; the record is saved
+    all the same, for what was written, so `uninstall` takes that back.
+    """
     before = load_record(tree)
     missing = [d for path in [RECORD, *(c.path for c in changes)] for d in tree.missing_dirs(path)]  # all checked first
-    for d in missing:
-        if d not in doc["dirs"]:
+    written: set[str] = set()
+    try:
+        for d in dict.fromkeys(missing):  # one a previous install made and someone removed is made again
             tree.mkdir(d)
-            doc["dirs"][d] = []
+            doc["dirs"].setdefault(d, [])
             out(f"created directory {d}")
-    for c in changes:
-        entry = doc["paths"][c.path]
-        if c.path not in before["paths"] and c.existed:
-            entry["origin"] = _origin(tree, c.path, doc)
-        if c.mode == 0:
-            tree.link(c.path, c.content)
-        else:
-            tree.put(c.path, c.content, c.mode)
-        out(f"{'replaced' if c.existed else 'wrote'} {c.path}")
-    for users in doc["dirs"].values():
-        if engine not in users:
-            users.append(engine)
-    save_record(tree, doc)
+        for c in changes:
+            entry = doc["paths"][c.path]
+            if c.path not in before["paths"] and c.existed:
+                entry["origin"] = _origin(tree, c.path, doc)
+            if c.mode == 0:
+                tree.link(c.path, c.content)
+            else:
+                tree.put(c.path, c.content, c.mode)
+            written.add(c.path)
+            out(f"{'replaced' if c.existed else 'wrote'} {c.path}")
+    except BaseException:
+        for c in changes:  # not written: as the record had it before
+            if c.path not in written:
+                if c.path in before["paths"]:
+                    doc["paths"][c.path] = before["paths"][c.path]
+                    continue
+                origin = doc["paths"].pop(c.path).get("origin")
+                if origin and "backup" in origin:  # kept, but the original was never replaced
+                    tree.remove(origin["backup"])
+        raise
+    finally:
+        for users in doc["dirs"].values():
+            if engine not in users:
+                users.append(engine)
+        save_record(tree, doc)
 
 
 def _restore(tree: NodeTree, path: str, entry: dict, out) -> None:

@@ -19,7 +19,7 @@ import stat
 
 from pyxis_hook.engines.enginefiles import STATE_DIR
 from pyxis_hook.engines.install import install_text
-from pyxis_hook.errors import UsageError
+from pyxis_hook.errors import PathError, UsageError
 from pyxis_hook.rootfs import resolve_in_root
 
 RECORD = f"{STATE_DIR}/install.json"
@@ -36,13 +36,11 @@ class NodeTree:
     def __init__(self, root: str) -> None:
         self.root = os.path.abspath(root)
 
-    def host(self, path: str) -> str:
-        """The host path of node path `path` (its last component not followed)."""
+    def host(self, path: str, follow_last: bool = False) -> str:
+        """The host path of node path `path`, links followed inside the root (the last one with `follow_last`)."""
         try:
-            return resolve_in_root(self.root, path, follow_last=False)
-        except UsageError:
-            raise
-        except Exception as e:  # RootPathError: a loop, a component that keeps changing
+            return resolve_in_root(self.root, path, follow_last=follow_last)
+        except PathError as e:  # a loop, a link out of the root, a component that keeps changing
             raise UsageError(f"{path}: cannot be resolved under {self.root}: {e}") from None
 
     def get(self, path: str) -> tuple[str, str, int] | None:
@@ -87,13 +85,6 @@ class NodeTree:
         except FileNotFoundError:
             pass
 
-    def dir_host(self, path: str) -> str:
-        """The host path of node directory `path`, every link in it followed inside the root."""
-        try:
-            return resolve_in_root(self.root, path)
-        except Exception as e:  # RootPathError
-            raise UsageError(f"{path}: cannot be resolved under {self.root}: {e}") from None
-
     def missing_dirs(self, path: str) -> list[str]:
         """The node directories above `path` that do not exist, outermost first.
 
@@ -104,7 +95,7 @@ class NodeTree:
         out = []
         d = os.path.dirname(path)
         while d not in ("/", ""):
-            h = self.dir_host(d)
+            h = self.host(d, follow_last=True)
             if os.path.isdir(h) and not os.path.islink(h):
                 break
             if os.path.lexists(h):
@@ -117,7 +108,7 @@ class NodeTree:
 
     def mkdir(self, path: str) -> None:
         try:
-            os.mkdir(self.dir_host(path), 0o755)
+            os.mkdir(self.host(path, follow_last=True), 0o755)
         except FileExistsError:
             pass
         except OSError as e:
@@ -126,7 +117,7 @@ class NodeTree:
     def rmdir(self, path: str) -> bool:
         """Remove an empty directory; False when it holds something now."""
         try:
-            os.rmdir(self.dir_host(path))
+            os.rmdir(self.host(path, follow_last=True))
         except FileNotFoundError:
             return True
         except OSError:

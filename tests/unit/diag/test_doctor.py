@@ -387,6 +387,26 @@ def test_foreign_hooks_d_file_with_odd_args(tmp_path):
     assert only(installcheck.check_hooks_d(Config(), env), "hook-installed").severity == "ok"
 
 
+def test_hooks_d_through_the_launcher_install_writes(tmp_path):
+    """The registration `pyxis-hook install` writes names the launcher: it is this install when the launcher runs this
+    install's interpreter and package; when not, the fix is to install again."""
+    from pyxis_hook.engines.hookd import base_argv
+    from pyxis_hook.engines.launcher import launcher_text
+
+    env = denv(tmp_path, python="/usr/bin/python3")
+    launcher = tmp_path / "pyxis-hook"
+    launcher.write_text(launcher_text("/usr/bin/python3", base_argv("/usr/bin/python3")[-1]))
+    launcher.chmod(0o755)
+    (Path(env.hooks_dirs[0]) / "pyxis-hook.json").write_text(json.dumps(
+        {"version": "1.0.0", "hook": {"path": str(launcher), "args": [str(launcher), "prestart"]},
+         "when": {"always": True}, "stages": ["prestart"]}))
+    assert only(installcheck.check_hooks_d(Config(), env), "hook-installed").severity == "ok"
+    launcher.write_text(launcher_text("/opt/other/bin/python3", base_argv("/usr/bin/python3")[-1]))
+    f = only(installcheck.check_hooks_d(Config(), env), "hook-other-install")
+    assert f.what.endswith("runs /opt/other/bin/python3, not this install's /usr/bin/python3")
+    assert f.fix == "pyxis-hook install podman (or: install cri-o)"
+
+
 def test_stale_registration_and_enroot_node(tmp_path):
     """A launcher naming a gone interpreter is an error with its fix; enroot's hooks.d is checked."""
     from pyxis_hook.diag import enginecheck

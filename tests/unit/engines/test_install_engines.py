@@ -14,6 +14,7 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import jsonschema
@@ -32,7 +33,7 @@ CONTAINERD = ('version = 2\n\n[plugins."io.containerd.grpc.v1.cri"]\n  sandbox_i
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["python3", "-m", "pyxis_hook", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "pyxis_hook", *args], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
@@ -200,4 +201,44 @@ def test_a_file_install_changes_comes_back_byte_for_byte_even_when_not_utf8(tmp_
     assert b"\xa9" not in nv.read_bytes()  # the stub
     r = cli("uninstall", "enroot", "--root", str(root))
     assert r.returncode == 0, r.stderr
+    assert snapshot(root) == before
+
+
+def test_a_directory_install_made_and_someone_removed_is_made_again(tmp_path, admin_conf):
+    root = node(tmp_path / "root", admin_conf)
+    before = snapshot(root)
+    assert cli("install", "podman", "--root", str(root)).returncode == 0
+    shutil.rmtree(root / "usr/libexec/pyxis-hook")
+    r = cli("install", "podman", "--root", str(root))
+    assert r.returncode == 0 and f"created directory {os.path.dirname(LAUNCHER)}" in r.stdout, r.stderr
+    assert parse_launcher((root / LAUNCHER.lstrip("/")).read_text()) is not None
+    assert cli("uninstall", "podman", "--root", str(root)).returncode == 0
+    assert snapshot(root) == before
+
+
+def test_a_write_that_fails_is_one_line_and_uninstall_takes_back_what_was_written(tmp_path, admin_conf, monkeypatch,
+                                                                                   capsys):
+    """install stops at the first write that fails; the record holds what it wrote, so uninstall restores the tree
+    (and no copy of a file it never replaced stays behind)."""
+    from pyxis_hook import cli as main_cli
+    from pyxis_hook.engines.installstate import NodeTree
+
+    root = node(tmp_path / "root", admin_conf)
+    before = snapshot(root)
+    real_put = NodeTree.put
+
+    def put(self, path, content, mode):
+        if path == "/etc/containerd/config.toml":
+            raise OSError(13, "Permission denied")
+        real_put(self, path, content, mode)
+
+    monkeypatch.setattr(NodeTree, "put", put)
+    assert main_cli.main(["install", "containerd", "--root", str(root)]) != 0
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert (root / LAUNCHER.lstrip("/")).exists()  # written before the failure
+    assert not (root / "var/lib/pyxis-hook/backup/etc/containerd/config.toml").exists()
+    monkeypatch.setattr(NodeTree, "put", real_put)
+    r = cli("uninstall", "containerd", "--root", str(root))
+    assert r.returncode == 0 and "not installed" not in r.stdout, r.stdout + r.stderr
     assert snapshot(root) == before

@@ -115,15 +115,13 @@ def test_apt_installed_deb_starts_a_gpu_container(deb, tmp_path):
             (root / "var/log/pyxis-hook.log").read_text()
         assert list((root / SITE[1:] / "pyxis_hook/__pycache__").glob("start-image.*")), "no start image written"
 
-        # uninstall takes the registration and the launcher back; the conffile stays the package's
-        p = chroot(root, "pyxis-hook", "uninstall", "podman")
+        # removing the package takes the registration and the launcher back first (`uninstall all` in its prerm):
+        # left, podman would run a launcher that is gone for every container; a purge leaves nothing of the
+        # package, bytecode and the start image in its __pycache__ included
+        p = chroot(root, "apt-get", "purge", "-y", "-qq", "pyxis-hook")
         assert p.returncode == 0, p.stderr
         assert not (root / "usr/share/containers/oci/hooks.d/pyxis-hook.json").exists()
         assert not (root / "usr/libexec/pyxis-hook/pyxis-hook").exists()
-        assert (root / "etc/pyxis-hook/pyxis.conf").exists()
-
-        # a purge leaves nothing of the package: bytecode and the start image in its __pycache__ included
-        p = chroot(root, "apt-get", "purge", "-y", "-qq", "pyxis-hook")
-        assert p.returncode == 0, p.stderr
+        assert not (root / "var/lib/pyxis-hook/install.json").exists()
         assert not (root / SITE[1:] / "pyxis_hook").exists()
         assert not (root / "etc/pyxis-hook").exists() and not (root / "usr/share/pyxis-hook").exists()

@@ -242,3 +242,16 @@ def test_a_write_that_fails_is_one_line_and_uninstall_takes_back_what_was_writte
     r = cli("uninstall", "containerd", "--root", str(root))
     assert r.returncode == 0 and "not installed" not in r.stdout, r.stdout + r.stderr
     assert snapshot(root) == before
+
+
+def test_uninstall_all_takes_back_every_engine_installed(tmp_path, admin_conf):
+    """What removing the package runs: every engine the record lists, the tree as it was before."""
+    root = node(tmp_path / "root", admin_conf)
+    before = snapshot(root)
+    for engine in ("podman", "enroot", "containerd"):
+        assert cli("install", engine, "--root", str(root)).returncode == 0
+    r = cli("uninstall", "all", "--root", str(root))
+    assert r.returncode == 0, r.stderr
+    assert snapshot(root) == before
+    r = cli("uninstall", "all", "--root", str(root))
+    assert r.returncode == 0 and "not installed" in r.stdout

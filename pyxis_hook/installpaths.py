@@ -36,6 +36,8 @@ def add() -> None:
     if venv and _mode(venv + "/pyvenv.cfg") == 0o100000:
         sys.prefix = sys.exec_prefix = venv
     version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
-    for d in (f"{sys.prefix}/lib/{version}/site-packages", f"{sys.prefix}/lib/python3/dist-packages"):
+    # as site.getsitepackages lists them: EL keeps compiled modules (jsonschema's pyrsistent) under lib64
+    for d in dict.fromkeys((f"{sys.prefix}/{sys.platlibdir}/{version}/site-packages",
+                            f"{sys.prefix}/lib/{version}/site-packages", f"{sys.prefix}/lib/python3/dist-packages")):
         if d not in sys.path and _mode(d) == 0o040000:
             sys.path.append(d)

@@ -188,21 +188,17 @@ def check_ldconfig(config) -> list[Finding]:
 
 
 def check_config(config) -> list[Finding]:
-    from pyxis_hook.spec.config import parse_config
+    from pyxis_hook.spec.config import load_config
 
     if config.source == "<defaults>":
         return [Finding("info", "config", "no pyxis.conf: built-in defaults",
                         "the hook reads /etc/pyxis-hook/pyxis.conf or $PYXIS_HOOK_CONFIG",
                         "create /etc/pyxis-hook/pyxis.conf to change driver-root, ldconfig, ...")]
     try:
-        with open(config.source, "rb") as f:
-            parse_config(f.read(), config.source)
-    except OSError as e:
-        return [Finding("error", "config", f"{config.source}: {e.strerror}", "the hook cannot read its configuration",
-                        "fix the file's permissions")]
+        load_config(config.source, verdicts=False)  # as `config check`: read as a start reads it, always checked
     except ConfigError as e:
-        return [Finding("error", "config", str(e), "the hook refuses to start with an invalid configuration",
-                        "fix the key named")]
+        return [Finding("error", "config", str(e), "the hook refuses to start with a configuration it cannot read "
+                        "or that is invalid", "fix what the line names (the file's permissions, or the key)")]
     return [Finding("ok", "config", f"{config.source} is valid")]
 
 

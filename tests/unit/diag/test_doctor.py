@@ -178,6 +178,10 @@ def test_config_file(tmp_path):
     bad.write_text('log-level = "loud"\n')
     f = doctor.check_config(replace(Config(), source=str(bad)))[0]
     assert f.severity == "error" and f.what.startswith(f"{bad}: key 'log-level'")
+    fifo = tmp_path / "fifo.conf"  # read as a start reads it: one line, never a hang
+    os.mkfifo(fifo)
+    f = doctor.check_config(replace(Config(), source=str(fifo)))[0]
+    assert f.severity == "error" and f.what.startswith(f"{fifo}: "), f.what
 
 
 # --------------------------------------------------------------------- hooks.d, runtimes, cgroup, openat2

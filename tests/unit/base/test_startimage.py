@@ -248,14 +248,17 @@ def test_nothing_is_written_where_no_start_could_use_it(pkg, how):
     assert not image.exists()
 
 
-def test_a_start_that_rebuilt_the_node_artifact_writes_nothing(pkg):
-    """pyxelftools imported means discovery ran: the image would otherwise run it on every start."""
+@pytest.mark.parametrize("module, why", [
+    ("elftools", "rebuilt the node artifact"),  # discovery ran
+    ("jsonschema", "checked pyxis.conf against its schema"),  # no verdict recorded for the file yet
+])
+def test_a_start_that_was_not_the_steady_state_writes_nothing(pkg, module, why):
+    """The image would otherwise run that module on every start."""
     src, image, start = pkg
-    elftools = src.parent / "elftools"
-    elftools.mkdir()
-    (elftools / "__init__.py").write_text("")
-    r = start("pkgx.b", "elftools")
-    assert "rebuilt the node artifact" in r["saved"] and not image.exists()
+    (src.parent / module).mkdir()
+    (src.parent / module / "__init__.py").write_text("")
+    r = start("pkgx.b", module)
+    assert why in r["saved"] and not image.exists()
 
 
 def test_the_package_image_lives_beside_its_bytecode(monkeypatch):
